@@ -1,0 +1,72 @@
+// Plain data shared by the rendezvous server, its client and the agent.
+// No Boost.Asio here: the state machine and the agent's local rendezvous use these types too.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace ddp::rdzv {
+
+// Deadlines of a job, set through --rdzv_conf key=value,... (seconds on the command line).
+struct Timeouts {
+  double join_timeout = 600.0;       // waiting for MIN nodes before the job fails (torchrun: 600 s)
+  double last_call_timeout = 30.0;   // after MIN nodes joined, how long to wait for more (torchrun: 30 s)
+  double heartbeat_interval = 1.0;   // agent -> server heartbeat period
+  double heartbeat_timeout = 5.0;    // a node silent this long is lost
+  double shutdown_timeout = 30.0;    // SIGTERM -> SIGKILL grace for workers
+};
+
+// What an agent says about itself when it joins (or rejoins) a job's rendezvous.
+struct NodeSpec {
+  std::string job_id;            // --rdzv_id
+  std::string host;              // hostname, for messages and status
+  std::string addr;              // address other nodes reach this node at (--local_addr, else the
+                                 // local address of the agent's rendezvous connection)
+  int local_world_size = 1;      // --nproc_per_node
+  int requested_rank = -1;       // --node_rank, -1 = any
+  int min_nodes = 1;             // --nnodes MIN
+  int max_nodes = 1;             // --nnodes MAX
+  int max_restarts = 0;          // --max_restarts (the job's budget; the first joiner's value wins)
+  int master_port = 0;           // a free port this node offers, used when it becomes group rank 0
+  std::string env_check = "strict";  // strict | warn | off (issue 6)
+  nlohmann::json fingerprint = nlohmann::json::object();  // this node's software fingerprint
+  Timeouts timeouts;
+};
+
+// A completed round, as told to one node.
+struct Assignment {
+  std::uint64_t generation = 0;  // the rendezvous round, unique per start of the worker group
+  int group_rank = 0;            // GROUP_RANK
+  int group_world_size = 1;      // GROUP_WORLD_SIZE
+  int world_size = 1;            // WORLD_SIZE: the sum of local world sizes
+  int rank_offset = 0;           // RANK = rank_offset + LOCAL_RANK
+  std::string master_addr;       // group rank 0's reachable address
+  int master_port = 0;           // group rank 0's offered port
+  int restart_count = 0;         // job-wide failure restarts so far (TORCHELASTIC_RESTART_COUNT)
+  int max_restarts = 0;          // the job's budget (TORCHELASTIC_MAX_RESTARTS)
+};
+
+// The first failure of a job, as reported by the agent whose worker failed.
+struct WorkerFailure {
+  std::string host;
+  int rank = -1;
+  int local_rank = -1;
+  int exit_code = 0;             // when the worker exited
+  int signal = 0;                // when it was killed by a signal (0 = none)
+  int pid = 0;
+  double timestamp = 0;          // seconds since the epoch
+  std::string error_file_message;  // the worker's TORCHELASTIC_ERROR_FILE content, summarised
+};
+
+void to_json(nlohmann::json& j, const Timeouts& v);
+void from_json(const nlohmann::json& j, Timeouts& v);
+void to_json(nlohmann::json& j, const NodeSpec& v);
+void from_json(const nlohmann::json& j, NodeSpec& v);
+void to_json(nlohmann::json& j, const Assignment& v);
+void from_json(const nlohmann::json& j, Assignment& v);
+void to_json(nlohmann::json& j, const WorkerFailure& v);
+void from_json(const nlohmann::json& j, WorkerFailure& v);
+
+}  // namespace ddp::rdzv
