@@ -1,0 +1,655 @@
+// Unit tests of ddplaunch's command line: launcher/config.cpp.
+#include "launcher/config.h"
+
+#include <doctest/doctest.h>
+
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+using ddp::ExitCode;
+using ddp::launcher::LaunchConfig;
+using ddp::launcher::ParseContext;
+using ddp::launcher::UsageError;
+
+const char* const kAllVariables[] = {
+    "PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MODULE", "PET_NO_PYTHON",
+    "PET_RUN_PATH", "PET_PYTHON", "PET_ROLE", "PET_START_METHOD", "PET_MASTER_ADDR",
+    "PET_MASTER_PORT", "PET_LOCAL_ADDR", "PET_RDZV_BACKEND", "PET_RDZV_ENDPOINT", "PET_RDZV_ID",
+    "PET_RDZV_CONF", "PET_STANDALONE", "PET_MAX_RESTARTS", "PET_MONITOR_INTERVAL",
+    "PET_SHUTDOWN_TIMEOUT", "PET_SIGNALS_TO_HANDLE", "PET_LOG_DIR", "PET_REDIRECTS", "PET_TEE",
+    "PET_LOCAL_RANKS_FILTER", "PET_ENV_CHECK", "PET_ENV_LOCK", "PET_CHECK_ENV", "PYTHON_EXEC",
+    "CUDA_VISIBLE_DEVICES"};
+
+// Sets and unsets environment variables for one test and restores them afterwards. Starts by
+// unsetting every variable the parser reads, so the caller's environment cannot leak in.
+class ScopedEnv {
+ public:
+  ScopedEnv() {
+    for (const char* name : kAllVariables) unset(name);
+  }
+  ~ScopedEnv() {
+    for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) {
+      if (it->second) {
+        ::setenv(it->first.c_str(), it->second->c_str(), 1);
+      } else {
+        ::unsetenv(it->first.c_str());
+      }
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+  void set(const std::string& name, const std::string& value) {
+    save(name);
+    ::setenv(name.c_str(), value.c_str(), 1);
+  }
+  void unset(const std::string& name) {
+    save(name);
+    ::unsetenv(name.c_str());
+  }
+
+ private:
+  void save(const std::string& name) {
+    const char* old = std::getenv(name.c_str());
+    saved_.emplace_back(name, old ? std::optional<std::string>(old) : std::nullopt);
+  }
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
+};
+
+struct Result {
+  LaunchConfig config;
+  std::string out;
+  std::string err;
+};
+
+// Parses `args` (without argv[0]) with a machine of `gpus` GPUs and `cpus` CPUs.
+Result parse(const std::vector<std::string>& args, int gpus = 0, int cpus = 8) {
+  std::vector<const char*> argv{"ddplaunch"};
+  for (const auto& a : args) argv.push_back(a.c_str());
+  std::ostringstream out;
+  std::ostringstream err;
+  ParseContext context;
+  context.out = &out;
+  context.err = &err;
+  context.count_gpus = [gpus] { return gpus; };
+  context.count_cpus = [cpus] { return cpus; };
+  Result result;
+  result.config = ddp::launcher::parse_command_line(static_cast<int>(argv.size()), argv.data(), context);
+  result.out = out.str();
+  result.err = err.str();
+  return result;
+}
+
+// The UsageError that parsing `args` throws; fails the test when none is thrown.
+UsageError refusal(const std::vector<std::string>& args, int gpus = 0) {
+  try {
+    parse(args, gpus);
+  } catch (const UsageError& e) {
+    return e;
+  }
+  std::string joined;
+  for (const auto& a : args) joined += a + " ";
+  FAIL("expected a UsageError for: " << joined);
+  return UsageError("unreachable");
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// One flag: its underscore spelling, a value (nullptr for flags) and a check of the result.
+struct FlagCase {
+  const char* name;
+  const char* value;
+  std::function<void(const LaunchConfig&)> check;
+};
+
+const std::vector<FlagCase>& flag_cases() {
+  static const std::vector<FlagCase> cases = {
+      {"nnodes", "2:4", [](const LaunchConfig& c) { CHECK(c.min_nodes == 2); CHECK(c.max_nodes == 4); }},
+      {"nproc_per_node", "3", [](const LaunchConfig& c) { CHECK(c.nproc_per_node == 3); }},
+      {"node_rank", "1", [](const LaunchConfig& c) { CHECK(c.node_rank == 1); }},
+      {"module", nullptr, [](const LaunchConfig& c) { CHECK(c.module); }},
+      {"no_python", nullptr, [](const LaunchConfig& c) { CHECK(c.no_python); }},
+      {"run_path", nullptr, [](const LaunchConfig& c) { CHECK(c.run_path); }},
+      {"python", "/opt/py/bin/python3.11", [](const LaunchConfig& c) { CHECK(c.python == "/opt/py/bin/python3.11"); }},
+      {"role", "trainer", [](const LaunchConfig& c) { CHECK(c.role == "trainer"); }},
+      {"start_method", "fork", [](const LaunchConfig& c) { CHECK(c.start_method == "fork"); }},
+      {"master_addr", "10.1.2.3", [](const LaunchConfig& c) { CHECK(c.master_addr == "10.1.2.3"); }},
+      {"master_port", "31000", [](const LaunchConfig& c) { CHECK(c.master_port == 31000); CHECK(c.master_port_given); }},
+      {"local_addr", "10.9.9.9", [](const LaunchConfig& c) { CHECK(c.local_addr == "10.9.9.9"); }},
+      {"rdzv_backend", "c10d", [](const LaunchConfig& c) { CHECK(c.rdzv_backend == "c10d"); }},
+      {"rdzv_endpoint", "head:29401", [](const LaunchConfig& c) {
+         CHECK(c.rdzv_endpoint == "head:29401"); CHECK(c.rdzv_host == "head"); CHECK(c.rdzv_port == 29401); }},
+      {"rdzv_id", "job42", [](const LaunchConfig& c) { CHECK(c.rdzv_id == "job42"); }},
+      {"rdzv_conf", "join_timeout=12,last_call_timeout=3", [](const LaunchConfig& c) {
+         CHECK(c.rdzv_conf.at("join_timeout") == "12"); CHECK(c.timeouts.join_timeout == 12.0);
+         CHECK(c.timeouts.last_call_timeout == 3.0); }},
+      {"standalone", nullptr, [](const LaunchConfig& c) { CHECK(c.standalone); CHECK(c.rdzv_backend == "c10d"); }},
+      {"max_restarts", "5", [](const LaunchConfig& c) { CHECK(c.max_restarts == 5); }},
+      {"monitor_interval", "2.5", [](const LaunchConfig& c) { CHECK(c.monitor_interval == 2.5); }},
+      {"shutdown_timeout", "7", [](const LaunchConfig& c) {
+         CHECK(c.shutdown_timeout == 7.0); CHECK(c.timeouts.shutdown_timeout == 7.0); }},
+      {"signals_to_handle", "SIGUSR1,SIGTERM", [](const LaunchConfig& c) {
+         CHECK(c.signals_to_handle == std::vector<int>{SIGUSR1, SIGTERM}); }},
+      {"log_dir", "/tmp/logs", [](const LaunchConfig& c) { CHECK(c.log_dir == "/tmp/logs"); }},
+      {"redirects", "3", [](const LaunchConfig& c) { CHECK(c.redirects.default_value == 3); }},
+      {"tee", "0:1,1:2", [](const LaunchConfig& c) {
+         CHECK(c.tee.for_rank(0) == 1); CHECK(c.tee.for_rank(1) == 2); CHECK(c.tee.for_rank(2) == 0); }},
+      {"local_ranks_filter", "2,0", [](const LaunchConfig& c) { CHECK(c.local_ranks_filter == std::vector<int>{0, 2}); }},
+      {"env_check", "warn", [](const LaunchConfig& c) { CHECK(c.env_check == "warn"); }},
+      {"env_lock", "requirements.txt", [](const LaunchConfig& c) { CHECK(c.env_lock == "requirements.txt"); }},
+      {"check_env", nullptr, [](const LaunchConfig& c) { CHECK(c.check_env); }},
+  };
+  return cases;
+}
+
+std::string dashed(std::string name) {
+  for (char& c : name) if (c == '_') c = '-';
+  return name;
+}
+
+std::string upper(std::string name) {
+  for (char& c : name) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return name;
+}
+
+// Flags some cases need so that the result is a valid configuration (node_rank needs nodes).
+std::vector<std::string> context_args(const std::string& name) {
+  if (name == "node_rank") return {"--nnodes=2"};
+  if (name == "nnodes") return {"--rdzv_backend=c10d", "--rdzv_endpoint=head"};
+  return {};
+}
+
+}  // namespace
+
+TEST_SUITE("every flag is accepted in both spellings and as PET_ variable") {
+  TEST_CASE("each flag works as --under_score, --dash-ed, '=VALUE' and ' VALUE'") {
+    for (const FlagCase& flag : flag_cases()) {
+      for (const std::string& spelling : {std::string(flag.name), dashed(flag.name)}) {
+        std::vector<std::vector<std::string>> forms;
+        if (flag.value == nullptr) {
+          forms.push_back({"--" + spelling});
+        } else {
+          forms.push_back({"--" + spelling + "=" + flag.value});
+          forms.push_back({"--" + spelling, flag.value});
+        }
+        for (auto form : forms) {
+          CAPTURE(spelling);
+          ScopedEnv env;
+          std::vector<std::string> args = context_args(flag.name);
+          args.insert(args.end(), form.begin(), form.end());
+          args.push_back("train.py");
+          const Result r = parse(args);
+          flag.check(r.config);
+          CHECK(r.config.program == "train.py");
+        }
+      }
+    }
+  }
+
+  TEST_CASE("each flag is read from PET_<NAME> when not on the command line") {
+    for (const FlagCase& flag : flag_cases()) {
+      CAPTURE(flag.name);
+      ScopedEnv env;
+      env.set("PET_" + upper(flag.name), flag.value ? flag.value : "1");
+      std::vector<std::string> args = context_args(flag.name);
+      args.push_back("train.py");
+      flag.check(parse(args).config);
+    }
+  }
+
+  TEST_CASE("short options -m, -r and -t") {
+    ScopedEnv env;
+    const Result r = parse({"-r", "2", "-t3", "-m", "pkg.train"});
+    CHECK(r.config.redirects.default_value == 2);
+    CHECK(r.config.tee.default_value == 3);
+    CHECK(r.config.module);
+    CHECK(r.config.program == "pkg.train");
+    CHECK(parse({"-r=1", "-t", "0:2", "t.py"}).config.redirects.default_value == 1);
+  }
+
+  TEST_CASE("a PET_ flag set to 0 stays off") {
+    ScopedEnv env;
+    env.set("PET_STANDALONE", "0");
+    env.set("PET_NO_PYTHON", "false");
+    const Result r = parse({"train.py"});
+    CHECK_FALSE(r.config.standalone);
+    CHECK_FALSE(r.config.no_python);
+  }
+}
+
+TEST_SUITE("the command line wins over PET_ variables and defaults") {
+  TEST_CASE("defaults without flags or variables match torchrun's") {
+    ScopedEnv env;
+    const LaunchConfig c = parse({"train.py"}).config;
+    CHECK(c.min_nodes == 1);
+    CHECK(c.max_nodes == 1);
+    CHECK(c.nproc_per_node == 1);
+    CHECK(c.rdzv_backend == "static");
+    CHECK(c.rdzv_id == "none");
+    CHECK(c.node_rank == 0);
+    CHECK(c.max_restarts == 0);
+    CHECK(c.master_addr == "127.0.0.1");
+    CHECK(c.master_port == 29500);
+    CHECK_FALSE(c.master_port_given);
+    CHECK(c.role == "default");
+    CHECK(c.python == "python3");
+    CHECK(c.env_check == "strict");
+    CHECK(c.shutdown_timeout == 30.0);
+    CHECK(c.timeouts.join_timeout == 600.0);
+    CHECK(c.signals_to_handle == std::vector<int>{SIGTERM, SIGINT, SIGHUP, SIGQUIT});
+    CHECK(c.redirects.default_value == 0);
+    CHECK(c.tee.default_value == 0);
+    CHECK(c.local_ranks_filter.empty());
+    CHECK_FALSE(c.standalone);
+  }
+
+  TEST_CASE("a flag overrides its PET_ variable") {
+    ScopedEnv env;
+    env.set("PET_NPROC_PER_NODE", "4");
+    env.set("PET_MAX_RESTARTS", "9");
+    env.set("PET_RDZV_ENDPOINT", "envhost:1");
+    const LaunchConfig c =
+        parse({"--nproc-per-node=2", "--max_restarts", "1", "--rdzv_backend=c10d", "--rdzv_endpoint=cli:2",
+               "train.py"}).config;
+    CHECK(c.nproc_per_node == 2);
+    CHECK(c.max_restarts == 1);
+    CHECK(c.rdzv_host == "cli");
+    CHECK(c.rdzv_port == 2);
+  }
+
+  TEST_CASE("a PET_ variable overrides the default, an empty one counts as unset") {
+    ScopedEnv env;
+    env.set("PET_NPROC_PER_NODE", "4");
+    env.set("PET_ROLE", "");
+    const LaunchConfig c = parse({"train.py"}).config;
+    CHECK(c.nproc_per_node == 4);
+    CHECK(c.role == "default");
+  }
+
+  TEST_CASE("a bad PET_ value is refused naming the variable, unless the flag overrides it") {
+    ScopedEnv env;
+    env.set("PET_NNODES", "2:1");
+    const UsageError e = refusal({"train.py"});
+    CHECK(e.code() == ExitCode::kUsage);
+    CHECK(contains(e.what(), "PET_NNODES=2:1"));
+    CHECK(parse({"--nnodes=1", "train.py"}).config.max_nodes == 1);
+  }
+
+  TEST_CASE("the interpreter is --python, then PET_PYTHON, then PYTHON_EXEC, then python3") {
+    ScopedEnv env;
+    CHECK(parse({"train.py"}).config.python == "python3");
+    env.set("PYTHON_EXEC", "/usr/bin/python3");
+    CHECK(parse({"train.py"}).config.python == "/usr/bin/python3");
+    env.set("PET_PYTHON", "/env/python");
+    CHECK(parse({"train.py"}).config.python == "/env/python");
+    CHECK(parse({"--python=/cli/python", "train.py"}).config.python == "/cli/python");
+  }
+
+  TEST_CASE("a flag given twice takes the last value, as argparse does") {
+    ScopedEnv env;
+    CHECK(parse({"--nproc_per_node=2", "--nproc-per-node=5", "train.py"}).config.nproc_per_node == 5);
+  }
+}
+
+TEST_SUITE("everything after the program belongs to the program") {
+  TEST_CASE("flags after the program, even ddplaunch's own, go to the program") {
+    ScopedEnv env;
+    const LaunchConfig c =
+        parse({"--nproc_per_node=2", "train.py", "--lr", "0.1", "--nnodes", "3", "--help", "-m"}).config;
+    CHECK(c.nproc_per_node == 2);
+    CHECK(c.max_nodes == 1);
+    CHECK_FALSE(c.module);
+    CHECK(c.program == "train.py");
+    CHECK(c.program_args == std::vector<std::string>{"--lr", "0.1", "--nnodes", "3", "--help", "-m"});
+  }
+
+  TEST_CASE("a module and its arguments") {
+    ScopedEnv env;
+    const LaunchConfig c = parse({"-m", "pkg.train", "--epochs=3"}).config;
+    CHECK(c.module);
+    CHECK(c.program == "pkg.train");
+    CHECK(c.program_args == std::vector<std::string>{"--epochs=3"});
+  }
+
+  TEST_CASE("'--' ends the options, so a program may start with '-'") {
+    ScopedEnv env;
+    const LaunchConfig c = parse({"--no_python", "--", "-weird", "x"}).config;
+    CHECK(c.program == "-weird");
+    CHECK(c.program_args == std::vector<std::string>{"x"});
+    const LaunchConfig d = parse({"--", "train.py", "--", "a"}).config;
+    CHECK(d.program == "train.py");
+    CHECK(d.program_args == std::vector<std::string>{"--", "a"});
+  }
+
+  TEST_CASE("arguments with spaces and empty arguments pass through unchanged") {
+    ScopedEnv env;
+    const LaunchConfig c = parse({"--no_python", "/bin/echo", "a b", "", "--x=1 2"}).config;
+    CHECK(c.program == "/bin/echo");
+    CHECK(c.program_args == std::vector<std::string>{"a b", "", "--x=1 2"});
+  }
+
+  TEST_CASE("--check_env needs no program") {
+    ScopedEnv env;
+    const LaunchConfig c = parse({"--check_env"}).config;
+    CHECK(c.check_env);
+    CHECK(c.program.empty());
+  }
+}
+
+TEST_SUITE("bad values exit 2 naming the flag and the accepted forms") {
+  struct RefusalCase {
+    std::vector<std::string> args;
+    std::vector<std::string> message_parts;
+  };
+
+  TEST_CASE("every invalid value is refused with exit code 2 and a clear message") {
+    const std::vector<RefusalCase> cases = {
+        {{"--nnodes=2:1", "t.py"}, {"--nnodes=2:1", "MIN (2) must not exceed MAX (1)", "MIN:MAX"}},
+        {{"--nnodes=1:2:3", "t.py"}, {"--nnodes=1:2:3", "too many ':'", "N or MIN:MAX"}},
+        {{"--nnodes=0", "t.py"}, {"--nnodes=0", "at least 1"}},
+        {{"--nnodes=two", "t.py"}, {"--nnodes=two", "not an integer"}},
+        {{"--nnodes=", "t.py"}, {"--nnodes=", "N or MIN:MAX"}},
+        {{"--nproc_per_node=many", "t.py"}, {"--nproc_per_node=many", "auto, cpu or gpu"}},
+        {{"--nproc_per_node=0", "t.py"}, {"--nproc_per_node=0", "at least 1"}},
+        {{"--nproc_per_node=-2", "t.py"}, {"--nproc_per_node=-2", "at least 1"}},
+        {{"--nproc_per_node=gpu", "t.py"}, {"--nproc_per_node=gpu", "no GPU is visible"}},
+        {{"--no_python", "-m", "pkg"}, {"--no_python", "-m/--module", "cannot be used together"}},
+        {{"--redirects=7", "t.py"}, {"--redirects=7", "0 (none)", "3 (both)"}},
+        {{"--tee=0:4", "t.py"}, {"--tee=0:4", "'4' is not 0..3"}},
+        {{"--tee=0:1,0:2", "t.py"}, {"--tee=0:1,0:2", "given twice"}},
+        {{"-r", "x:1", "t.py"}, {"--redirects=x:1", "not a local rank"}},
+        {{"--rdzv_conf=join_timeout", "t.py"}, {"--rdzv_conf=join_timeout", "'join_timeout' has no value", "KEY=VALUE"}},
+        {{"--rdzv_conf==5", "t.py"}, {"--rdzv_conf==5", "has no key"}},
+        {{"--rdzv_conf=join_timeout=soon", "t.py"}, {"join_timeout=soon", "not a number"}},
+        {{"--rdzv_conf=last_call_timeout=-1", "t.py"}, {"last_call_timeout=-1", "must not be negative"}},
+        {{"--rdzv_conf=is_host=perhaps", "t.py"}, {"is_host=perhaps", "true or false"}},
+        {{"--rdzv_conf=heartbeat_interval=0", "t.py"}, {"heartbeat_interval=0", "greater than 0"}},
+        {{"--rdzv_conf=heartbeat_timeout=1,heartbeat_interval=2", "t.py"}, {"heartbeat_timeout (1) must exceed heartbeat_interval (2)"}},
+        {{"--max_restarts=-1", "t.py"}, {"--max_restarts=-1", "must not be negative", ">= 0"}},
+        {{"--max_restarts=lots", "t.py"}, {"--max_restarts=lots", "not an integer"}},
+        {{"--shutdown_timeout=-5", "t.py"}, {"--shutdown_timeout=-5", "must not be negative"}},
+        {{"--monitor_interval=-0.1", "t.py"}, {"--monitor_interval=-0.1", "must not be negative"}},
+        {{"--shutdown_timeout=nan", "t.py"}, {"--shutdown_timeout=nan", "not a number"}},
+        {{"--env_check=maybe", "t.py"}, {"--env_check=maybe", "strict", "warn", "off"}},
+        {{"--env_lock=", "t.py"}, {"--env_lock=", "must name a file"}},
+        {{"--start_method=thread", "t.py"}, {"--start_method=thread", "spawn, fork, forkserver"}},
+        {{"--rdzv_backend=etcd", "t.py"}, {"--rdzv_backend=etcd", "static, c10d, ddp"}},
+        {{"--rdzv_backend=c10d", "--rdzv_endpoint=host:99999", "t.py"}, {"--rdzv_endpoint=host:99999", "HOST[:PORT]"}},
+        {{"--rdzv_backend=c10d", "--rdzv_endpoint=bad host", "t.py"}, {"--rdzv_endpoint=bad host", "not a host"}},
+        {{"--rdzv_backend=c10d", "--rdzv_endpoint=[::1", "t.py"}, {"missing ']'"}},
+        {{"--rdzv_id=", "t.py"}, {"--rdzv_id=", "must not be empty"}},
+        {{"--master_port=70000", "t.py"}, {"--master_port=70000", "0..65535"}},
+        {{"--master_addr=a b", "t.py"}, {"--master_addr=a b", "not a host"}},
+        {{"--local_ranks_filter=0,x", "t.py"}, {"--local_ranks_filter=0,x", "'x' is not a rank", "0,1,2"}},
+        {{"--signals_to_handle=SIGFOO", "t.py"}, {"--signals_to_handle=SIGFOO", "unknown signal", "SIGTERM"}},
+        {{"--signals_to_handle=SIGKILL", "t.py"}, {"cannot be caught"}},
+        {{"--signals_to_handle=CHLD", "t.py"}, {"CHLD", "not forwarded"}},
+        {{"--signals_to_handle=999", "t.py"}, {"no signal 999"}},
+        {{"--nnodes=2", "t.py"}, {"static backend", "--node_rank"}},
+        {{"--nnodes=1:2", "t.py"}, {"--nnodes=1:2", "fixed number of nodes"}},
+        {{"--nnodes=2", "--node_rank=2", "t.py"}, {"--node_rank=2", "less than the number of nodes (2)", "0..1"}},
+        {{"--node_rank=1", "t.py"}, {"--node_rank=1", "0..0"}},
+        {{"--node_rank=-1", "t.py"}, {"--node_rank=-1", "must not be negative"}},
+        {{"--standalone", "--nnodes=2", "t.py"}, {"--standalone", "single-node", "--nnodes"}},
+        {{"--rdzv_backend=c10d", "--nnodes=2", "t.py"}, {"--rdzv_endpoint=HOST[:PORT]"}},
+        {{"--nnodes=2", "--node_rank=0", "--rdzv_endpoint=host", "t.py"}, {"--rdzv_endpoint=host", "needs a port"}},
+        {{}, {"missing PROGRAM", "ddplaunch [OPTIONS] PROGRAM"}},
+        {{"--nproc_per_node=2"}, {"missing PROGRAM"}},
+        {{"--bogus", "t.py"}, {"unknown option '--bogus'"}},
+        {{"--bogus=3", "t.py"}, {"unknown option '--bogus'"}},
+        {{"--numa-binding=node", "t.py"}, {"--numa-binding is a torchrun option that ddplaunch does not support"}},
+        {{"--logs_specs", "x", "t.py"}, {"--logs_specs is a torchrun option"}},
+        {{"--nnodes"}, {"--nnodes needs a value: --nnodes=N|MIN:MAX"}},
+        {{"-r"}, {"-r needs a value"}},
+        {{"-mx", "t.py"}, {"unknown option '-mx'"}},
+        {{"--standalone=maybe", "t.py"}, {}},
+    };
+    for (const RefusalCase& c : cases) {
+      std::string joined;
+      for (const auto& a : c.args) joined += a + " ";
+      CAPTURE(joined);
+      ScopedEnv env;
+      const UsageError e = refusal(c.args);
+      CHECK(e.code() == ExitCode::kUsage);
+      CHECK(static_cast<int>(e.code()) == 2);
+      const std::string message = e.what();
+      CAPTURE(message);
+      CHECK(message.rfind("ddplaunch: ", 0) == 0);
+      CHECK(contains(message, "ddplaunch --help"));
+      for (const std::string& part : c.message_parts) {
+        CHECK_MESSAGE(contains(message, part), "missing '" << part << "'");
+      }
+    }
+  }
+
+  TEST_CASE("a refused PET_ flag names the variable") {
+    ScopedEnv env;
+    env.set("PET_STANDALONE", "maybe");
+    const UsageError e = refusal({"t.py"});
+    CHECK(e.code() == ExitCode::kUsage);
+    CHECK(contains(e.what(), "PET_STANDALONE=maybe"));
+  }
+}
+
+TEST_SUITE("rendezvous settings resolve like torchrun") {
+  TEST_CASE("--standalone picks c10d, leaves the endpoint to the agent and draws a random run id") {
+    ScopedEnv env;
+    const Result a = parse({"--standalone", "train.py"});
+    const Result b = parse({"--standalone", "train.py"});
+    CHECK(a.config.standalone);
+    CHECK(a.config.rdzv_backend == "c10d");
+    CHECK(a.config.rdzv_endpoint.empty());
+    CHECK(a.config.rdzv_id.size() == 36);
+    CHECK(a.config.rdzv_id[14] == '4');
+    CHECK(a.config.rdzv_id != b.config.rdzv_id);
+    CHECK(a.err.empty());
+  }
+
+  TEST_CASE("--standalone ignores explicit rendezvous flags with a warning") {
+    ScopedEnv env;
+    const Result r = parse({"--standalone", "--rdzv_id=mine", "--rdzv_endpoint=h:1", "train.py"});
+    CHECK(r.config.rdzv_id != "mine");
+    CHECK(r.config.rdzv_endpoint.empty());
+    CHECK(contains(r.err, "--standalone ignores --rdzv_id=mine"));
+    CHECK(contains(r.err, "--standalone ignores --rdzv_endpoint=h:1"));
+  }
+
+  TEST_CASE("static multi-node takes --node_rank and the master address, or --rdzv_endpoint") {
+    ScopedEnv env;
+    const LaunchConfig c =
+        parse({"--nnodes=3", "--node_rank=2", "--master_addr=10.0.0.1", "--master_port=1234", "t.py"}).config;
+    CHECK(c.rdzv_backend == "static");
+    CHECK(c.node_rank == 2);
+    CHECK(c.master_addr == "10.0.0.1");
+    CHECK(c.master_port == 1234);
+    CHECK(parse({"--master_addr=[::1]", "t.py"}).config.master_addr == "::1");
+    const LaunchConfig d = parse({"--nnodes=2", "--node_rank=1", "--rdzv_endpoint=[fe80::1]:4321", "t.py"}).config;
+    CHECK(d.master_addr == "fe80::1");
+    CHECK(d.master_port == 4321);
+    CHECK(d.master_port_given);
+  }
+
+  TEST_CASE("c10d endpoints default to port 29400 and accept IPv6") {
+    ScopedEnv env;
+    const LaunchConfig c = parse({"--rdzv_backend=c10d", "--rdzv_endpoint=head", "--nnodes=1:4", "t.py"}).config;
+    CHECK(c.rdzv_host == "head");
+    CHECK(c.rdzv_port == 29400);
+    CHECK(c.node_rank == -1);
+    const LaunchConfig d = parse({"--rdzv_backend=ddp", "--rdzv_endpoint=[::1]:5000", "t.py"}).config;
+    CHECK(d.rdzv_host == "::1");
+    CHECK(d.rdzv_port == 5000);
+  }
+
+  TEST_CASE("unknown --rdzv_conf keys are kept and warned about") {
+    ScopedEnv env;
+    const Result r = parse({"--rdzv_conf=keep_alive_interval=5,token_file=/s/token,is_host=false", "t.py"});
+    CHECK(r.config.rdzv_conf.at("keep_alive_interval") == "5");
+    CHECK(r.config.rdzv_conf.at("token_file") == "/s/token");
+    CHECK(contains(r.err, "unknown key 'keep_alive_interval' is ignored"));
+    CHECK_FALSE(contains(r.err, "token_file'"));
+  }
+
+  TEST_CASE("--shutdown_timeout wins over the rdzv_conf key, which wins over the default") {
+    ScopedEnv env;
+    CHECK(parse({"--rdzv_conf=shutdown_timeout=4", "t.py"}).config.shutdown_timeout == 4.0);
+    const LaunchConfig c = parse({"--rdzv_conf=shutdown_timeout=4", "--shutdown_timeout=9", "t.py"}).config;
+    CHECK(c.shutdown_timeout == 9.0);
+    CHECK(c.timeouts.shutdown_timeout == 9.0);
+  }
+
+  TEST_CASE("signals are taken by name, short name or number") {
+    ScopedEnv env;
+    const LaunchConfig c = parse({"--signals_to_handle=sigint, USR2,15,SIGINT", "t.py"}).config;
+    CHECK(c.signals_to_handle == std::vector<int>{SIGINT, SIGUSR2, SIGTERM});
+  }
+}
+
+TEST_SUITE("tee and redirects accept a level or a per-rank map") {
+  TEST_CASE("a single level applies to every local rank") {
+    const auto spec = ddp::launcher::parse_std_spec("2", "--tee");
+    CHECK(spec.default_value == 2);
+    CHECK(spec.per_rank.empty());
+    CHECK(spec.for_rank(7) == 2);
+  }
+
+  TEST_CASE("a map sets listed ranks and leaves the others at 0") {
+    const auto spec = ddp::launcher::parse_std_spec("0:3,1:1,12:2", "--redirects");
+    CHECK(spec.for_rank(0) == 3);
+    CHECK(spec.for_rank(1) == 1);
+    CHECK(spec.for_rank(12) == 2);
+    CHECK(spec.for_rank(2) == 0);
+  }
+
+  TEST_CASE("malformed maps are refused") {
+    for (const char* bad : {"4", "-1", "a", "0:", ":1", "0:1,", "0:1:2", "0-1"}) {
+      CAPTURE(bad);
+      CHECK_THROWS_AS(ddp::launcher::parse_std_spec(bad, "--tee"), UsageError);
+    }
+  }
+}
+
+TEST_SUITE("nproc_per_node counts GPUs honouring CUDA_VISIBLE_DEVICES") {
+  TEST_CASE("auto, gpu and cpu resolve to a count") {
+    ScopedEnv env;
+    CHECK(parse({"--nproc_per_node=gpu", "t.py"}, 4).config.nproc_per_node == 4);
+    CHECK(parse({"--nproc_per_node=auto", "t.py"}, 2).config.nproc_per_node == 2);
+    CHECK(parse({"--nproc_per_node=auto", "t.py"}, 0, 6).config.nproc_per_node == 6);
+    const LaunchConfig c = parse({"--nproc_per_node=cpu", "t.py"}, 8, 3).config;
+    CHECK(c.nproc_per_node == 3);
+    CHECK(c.nproc_spec == "cpu");
+  }
+
+  TEST_CASE("CUDA_VISIBLE_DEVICES narrows the physical GPUs as the CUDA runtime does") {
+    using ddp::launcher::apply_cuda_visible_devices;
+    CHECK(apply_cuda_visible_devices(4, nullptr) == 4);
+    CHECK(apply_cuda_visible_devices(4, "") == 0);
+    CHECK(apply_cuda_visible_devices(4, "0,2") == 2);
+    CHECK(apply_cuda_visible_devices(4, " 3 ") == 1);
+    CHECK(apply_cuda_visible_devices(4, "-1") == 0);
+    CHECK(apply_cuda_visible_devices(4, "0,-1,1") == 1);
+    CHECK(apply_cuda_visible_devices(4, "1,7,2") == 1);
+    CHECK(apply_cuda_visible_devices(4, "1,1") == 1);
+    CHECK(apply_cuda_visible_devices(2, "GPU-aaaa,GPU-bbbb,GPU-cccc") == 2);
+    CHECK(apply_cuda_visible_devices(0, "0") == 0);
+  }
+
+  TEST_CASE("GPUs are counted from /proc/driver/nvidia/gpus, else /dev/nvidiaN") {
+    namespace fs = std::filesystem;
+    const fs::path root = fs::temp_directory_path() /
+                          ("ddplaunch-gpu-test-" + std::to_string(::getpid()));
+    fs::remove_all(root);
+    fs::create_directories(root / "proc");
+    fs::create_directories(root / "dev");
+    for (const char* name : {"nvidia0", "nvidia1", "nvidia2", "nvidiactl", "nvidia-uvm", "nvidia-modeset"}) {
+      std::ofstream(root / "dev" / name).put('x');
+    }
+    using ddp::launcher::count_visible_gpus;
+    CHECK(count_visible_gpus((root / "proc").string(), (root / "dev").string(), nullptr) == 3);
+    CHECK(count_visible_gpus((root / "proc").string(), (root / "dev").string(), "2") == 1);
+    fs::create_directories(root / "proc" / "0000:17:00.0");
+    fs::create_directories(root / "proc" / "0000:65:00.0");
+    CHECK(count_visible_gpus((root / "proc").string(), (root / "dev").string(), nullptr) == 2);
+    CHECK(count_visible_gpus((root / "missing").string(), (root / "missing").string(), nullptr) == 0);
+    fs::remove_all(root);
+  }
+
+  TEST_CASE("the real counters answer without a GPU driver") {
+    CHECK(ddp::launcher::count_visible_gpus() >= 0);
+    CHECK(ddp::launcher::count_usable_cpus() >= 1);
+  }
+}
+
+TEST_SUITE("help reads like a man page and exits 0") {
+  TEST_CASE("--help prints every section and option with its default, and exits 0") {
+    for (const char* flag : {"--help", "-h"}) {
+      ScopedEnv env;
+      std::vector<const char*> argv{"ddplaunch", flag, "--nnodes=0"};
+      std::ostringstream out;
+      ParseContext context;
+      context.out = &out;
+      try {
+        ddp::launcher::parse_command_line(static_cast<int>(argv.size()), argv.data(), context);
+        FAIL("--help did not stop the parse");
+      } catch (const UsageError& e) {
+        CHECK(e.code() == ExitCode::kSuccess);
+        CHECK(std::string(e.what()).empty());
+      }
+      const std::string help = out.str();
+      CHECK(help == ddp::launcher::help_text());
+      for (const char* section : {"SYNOPSIS", "DESCRIPTION", "OPTIONS", "Workers", "Rendezvous",
+                                  "Fault tolerance", "Logs", "Environment check", "EXIT STATUS",
+                                  "ENVIRONMENT", "EXAMPLES", "128+N", "PYTHON_EXEC",
+                                  "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"}) {
+        CHECK_MESSAGE(contains(help, section), "missing " << section);
+      }
+      for (const FlagCase& f : flag_cases()) {
+        CHECK_MESSAGE(contains(help, std::string("--") + f.name), "missing --" << f.name);
+        CHECK_MESSAGE(contains(help, "PET_" + upper(f.name)), "missing PET_" << upper(f.name));
+        if (dashed(f.name) != f.name) CHECK(contains(help, "--" + dashed(f.name)));
+      }
+      CHECK(contains(help, "--nproc_per_node, --nproc-per-node N|auto|cpu|gpu"));
+      CHECK(contains(help, "Default: 29500."));
+      std::istringstream lines(help);
+      std::string line;
+      while (std::getline(lines, line)) {
+        CAPTURE(line);
+        CHECK(line.size() <= 80);
+      }
+    }
+  }
+
+  TEST_CASE("--version prints the version and exits 0") {
+    ScopedEnv env;
+    std::vector<const char*> argv{"ddplaunch", "--version"};
+    std::ostringstream out;
+    ParseContext context;
+    context.out = &out;
+    try {
+      ddp::launcher::parse_command_line(static_cast<int>(argv.size()), argv.data(), context);
+      FAIL("--version did not stop the parse");
+    } catch (const UsageError& e) {
+      CHECK(e.code() == ExitCode::kSuccess);
+    }
+    CHECK(out.str() == std::string("ddplaunch ") + DDPLAUNCH_EXPECTED_VERSION + "\n");
+  }
+
+  TEST_CASE("--help after the program belongs to the program") {
+    ScopedEnv env;
+    const Result r = parse({"train.py", "--help"});
+    CHECK(r.out.empty());
+    CHECK(r.config.program_args == std::vector<std::string>{"--help"});
+  }
+}
