@@ -1,0 +1,67 @@
+// The agent: supervises this node's worker group for one job. It joins a round through its
+// RendezvousHandler, starts nproc workers with the environment of DESIGN.md, watches them
+// (child exit is an event), stops the whole group when one fails, reports to the rendezvous,
+// and restarts them or ends the job as the rendezvous decides. It forwards the signals it
+// handles to the workers and owns their console/log output.
+//
+// Created by launcher/launch.cpp; lives for one ddplaunch run. Single-threaded: every method,
+// callback and handler runs on the io_context thread that calls run(). That thread must be the
+// one that stays alive for the whole run: the workers' parent-death signal is tied to it.
+#pragma once
+
+#include <signal.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <boost/asio/io_context.hpp>
+
+#include "agent/process.h"
+#include "agent/rendezvous_handler.h"
+#include "agent/worker_env.h"
+#include "rendezvous/types.h"
+
+namespace ddp::agent {
+
+struct AgentOptions {
+  // This node as the rendezvous sees it. The agent reads local_world_size (nproc), host (for
+  // failure reports), job_id; it sets master_port before each join() when pick_master_port.
+  rdzv::NodeSpec node;
+  WorkerCommand command;
+  std::string role = "default";       // ROLE_NAME, and the default console prefix
+  std::string run_id = "none";        // TORCHELASTIC_RUN_ID and the log sub-directory
+  // Root of <log_dir>/<run_id>/attempt_<n>/<local_rank>/{stdout,stderr}.log, error.json.
+  // REQUIRES: not empty (launch.cpp makes a temporary one when --log_dir is not given).
+  std::string log_dir;
+  std::vector<int> redirects;         // StdBits per local rank; missing ranks: none. Default none.
+  std::vector<int> tee;               // StdBits per local rank; missing ranks: none. Default none.
+  std::vector<int> local_ranks_filter;  // only these ranks reach the console; empty = all
+  std::string line_prefix_template;   // TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE; empty = [role0]:
+  double shutdown_timeout = 30.0;     // seconds between SIGTERM and SIGKILL
+  std::vector<int> signals = {SIGTERM, SIGINT, SIGHUP, SIGQUIT};  // forwarded to the workers
+  // Pick a free port (pick_free_port(master_port_bind_addr)) into node.master_port before each
+  // join(). Default on: single-node jobs get a fresh MASTER_PORT every round.
+  bool pick_master_port = true;
+  std::string master_port_bind_addr = "127.0.0.1";
+};
+
+class Agent {
+ public:
+  // `processes` defaults to the real POSIX implementation on `io`.
+  Agent(boost::asio::io_context& io, AgentOptions options,
+        std::unique_ptr<RendezvousHandler> rendezvous, std::unique_ptr<Processes> processes = nullptr);
+  ~Agent();
+  Agent(const Agent&) = delete;
+  Agent& operator=(const Agent&) = delete;
+
+  // Joins the first round and runs `io` until the job ends. Returns ddplaunch's exit code
+  // (ddp::ExitCode: 0, 1, 2 when a worker cannot be started, 3, or 128+N).
+  int run();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ddp::agent

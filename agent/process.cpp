@@ -1,0 +1,119 @@
+#include "agent/process.h"
+
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include <boost/asio/signal_set.hpp>
+#include <boost/process/args.hpp>
+#include <boost/process/child.hpp>
+#include <boost/process/env.hpp>
+#include <boost/process/environment.hpp>
+#include <boost/process/exe.hpp>
+#include <boost/process/extend.hpp>
+#include <boost/process/search_path.hpp>
+
+namespace bp = boost::process;
+
+namespace ddp::agent {
+
+namespace {
+
+// Reaps children on SIGCHLD: the exit of a worker is an event, never polled.
+class PosixProcesses final : public Processes {
+ public:
+  explicit PosixProcesses(boost::asio::io_context& io) : sigchld_(io, SIGCHLD) { wait_for_sigchld(); }
+
+  void set_exit_handler(ExitHandler on_exit) override { on_exit_ = std::move(on_exit); }
+
+  int spawn(const SpawnRequest& request) override {
+    std::string exe = request.argv.at(0);
+    if (exe.find('/') == std::string::npos) {
+      auto found = bp::search_path(exe);
+      if (found.empty()) throw SpawnError("cannot start " + exe + ": not found in PATH");
+      exe = found.string();
+    }
+    bp::environment env;
+    for (const auto& [k, v] : request.env) env[k] = v;
+    const pid_t parent = ::getpid();
+    const int out_fd = request.stdout_fd, err_fd = request.stderr_fd;
+    auto setup = [parent, out_fd, err_fd](auto& /*executor*/) {
+      // Runs in the child between fork and exec: only async-signal-safe calls.
+      ::setpgid(0, 0);
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) ::_exit(137);  // the agent died before prctl took effect
+      if (out_fd >= 0) ::dup2(out_fd, STDOUT_FILENO);
+      if (err_fd >= 0) ::dup2(err_fd, STDERR_FILENO);
+      // The agent's signal handlers are reset by exec; its ignored (SIGPIPE) and blocked
+      // signals would not be.
+      struct sigaction dfl {};
+      dfl.sa_handler = SIG_DFL;
+      ::sigaction(SIGPIPE, &dfl, nullptr);
+      sigset_t none;
+      sigemptyset(&none);
+      ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    };
+    std::vector<std::string> args(request.argv.begin() + 1, request.argv.end());
+    std::error_code ec;
+    bp::child child(bp::exe = exe, bp::args = args, bp::env = env,
+                    bp::extend::on_exec_setup = setup, ec);
+    if (ec) throw SpawnError("cannot start " + request.argv.at(0) + ": " + ec.message());
+    const int pid = child.id();
+    child.detach();  // reaped by the SIGCHLD loop below
+    // Close the window where the parent signals the group before the child ran setpgid.
+    ::setpgid(pid, pid);
+    return pid;
+  }
+
+  void signal_group(int pgid, int signo) override {
+    if (pgid > 0) ::kill(-pgid, signo);
+  }
+
+  void close() override {
+    closed_ = true;
+    boost::system::error_code ignored;
+    sigchld_.cancel(ignored);
+  }
+
+ private:
+  void wait_for_sigchld() {
+    sigchld_.async_wait([this](const boost::system::error_code& ec, int) {
+      if (ec || closed_) return;
+      reap();
+      wait_for_sigchld();
+    });
+  }
+
+  void reap() {
+    for (;;) {
+      int status = 0;
+      pid_t pid = ::waitpid(-1, &status, WNOHANG);
+      if (pid <= 0) return;  // 0: others still run; -1/ECHILD: none left
+      ExitStatus st;
+      if (WIFSIGNALED(status)) {
+        st.signal = WTERMSIG(status);
+      } else if (WIFEXITED(status)) {
+        st.exit_code = WEXITSTATUS(status);
+      } else {
+        continue;
+      }
+      if (on_exit_) on_exit_(pid, st);
+    }
+  }
+
+  boost::asio::signal_set sigchld_;
+  ExitHandler on_exit_;
+  bool closed_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<Processes> make_posix_processes(boost::asio::io_context& io) {
+  return std::make_unique<PosixProcesses>(io);
+}
+
+}  // namespace ddp::agent

@@ -1,0 +1,57 @@
+// The seam between the agent and the operating system's processes: start a worker, signal its
+// process group, hear when it exits. PosixProcesses is the real one (Boost.Process to spawn, a
+// SIGCHLD signal_set plus waitpid to reap); tests swap in a fake.
+//
+// Owned by the Agent; lives as long as the agent run; every call and callback happens on the
+// agent's io_context thread.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <boost/asio/io_context.hpp>
+
+namespace ddp::agent {
+
+struct SpawnRequest {
+  std::vector<std::string> argv;              // argv[0] is searched in PATH when it has no '/'
+  std::map<std::string, std::string> env;     // the complete environment
+  int stdout_fd = -1;                         // -1: inherit the agent's stdout
+  int stderr_fd = -1;                         // -1: inherit the agent's stderr
+};
+
+// How a process ended: exactly one of exit_code (signal == 0) or signal (> 0).
+struct ExitStatus {
+  int exit_code = 0;
+  int signal = 0;
+  bool success() const { return signal == 0 && exit_code == 0; }
+};
+
+// The program could not be started (not found, not executable).
+class SpawnError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class Processes {
+ public:
+  using ExitHandler = std::function<void(int pid, ExitStatus status)>;
+  virtual ~Processes() = default;
+  // REQUIRES: called once, before spawn(). `on_exit` fires once per spawned process.
+  virtual void set_exit_handler(ExitHandler on_exit) = 0;
+  // Starts a process in a new process group (its pid is the group id) that dies with the agent.
+  // Returns its pid. Throws SpawnError.
+  virtual int spawn(const SpawnRequest& request) = 0;
+  // Sends `signo` to the process group `pgid`; a group that is gone is not an error.
+  virtual void signal_group(int pgid, int signo) = 0;
+  // Stops listening for exits (the agent is done).
+  virtual void close() = 0;
+};
+
+std::unique_ptr<Processes> make_posix_processes(boost::asio::io_context& io);
+
+}  // namespace ddp::agent

@@ -1,0 +1,108 @@
+#include "agent/worker_env.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <system_error>
+
+extern char** environ;
+
+namespace ddp::agent {
+
+namespace {
+// Runs the script the way torchrun's --run_path does (runpy.run_path as __main__), but in a
+// worker process of its own rather than inside the launcher.
+constexpr const char* kRunPathBootstrap =
+    "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')";
+}  // namespace
+
+std::vector<std::string> worker_argv(const WorkerCommand& command) {
+  std::vector<std::string> argv;
+  if (command.no_python) {
+    argv.push_back(command.program);
+  } else {
+    argv = {command.python, "-u"};
+    if (command.module) {
+      argv.insert(argv.end(), {"-m", command.program});
+    } else if (command.run_path) {
+      argv.insert(argv.end(), {"-c", kRunPathBootstrap, command.program});
+    } else {
+      argv.push_back(command.program);
+    }
+  }
+  argv.insert(argv.end(), command.args.begin(), command.args.end());
+  return argv;
+}
+
+std::map<std::string, std::string> worker_env(const RoundEnv& round, int local_rank,
+                                              const std::string& error_file,
+                                              const std::map<std::string, std::string>& inherited) {
+  const auto& a = round.assignment;
+  auto inherited_or = [&](const char* name, const std::string& fallback) {
+    auto it = inherited.find(name);
+    return it == inherited.end() ? fallback : it->second;
+  };
+  std::map<std::string, std::string> env;
+  env["RANK"] = std::to_string(a.rank_offset + local_rank);
+  env["LOCAL_RANK"] = std::to_string(local_rank);
+  env["WORLD_SIZE"] = std::to_string(a.world_size);
+  env["LOCAL_WORLD_SIZE"] = std::to_string(round.local_world_size);
+  env["GROUP_RANK"] = std::to_string(a.group_rank);
+  env["GROUP_WORLD_SIZE"] = std::to_string(a.group_world_size);
+  // One role per job: role ranks are the global ranks.
+  env["ROLE_RANK"] = env["RANK"];
+  env["ROLE_WORLD_SIZE"] = env["WORLD_SIZE"];
+  env["ROLE_NAME"] = round.role;
+  env["MASTER_ADDR"] = a.master_addr;
+  env["MASTER_PORT"] = std::to_string(a.master_port);
+  env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(a.restart_count);
+  env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(a.max_restarts);
+  env["TORCHELASTIC_RUN_ID"] = round.run_id;
+  // We host no TCPStore for the workers: rank 0 creates its own at MASTER_PORT.
+  env["TORCHELASTIC_USE_AGENT_STORE"] = "False";
+  env["TORCHELASTIC_ERROR_FILE"] = error_file;
+  env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = inherited_or("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
+  env["NCCL_ASYNC_ERROR_HANDLING"] = inherited_or("NCCL_ASYNC_ERROR_HANDLING", "1");
+  if (round.set_omp_num_threads) env["OMP_NUM_THREADS"] = "1";
+  env["DDPLAUNCH_GENERATION"] = std::to_string(a.generation);
+  return env;
+}
+
+std::map<std::string, std::string> current_environment() {
+  std::map<std::string, std::string> env;
+  for (char** e = environ; e && *e; ++e) {
+    const char* eq = std::strchr(*e, '=');
+    if (!eq) continue;
+    env.emplace(std::string(*e, static_cast<std::size_t>(eq - *e)), std::string(eq + 1));
+  }
+  return env;
+}
+
+bool should_set_omp_num_threads(int local_world_size,
+                                const std::map<std::string, std::string>& inherited) {
+  return local_world_size > 1 && inherited.count("OMP_NUM_THREADS") == 0;
+}
+
+int pick_free_port(const std::string& addr) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw std::system_error(errno, std::generic_category(), "pick a free port: socket");
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = 0;
+  if (::inet_pton(AF_INET, addr.c_str(), &sa.sin_addr) != 1) sa.sin_addr.s_addr = htonl(INADDR_ANY);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) {
+    int err = errno;
+    ::close(fd);
+    throw std::system_error(err, std::generic_category(), "pick a free port: bind " + addr + ":0");
+  }
+  socklen_t len = sizeof sa;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+  ::close(fd);
+  return ntohs(sa.sin_port);
+}
+
+}  // namespace ddp::agent

@@ -1,0 +1,53 @@
+// What each worker is started with: its command line and the environment of DESIGN.md
+// ("The worker environment"). Pure functions, no processes: tested in tests/agent.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "rendezvous/types.h"
+
+namespace ddp::agent {
+
+// How the program is run (torchrun's --no_python, -m, --run_path).
+struct WorkerCommand {
+  std::string python = "python3";  // interpreter for Python workers (--python / $PYTHON_EXEC)
+  bool no_python = false;          // execute `program` directly
+  bool module = false;             // python -u -m program args
+  bool run_path = false;           // python -u -c <runpy.run_path(program)> program args
+  std::string program;
+  std::vector<std::string> args;
+};
+
+// argv of every worker of the command (the same for each local rank).
+std::vector<std::string> worker_argv(const WorkerCommand& command);
+
+// The per-round facts every worker of this node shares.
+struct RoundEnv {
+  rdzv::Assignment assignment;
+  int local_world_size = 1;
+  std::string role = "default";
+  std::string run_id = "none";
+  bool set_omp_num_threads = false;  // OMP_NUM_THREADS=1 (unset and local_world_size > 1)
+};
+
+// The variables the agent adds to (or overrides in) its own environment for one worker.
+// `inherited` is the agent's environment; NCCL error-handling variables keep a value set there.
+std::map<std::string, std::string> worker_env(const RoundEnv& round, int local_rank,
+                                              const std::string& error_file,
+                                              const std::map<std::string, std::string>& inherited);
+
+// The agent's own environment as a map.
+std::map<std::string, std::string> current_environment();
+
+// Whether OMP_NUM_THREADS should be set to 1 for the workers (torchrun's rule).
+bool should_set_omp_num_threads(int local_world_size,
+                                const std::map<std::string, std::string>& inherited);
+
+// A TCP port that was free on `addr` a moment ago (bind port 0, read it, close). Used for
+// MASTER_PORT on a single node and for NodeSpec.master_port when joining a multi-node round.
+// Throws std::system_error when no socket can be bound.
+int pick_free_port(const std::string& addr = "127.0.0.1");
+
+}  // namespace ddp::agent

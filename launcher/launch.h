@@ -1,0 +1,40 @@
+// The glue between the command line and the agent: resolve what LaunchConfig leaves open (the
+// log directory, the run id, the rendezvous to use), check that the program can start, build
+// the Agent and run it. Called once by main(); runs on main's thread.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include <boost/asio/io_context.hpp>
+
+#include "agent/agent.h"
+#include "agent/rendezvous_handler.h"
+#include "launcher/config.h"
+
+namespace ddp::launcher {
+
+// Runs the job this configuration describes on this node; returns ddplaunch's exit code.
+// Throws UsageError (exit 2) when it cannot start: a program that does not exist, a
+// rendezvous configuration this build cannot serve.
+int launch(const LaunchConfig& config);
+
+// The agent options for `config`, with the log root already resolved. Exposed for tests.
+agent::AgentOptions make_agent_options(const LaunchConfig& config, const std::string& log_dir,
+                                       const std::string& run_id);
+
+// True when this node's job needs no rendezvous daemon: --standalone, one node, or the static
+// backend (torchrun's default, with --master_addr/--master_port/--node_rank).
+bool uses_local_rendezvous(const LaunchConfig& config);
+
+// The rendezvous the agent joins. Local (in-process) when uses_local_rendezvous(); otherwise the
+// multi-node client (RemoteRendezvous), which is wired here once rendezvous/ provides it.
+std::unique_ptr<agent::RendezvousHandler> make_rendezvous(boost::asio::io_context& io,
+                                                          const LaunchConfig& config);
+
+// Refuses (UsageError, exit 2) a program that cannot be started: a --no_python executable that
+// is not found or not executable, a Python script that does not exist, an interpreter that is
+// not found. Modules (-m) are left to Python.
+void check_program(const LaunchConfig& config);
+
+}  // namespace ddp::launcher

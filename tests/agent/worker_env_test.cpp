@@ -1,0 +1,192 @@
+// Unit tests of agent/worker_env.h, agent/logs.h, agent/failure.h: the pure parts of the agent.
+#include <doctest/doctest.h>
+
+#include <signal.h>
+
+#include <string>
+#include <vector>
+
+#include "agent/failure.h"
+#include "agent/logs.h"
+#include "agent/worker_env.h"
+
+using namespace ddp::agent;
+
+TEST_SUITE("the worker environment follows DESIGN.md") {
+  TEST_CASE("ranks are the rank offset plus the local rank, and every variable is set") {
+    RoundEnv round;
+    round.assignment.generation = 7;
+    round.assignment.group_rank = 1;
+    round.assignment.group_world_size = 3;
+    round.assignment.world_size = 12;
+    round.assignment.rank_offset = 4;
+    round.assignment.master_addr = "10.0.0.1";
+    round.assignment.master_port = 29501;
+    round.assignment.restart_count = 2;
+    round.assignment.max_restarts = 5;
+    round.local_world_size = 4;
+    round.role = "trainer";
+    round.run_id = "job42";
+    round.set_omp_num_threads = true;
+    auto env = worker_env(round, 3, "/logs/error.json", {});
+    CHECK(env.at("RANK") == "7");
+    CHECK(env.at("LOCAL_RANK") == "3");
+    CHECK(env.at("WORLD_SIZE") == "12");
+    CHECK(env.at("LOCAL_WORLD_SIZE") == "4");
+    CHECK(env.at("GROUP_RANK") == "1");
+    CHECK(env.at("GROUP_WORLD_SIZE") == "3");
+    CHECK(env.at("ROLE_RANK") == "7");
+    CHECK(env.at("ROLE_WORLD_SIZE") == "12");
+    CHECK(env.at("ROLE_NAME") == "trainer");
+    CHECK(env.at("MASTER_ADDR") == "10.0.0.1");
+    CHECK(env.at("MASTER_PORT") == "29501");
+    CHECK(env.at("TORCHELASTIC_RESTART_COUNT") == "2");
+    CHECK(env.at("TORCHELASTIC_MAX_RESTARTS") == "5");
+    CHECK(env.at("TORCHELASTIC_RUN_ID") == "job42");
+    CHECK(env.at("TORCHELASTIC_USE_AGENT_STORE") == "False");
+    CHECK(env.at("TORCHELASTIC_ERROR_FILE") == "/logs/error.json");
+    CHECK(env.at("TORCH_NCCL_ASYNC_ERROR_HANDLING") == "1");
+    CHECK(env.at("NCCL_ASYNC_ERROR_HANDLING") == "1");
+    CHECK(env.at("OMP_NUM_THREADS") == "1");
+    CHECK(env.at("DDPLAUNCH_GENERATION") == "7");
+  }
+
+  TEST_CASE("NCCL error handling keeps a value the user set") {
+    RoundEnv round;
+    auto env = worker_env(round, 0, "e", {{"NCCL_ASYNC_ERROR_HANDLING", "0"}, {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "3"}});
+    CHECK(env.at("NCCL_ASYNC_ERROR_HANDLING") == "0");
+    CHECK(env.at("TORCH_NCCL_ASYNC_ERROR_HANDLING") == "3");
+  }
+
+  TEST_CASE("OMP_NUM_THREADS is set only when unset and more than one worker runs") {
+    CHECK(should_set_omp_num_threads(4, {}));
+    CHECK_FALSE(should_set_omp_num_threads(1, {}));
+    CHECK_FALSE(should_set_omp_num_threads(4, {{"OMP_NUM_THREADS", "8"}}));
+    RoundEnv round;
+    round.set_omp_num_threads = false;
+    CHECK(worker_env(round, 0, "e", {}).count("OMP_NUM_THREADS") == 0);
+  }
+
+  TEST_CASE("workers run as python -u, -m, runpy or directly") {
+    WorkerCommand c;
+    c.python = "/usr/bin/python3";
+    c.program = "train.py";
+    c.args = {"--lr", "0.1"};
+    CHECK(worker_argv(c) == std::vector<std::string>{"/usr/bin/python3", "-u", "train.py", "--lr", "0.1"});
+    c.module = true;
+    c.program = "pkg.train";
+    CHECK(worker_argv(c) == std::vector<std::string>{"/usr/bin/python3", "-u", "-m", "pkg.train", "--lr", "0.1"});
+    c.module = false;
+    c.run_path = true;
+    c.program = "train.py";
+    auto argv = worker_argv(c);
+    REQUIRE(argv.size() == 7);
+    CHECK(argv[2] == "-c");
+    CHECK(argv[3].find("runpy.run_path") != std::string::npos);
+    CHECK(argv[4] == "train.py");
+    c.run_path = false;
+    c.no_python = true;
+    c.program = "/bin/echo";
+    CHECK(worker_argv(c) == std::vector<std::string>{"/bin/echo", "--lr", "0.1"});
+  }
+
+  TEST_CASE("a free port can be bound right after it was picked") {
+    int port = pick_free_port("127.0.0.1");
+    CHECK(port > 0);
+    CHECK(port < 65536);
+  }
+}
+
+TEST_SUITE("worker logs are laid out and prefixed as documented") {
+  TEST_CASE("log directories are <log_dir>/<run_id>/attempt_<n>/<local_rank>") {
+    CHECK(worker_log_dir("/tmp/logs", "job", 2, 3) == "/tmp/logs/job/attempt_2/3");
+    CHECK(worker_log_dir("/tmp/logs/", "job", 0, 0) == "/tmp/logs/job/attempt_0/0");
+  }
+
+  TEST_CASE("the default prefix is [<role><local_rank>]: and templates expand their variables") {
+    CHECK(line_prefix("", "default", 5, 1) == "[default1]:");
+    CHECK(line_prefix("[${role_name}|${rank}|${local_rank}] ", "trainer", 9, 1) == "[trainer|9|1] ");
+    CHECK(line_prefix("${rank}${rank}$x${", "r", 2, 0) == "22$x${");
+  }
+
+  TEST_CASE("the line splitter hands over whole lines, whatever the pieces") {
+    std::vector<std::string> lines;
+    LineSplitter s([&](std::string_view l) { lines.emplace_back(l); });
+    s.feed("hel");
+    s.feed("lo\nwor");
+    CHECK(lines == std::vector<std::string>{"hello\n"});
+    s.feed("ld\n\nlast");
+    CHECK(lines == std::vector<std::string>{"hello\n", "world\n", "\n"});
+    CHECK(s.pending() == 4);
+    s.finish();
+    CHECK(lines.back() == "last");
+    CHECK(s.pending() == 0);
+  }
+
+  TEST_CASE("a line longer than the limit is handed over in bounded pieces") {
+    std::vector<std::string> lines;
+    LineSplitter s([&](std::string_view l) { lines.emplace_back(l); }, 4);
+    s.feed("abcdefghij\n");
+    // The whole-line fast path needs no buffering; only partial data is bounded.
+    CHECK(lines == std::vector<std::string>{"abcdefghij\n"});
+    lines.clear();
+    s.feed("abcdefghij");
+    CHECK(lines == std::vector<std::string>{"abcd", "efgh"});
+    CHECK(s.pending() == 2);
+  }
+}
+
+TEST_SUITE("failures are explained like torchrun") {
+  TEST_CASE("the error file of @record with a structured message gives message, traceback and time") {
+    auto c = parse_error_file(R"({"message": {"message": "RuntimeError: boom", "extraInfo": {"py_callstack": "Traceback (most recent call last):\n  File x", "timestamp": "1700000000"}}})");
+    CHECK(c.present);
+    CHECK(c.message == "RuntimeError: boom");
+    CHECK(c.traceback.find("Traceback") == 0);
+    CHECK(c.timestamp == 1700000000);
+    CHECK(summarise_error_file(c) == "RuntimeError: boom\nTraceback (most recent call last):\n  File x");
+  }
+
+  TEST_CASE("the string form of an error file is read too") {
+    auto c = parse_error_file(R"({"message": "plain failure", "timestamp": 1700000001})");
+    CHECK(c.present);
+    CHECK(c.message == "plain failure");
+    CHECK(c.traceback.empty());
+    CHECK(c.timestamp == 1700000001);
+  }
+
+  TEST_CASE("an error file that is not PyTorch's is reported as such") {
+    auto c = parse_error_file("not json");
+    CHECK_FALSE(c.present);
+    CHECK(c.problem.find("not a PyTorch error file") != std::string::npos);
+    CHECK_FALSE(read_error_file("/nonexistent/error.json").present);
+  }
+
+  TEST_CASE("signals are named") {
+    CHECK(signal_name(SIGSEGV) == "SIGSEGV");
+    CHECK(signal_name(SIGKILL) == "SIGKILL");
+  }
+
+  TEST_CASE("the summary names host, rank, local rank, exit code, pid and the error message") {
+    ddp::rdzv::WorkerFailure f;
+    f.host = "node7";
+    f.rank = 5;
+    f.local_rank = 1;
+    f.exit_code = 3;
+    f.pid = 4242;
+    f.timestamp = 1700000000;
+    f.error_file_message = "ValueError: bad batch";
+    auto s = format_failure_summary("train.py", f, "/logs/error.json", {});
+    CHECK(s.find("train.py FAILED") != std::string::npos);
+    CHECK(s.find("host      : node7") != std::string::npos);
+    CHECK(s.find("rank      : 5 (local_rank: 1)") != std::string::npos);
+    CHECK(s.find("exitcode  : 3 (pid: 4242)") != std::string::npos);
+    CHECK(s.find("error_file: /logs/error.json") != std::string::npos);
+    CHECK(s.find("ValueError: bad batch") != std::string::npos);
+    CHECK(s.find("<NO_OTHER_FAILURES>") != std::string::npos);
+    f.signal = SIGSEGV;
+    f.error_file_message.clear();
+    s = format_failure_summary("train.py", f, "", {});
+    CHECK(s.find("SIGSEGV") != std::string::npos);
+    CHECK(s.find("exitcode  : -11") != std::string::npos);
+  }
+}
