@@ -10,8 +10,12 @@
 #include <fstream>
 #include <random>
 
+#include "agent/fingerprint.h"
 #include "agent/local_rendezvous.h"
 #include "agent/logs.h"
+#include "agent/remote_rendezvous.h"
+#include "rendezvous/env_check.h"
+#include "rendezvous/status.h"
 
 namespace ddp::launcher {
 
@@ -82,16 +86,69 @@ std::string resolve_log_dir(const LaunchConfig& config) {
 }  // namespace
 
 bool uses_local_rendezvous(const LaunchConfig& config) {
-  return config.standalone || config.max_nodes == 1 || config.rdzv_backend == "static";
+  // --standalone hosts a real rendezvous server on a free loopback port (as torchrun does), so
+  // `ddp-rendezvous status` can look at it; no rdzv flags at all needs no server.
+  if (config.standalone) return false;
+  return config.rdzv_backend == "static" || (config.max_nodes == 1 && config.rdzv_endpoint.empty());
+}
+
+std::string read_token(const LaunchConfig& config) {
+  auto it = config.rdzv_conf.find("token_file");
+  if (it == config.rdzv_conf.end() || it->second.empty()) return "";
+  std::ifstream in(it->second);
+  if (!in) {
+    throw UsageError("ddplaunch: --rdzv_conf token_file=" + it->second + ": cannot read it: " +
+                     std::strerror(errno) + "; give a readable file holding the job's shared token");
+  }
+  std::string token((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  while (!token.empty() && (token.back() == '\n' || token.back() == '\r' || token.back() == ' ')) {
+    token.pop_back();
+  }
+  if (token.empty()) {
+    throw UsageError("ddplaunch: --rdzv_conf token_file=" + it->second +
+                     " is empty; write the job's shared token into it");
+  }
+  return token;
+}
+
+agent::FingerprintOptions fingerprint_options(const LaunchConfig& config) {
+  agent::FingerprintOptions o;
+  o.program = config.program;
+  o.python = !config.no_python;
+  o.module = config.module;
+  o.python_exec = config.python;
+  o.env_lock = config.env_lock;
+  return o;
+}
+
+nlohmann::json node_fingerprint(const LaunchConfig& config) {
+  try {
+    return agent::compute_fingerprint(fingerprint_options(config));
+  } catch (const agent::FingerprintError& e) {
+    throw UsageError(std::string("ddplaunch: --env_lock: ") + e.what());
+  }
 }
 
 std::unique_ptr<agent::RendezvousHandler> make_rendezvous(boost::asio::io_context& io,
                                                           const LaunchConfig& config) {
   if (!uses_local_rendezvous(config)) {
-    throw UsageError("ddplaunch: --rdzv_backend=" + config.rdzv_backend + " with --nnodes=" +
-                     std::to_string(config.min_nodes) + ":" + std::to_string(config.max_nodes) +
-                     " needs the multi-node rendezvous client, which this build does not include "
-                     "yet; use --rdzv_backend=static with --master_addr/--master_port/--node_rank");
+    agent::RemoteRendezvousOptions remote;
+    remote.endpoint = config.rdzv_endpoint;
+    remote.job_id = config.rdzv_id;
+    remote.token = read_token(config);
+    remote.connect_timeout = config.timeouts.join_timeout;
+    remote.standalone = config.standalone;
+    auto host = config.rdzv_conf.find("is_host");
+    if (host != config.rdzv_conf.end()) {
+      const std::string& v = host->second;
+      remote.host_if_local = v == "1" || v == "true" || v == "True" || v == "yes" || v == "on";
+    }
+    try {
+      return std::make_unique<agent::RemoteRendezvous>(io, remote);
+    } catch (const std::invalid_argument& e) {
+      throw UsageError("ddplaunch: --rdzv_endpoint=" + config.rdzv_endpoint + ": " + e.what() +
+                       "; expected HOST:PORT");
+    }
   }
   agent::LocalRendezvousOptions opts;
   opts.max_restarts = config.max_restarts;
@@ -186,7 +243,44 @@ void check_program(const LaunchConfig& config) {
   }
 }
 
+int check_env(const LaunchConfig& config) {
+  nlohmann::json mine = node_fingerprint(config);
+  std::fputs(agent::render_fingerprint_table(mine).c_str(), stdout);
+  if (config.rdzv_endpoint.empty() || config.rdzv_id.empty() || config.rdzv_id == "none") {
+    return static_cast<int>(ExitCode::kSuccess);
+  }
+  // Compare against the nodes already in that job, as the rendezvous would.
+  auto result = rdzv::query_status(config.rdzv_endpoint, read_token(config), 10.0);
+  if (!result.error.empty()) {
+    std::fprintf(stderr, "ddplaunch: --check_env: %s\n", result.error.c_str());
+    return static_cast<int>(ExitCode::kRendezvousFailed);
+  }
+  std::vector<rdzv::NodeFingerprint> nodes;
+  nodes.push_back({"this node", config.local_addr, mine});
+  for (const auto& job : result.status.value("jobs", nlohmann::json::array())) {
+    if (job.value("job_id", "") != config.rdzv_id) continue;
+    for (const auto& node : job.value("nodes", nlohmann::json::array())) {
+      if (!node.contains("fingerprint")) continue;
+      nodes.push_back({node.value("host", "?"), node.value("addr", ""), node["fingerprint"]});
+    }
+  }
+  if (nodes.size() == 1) {
+    std::printf("\nno node of job %s is known to %s yet: nothing to compare\n", config.rdzv_id.c_str(),
+                config.rdzv_endpoint.c_str());
+    return static_cast<int>(ExitCode::kSuccess);
+  }
+  auto cmp = rdzv::compare_fingerprints(nodes);
+  if (cmp.empty()) {
+    std::printf("\nthis node matches the %zu node(s) of job %s\n", nodes.size() - 1, config.rdzv_id.c_str());
+    return static_cast<int>(ExitCode::kSuccess);
+  }
+  std::printf("\n%s\n", cmp.message().c_str());
+  return cmp.has_breaking() ? static_cast<int>(ExitCode::kRendezvousFailed)
+                            : static_cast<int>(ExitCode::kSuccess);
+}
+
 int launch(const LaunchConfig& config) {
+  if (config.check_env) return check_env(config);
   check_program(config);
   boost::asio::io_context io(1);
   auto rendezvous = make_rendezvous(io, config);
@@ -194,7 +288,13 @@ int launch(const LaunchConfig& config) {
   if (config.standalone && (run_id.empty() || run_id == "none")) run_id = random_run_id();
   if (run_id.empty()) run_id = "none";
   const std::string log_dir = resolve_log_dir(config);
-  agent::Agent agent(io, make_agent_options(config, log_dir, run_id), std::move(rendezvous));
+  agent::AgentOptions options = make_agent_options(config, log_dir, run_id);
+  // The fingerprint is computed before the agent reaps children (its probe waits on its own
+  // child) and only where a rendezvous compares nodes.
+  if (!uses_local_rendezvous(config) && config.env_check != "off" && !config.standalone) {
+    options.node.fingerprint = node_fingerprint(config);
+  }
+  agent::Agent agent(io, std::move(options), std::move(rendezvous));
   return agent.run();
 }
 

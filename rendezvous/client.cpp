@@ -1,0 +1,310 @@
+#include "rendezvous/client.h"
+
+#include <cmath>
+#include <stdexcept>
+
+namespace ddp::rdzv {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+using nlohmann::json;
+using steady = std::chrono::steady_clock;
+
+namespace {
+steady::duration to_duration(double seconds) {
+  return std::chrono::duration_cast<steady::duration>(std::chrono::duration<double>(seconds));
+}
+}  // namespace
+
+std::pair<std::string, unsigned short> parse_endpoint(const std::string& endpoint) {
+  std::string host = endpoint, port = "29400";
+  if (!endpoint.empty() && endpoint[0] == '[') {
+    auto close = endpoint.find(']');
+    if (close == std::string::npos) throw std::invalid_argument("bad endpoint \"" + endpoint + "\": missing ']'");
+    host = endpoint.substr(1, close - 1);
+    if (close + 1 < endpoint.size()) {
+      if (endpoint[close + 1] != ':') throw std::invalid_argument("bad endpoint \"" + endpoint + "\"");
+      port = endpoint.substr(close + 2);
+    }
+  } else if (auto colon = endpoint.rfind(':'); colon != std::string::npos) {
+    if (endpoint.find(':') != colon) {
+      throw std::invalid_argument("bad endpoint \"" + endpoint + "\": write IPv6 addresses as [ADDR]:PORT");
+    }
+    host = endpoint.substr(0, colon);
+    port = endpoint.substr(colon + 1);
+  }
+  if (host.empty()) throw std::invalid_argument("bad endpoint \"" + endpoint + "\": no host (expected HOST:PORT)");
+  std::size_t used = 0;
+  long value = -1;
+  try {
+    value = std::stol(port, &used);
+  } catch (const std::exception&) {
+  }
+  if (used != port.size() || value < 1 || value > 65535) {
+    throw std::invalid_argument("bad endpoint \"" + endpoint + "\": port must be 1..65535");
+  }
+  return {host, static_cast<unsigned short>(value)};
+}
+
+std::shared_ptr<Client> Client::create(asio::io_context& io, ClientOptions options, ClientEvents events) {
+  return std::make_shared<Client>(io, std::move(options), std::move(events));
+}
+
+Client::Client(asio::io_context& io, ClientOptions options, ClientEvents events)
+    : io_(io),
+      options_(std::move(options)),
+      events_(std::move(events)),
+      resolver_(io),
+      socket_(io),
+      retry_timer_(io),
+      heartbeat_timer_(io) {}
+
+std::string Client::local_address() const {
+  boost::system::error_code ec;
+  auto ep = socket_.local_endpoint(ec);
+  return ec ? std::string() : ep.address().to_string();
+}
+
+double Client::seconds_left() const {
+  return std::chrono::duration<double>(deadline_ - steady::now()).count();
+}
+
+void Client::connect(const std::string& endpoint, double timeout_s) {
+  endpoint_text_ = endpoint;
+  deadline_ = steady::now() + to_duration(timeout_s);
+  try {
+    auto [host, port] = parse_endpoint(endpoint);
+    host_ = host;
+    port_ = std::to_string(port);
+  } catch (const std::invalid_argument& e) {
+    asio::post(io_, [self = shared_from_this(), what = std::string(e.what())] { self->fail(what); });
+    return;
+  }
+  try_connect();
+}
+
+void Client::try_connect() {
+  if (closed_) return;
+  resolver_.async_resolve(host_, port_, [self = shared_from_this()](boost::system::error_code ec,
+                                                                    tcp::resolver::results_type results) {
+    if (self->closed_) return;
+    if (ec) {
+      self->retry("resolve " + self->host_ + ": " + ec.message());
+      return;
+    }
+    asio::async_connect(self->socket_, results, [self](boost::system::error_code ec2, const tcp::endpoint&) {
+      if (self->closed_) return;
+      if (ec2) {
+        boost::system::error_code ignored;
+        self->socket_.close(ignored);
+        self->retry(ec2.message());
+        return;
+      }
+      self->on_connected();
+    });
+  });
+}
+
+void Client::retry(const std::string& error) {
+  const double left = seconds_left();
+  const std::string what = "connect to rendezvous " + endpoint_text_ + ": " + error;
+  if (left <= 0) {
+    fail(what + " (gave up: join_timeout passed)");
+    return;
+  }
+  const auto now = steady::now();
+  if (now - last_retry_log_ >= std::chrono::seconds(10)) {
+    last_retry_log_ = now;
+    if (events_.on_log) events_.on_log(what + " (retrying for " + std::to_string(static_cast<long>(std::ceil(left))) + " s)");
+  }
+  retry_timer_.expires_after(to_duration(std::min(retry_delay_, left)));
+  retry_delay_ = std::min(retry_delay_ * 2, 1.0);
+  retry_timer_.async_wait([self = shared_from_this()](boost::system::error_code ec) {
+    if (!ec) self->try_connect();
+  });
+}
+
+void Client::on_connected() {
+  boost::system::error_code ec;
+  socket_.set_option(tcp::no_delay(true), ec);
+  last_heard_ = steady::now();
+  send(make_hello(options_.job_id, options_.token));
+  read_header();
+  // The welcome must come before the connect deadline (checked by the heartbeat timer).
+  heartbeat();
+}
+
+void Client::read_header() {
+  asio::async_read(socket_, asio::buffer(header_), [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
+    if (self->closed_) return;
+    if (ec) {
+      self->fail("connection to rendezvous " + self->endpoint_text_ + " closed: " +
+                 (ec == asio::error::eof ? std::string("the server closed it") : ec.message()));
+      return;
+    }
+    std::uint32_t length = read_frame_header(self->header_);
+    if (auto err = check_frame_length(length, self->options_.max_frame_bytes)) {
+      self->fail("rendezvous " + self->endpoint_text_ + " sent a bad frame: " + err->message);
+      return;
+    }
+    self->read_body(length);
+  });
+}
+
+void Client::read_body(std::uint32_t length) {
+  body_.resize(length);
+  asio::async_read(socket_, asio::buffer(body_), [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
+    if (self->closed_) return;
+    if (ec) {
+      self->fail("connection to rendezvous " + self->endpoint_text_ + " closed: " + ec.message());
+      return;
+    }
+    Parsed parsed = parse_message(self->body_);
+    if (parsed.error) {
+      self->fail("rendezvous " + self->endpoint_text_ + " sent a bad message: " + parsed.error->message);
+      return;
+    }
+    self->last_heard_ = steady::now();
+    try {
+      self->handle(parsed.message);
+    } catch (const json::exception& e) {
+      self->fail("rendezvous " + self->endpoint_text_ + " sent a malformed message: " + e.what());
+      return;
+    }
+    if (!self->closed_) self->read_header();
+  });
+}
+
+void Client::handle(const json& m) {
+  const std::string& type = m.at("type").get_ref<const std::string&>();
+  if (type == "heartbeat_ack") return;
+  if (type == "welcome") {
+    welcomed_ = true;
+    if (pending_join_) {
+      NodeSpec spec = std::move(*pending_join_);
+      pending_join_.reset();
+      join(std::move(spec));
+    }
+  } else if (type == "round") {
+    Assignment a = m.at("assignment").get<Assignment>();
+    if (events_.on_round) events_.on_round(a);
+  } else if (type == "restart") {
+    if (events_.on_restart) events_.on_restart(m.at("reason").get<std::string>(), m.at("counted").get<bool>());
+  } else if (type == "job_succeeded") {
+    finished_ = true;
+    if (events_.on_job_succeeded) events_.on_job_succeeded();
+  } else if (type == "job_failed") {
+    finished_ = true;
+    if (events_.on_job_failed) {
+      events_.on_job_failed(m.at("failure").get<WorkerFailure>(), m.at("summary").get<std::string>());
+    }
+  } else if (type == "error") {
+    fail("rendezvous " + endpoint_text_ + " refused: " + m.value("message", std::string("(no message)")) + " [" +
+         m.value("code", std::string("?")) + "]");
+  }
+  // Unknown server messages are ignored: newer servers may add notices.
+}
+
+void Client::join(NodeSpec spec) {
+  if (closed_) return;
+  if (spec.job_id.empty()) spec.job_id = options_.job_id;
+  options_.heartbeat_interval = spec.timeouts.heartbeat_interval;
+  options_.heartbeat_timeout = spec.timeouts.heartbeat_timeout;
+  if (!welcomed_) {
+    pending_join_ = std::move(spec);
+    return;
+  }
+  if (spec.addr.empty()) spec.addr = local_address();
+  send(make_join(spec));
+}
+
+void Client::report_failure(const WorkerFailure& failure) {
+  if (!closed_ && welcomed_) send(make_failure(failure));
+}
+
+void Client::report_success() {
+  if (!closed_ && welcomed_) send(make_success());
+}
+
+void Client::close() {
+  if (closed_) return;
+  if (welcomed_ && socket_.is_open()) {
+    send(make_leave());
+    close_when_flushed_ = true;
+    closed_ = true;
+    resolver_.cancel();
+    retry_timer_.cancel();
+    heartbeat_timer_.cancel();
+    if (!writing_) shutdown();
+    return;
+  }
+  closed_ = true;
+  shutdown();
+}
+
+void Client::shutdown() {
+  boost::system::error_code ec;
+  resolver_.cancel();
+  retry_timer_.cancel();
+  heartbeat_timer_.cancel();
+  socket_.shutdown(tcp::socket::shutdown_both, ec);
+  socket_.close(ec);
+  queue_.clear();
+}
+
+void Client::send(const json& message) {
+  queue_.push_back(encode_frame(message));
+  if (!writing_) write_next();
+}
+
+void Client::write_next() {
+  if (queue_.empty()) {
+    writing_ = false;
+    if (close_when_flushed_) shutdown();
+    return;
+  }
+  writing_ = true;
+  Frame frame = queue_.front();
+  asio::async_write(socket_, asio::buffer(*frame), [self = shared_from_this(), frame](boost::system::error_code ec, std::size_t) {
+    if (!self->queue_.empty()) self->queue_.pop_front();
+    if (ec) {
+      self->writing_ = false;
+      if (!self->closed_) self->fail("send to rendezvous " + self->endpoint_text_ + ": " + ec.message());
+      return;
+    }
+    self->write_next();
+  });
+}
+
+void Client::heartbeat() {
+  if (closed_) return;
+  const auto now = steady::now();
+  if (!welcomed_) {
+    if (seconds_left() <= 0) {
+      fail("rendezvous " + endpoint_text_ + " did not answer hello before join_timeout");
+      return;
+    }
+  } else {
+    if (!finished_ && now - last_heard_ > to_duration(options_.heartbeat_timeout)) {
+      fail("rendezvous " + endpoint_text_ + " silent for " +
+           std::to_string(std::chrono::duration<double>(now - last_heard_).count()) + " s (heartbeat_timeout " +
+           std::to_string(options_.heartbeat_timeout) + " s)");
+      return;
+    }
+    send(make_heartbeat());
+  }
+  heartbeat_timer_.expires_after(to_duration(welcomed_ ? options_.heartbeat_interval : 0.1));
+  heartbeat_timer_.async_wait([self = shared_from_this()](boost::system::error_code ec) {
+    if (!ec) self->heartbeat();
+  });
+}
+
+void Client::fail(const std::string& message) {
+  if (closed_) return;
+  const bool quiet = finished_;  // after the job ended, the server closing is expected
+  closed_ = true;
+  shutdown();
+  if (!quiet && events_.on_error) events_.on_error(message);
+}
+
+}  // namespace ddp::rdzv

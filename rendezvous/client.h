@@ -1,0 +1,114 @@
+// The agent's TCP client of a rendezvous server.
+//
+// Created by the agent (through Client::create) on the agent's io_context, and owned by it
+// through a shared_ptr; pending operations keep it alive until close(). Every call and every
+// callback happens on that io_context's thread. After close() or an on_error callback the
+// client says nothing more.
+//
+// Typical use (agent/remote_rendezvous.*):
+//   auto c = Client::create(io, options, events);
+//   c->connect("10.0.0.1:29400", join_timeout);   // retries until the deadline
+//   c->join(spec);                                 // sent once the server welcomed us
+//   ... on_round -> start workers; report_failure()/report_success(); on_restart -> join() again
+#pragma once
+
+#include <chrono>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <boost/asio.hpp>
+
+#include "rendezvous/protocol.h"
+#include "rendezvous/types.h"
+
+namespace ddp::rdzv {
+
+struct ClientOptions {
+  std::string job_id;                  // --rdzv_id, sent in hello
+  std::string token;                   // shared token (--rdzv_conf token_file=), empty = none
+  double heartbeat_interval = 1.0;     // replaced by the NodeSpec's timeouts at join()
+  double heartbeat_timeout = 5.0;      // the server silent this long = error (replaced at join())
+  std::size_t max_frame_bytes = kDefaultMaxFrameBytes;
+};
+
+struct ClientEvents {
+  std::function<void(const Assignment&)> on_round;
+  std::function<void(const std::string& reason, bool counted)> on_restart;
+  std::function<void()> on_job_succeeded;
+  std::function<void(const WorkerFailure& first_failure, const std::string& summary)> on_job_failed;
+  // Connection refused past the deadline, closed, server silent, version or token mismatch,
+  // refused join or round, join timeout. The client is closed when this fires.
+  std::function<void(const std::string& message)> on_error;
+  // Progress worth a log line ("connect to rendezvous ...: Connection refused (retrying for 598 s)").
+  std::function<void(const std::string& message)> on_log;
+};
+
+// Splits "HOST:PORT", "[V6]:PORT" or "HOST" (port 29400). Throws std::invalid_argument.
+std::pair<std::string, unsigned short> parse_endpoint(const std::string& endpoint);
+
+class Client : public std::enable_shared_from_this<Client> {
+ public:
+  static std::shared_ptr<Client> create(boost::asio::io_context& io, ClientOptions options, ClientEvents events);
+
+  // Connects to HOST:PORT, retrying refused or failed connections until `timeout_s` has passed,
+  // then says hello. REQUIRES: called once. Errors arrive through on_error.
+  void connect(const std::string& endpoint, double timeout_s);
+  // Joins (or rejoins after on_restart) the job. Before the server's welcome the join is queued.
+  // An empty spec.addr is filled with the local address of the connection (MASTER_ADDR must be
+  // reachable; never reverse DNS); an empty spec.job_id with options.job_id.
+  void join(NodeSpec spec);
+  void report_failure(const WorkerFailure& failure);
+  void report_success();
+  // Leaves the job (the server does not count it as a lost node to restart) and closes.
+  void close();
+
+  bool connected() const { return welcomed_; }
+  // The local address of the connection ("" before it is connected).
+  std::string local_address() const;
+
+  // Use create().
+  Client(boost::asio::io_context& io, ClientOptions options, ClientEvents events);
+
+ private:
+  void try_connect();
+  void retry(const std::string& error);
+  void on_connected();
+  void read_header();
+  void read_body(std::uint32_t length);
+  void handle(const nlohmann::json& message);
+  void send(const nlohmann::json& message);
+  void write_next();
+  void heartbeat();
+  void fail(const std::string& message);
+  void shutdown();
+  double seconds_left() const;
+
+  boost::asio::io_context& io_;
+  ClientOptions options_;
+  ClientEvents events_;
+  boost::asio::ip::tcp::resolver resolver_;
+  boost::asio::ip::tcp::socket socket_;
+  boost::asio::steady_timer retry_timer_;
+  boost::asio::steady_timer heartbeat_timer_;
+  std::string host_;
+  std::string port_;
+  std::string endpoint_text_;
+  std::chrono::steady_clock::time_point deadline_;
+  std::chrono::steady_clock::time_point last_heard_;
+  double retry_delay_ = 0.05;
+  std::chrono::steady_clock::time_point last_retry_log_{};
+  bool welcomed_ = false;
+  bool closed_ = false;
+  bool finished_ = false;  // the job succeeded or failed: a close is expected
+  std::optional<NodeSpec> pending_join_;
+  unsigned char header_[kFrameHeaderBytes] = {};
+  std::string body_;
+  std::deque<Frame> queue_;
+  bool writing_ = false;
+  bool close_when_flushed_ = false;
+};
+
+}  // namespace ddp::rdzv

@@ -1,0 +1,136 @@
+// ddp-rendezvous: the rendezvous daemon (serve) and its status query.
+// Exit codes: 0 ok, 2 usage, 3 cannot bind or connect.
+#include <csignal>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include <CLI/CLI.hpp>
+#include <boost/asio.hpp>
+
+#include "rendezvous/server.h"
+#include "rendezvous/status.h"
+
+namespace {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+
+constexpr int kExitOk = 0;
+constexpr int kExitUsage = 2;
+constexpr int kExitConnect = 3;
+
+std::string timestamp() {
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  std::tm tm{};
+  gmtime_r(&ts.tv_sec, &tm);
+  char buf[64];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
+  char out[80];
+  std::snprintf(out, sizeof out, "%s.%03ldZ", buf, ts.tv_nsec / 1000000);
+  return out;
+}
+
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+std::string read_token(const std::string& path) {
+  if (path.empty()) return {};
+  std::ifstream in(path);
+  if (!in) throw UsageError("cannot read --token-file " + path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string token = ss.str();
+  while (!token.empty() && (token.back() == '\n' || token.back() == '\r' || token.back() == ' ')) token.pop_back();
+  if (token.empty()) throw UsageError("--token-file " + path + " is empty");
+  return token;
+}
+
+int serve(const std::string& host, unsigned short port, const std::string& token_file, std::size_t max_connections,
+          bool quiet) {
+  ddp::rdzv::ServerOptions options;
+  options.token = read_token(token_file);
+  options.max_connections = max_connections;
+  options.log = [quiet](const std::string& line) {
+    if (quiet && line.find(": join ") != std::string::npos) return;
+    std::cout << timestamp() << " " << line << '\n';
+    std::cout.flush();
+  };
+  asio::io_context io(1);
+  boost::system::error_code ec;
+  auto address = asio::ip::make_address(host, ec);
+  if (ec) {
+    std::cerr << "ddp-rendezvous: --host " << host << " is not an IP address: " << ec.message() << "\n";
+    return kExitUsage;
+  }
+  std::unique_ptr<ddp::rdzv::Server> server;
+  try {
+    server = std::make_unique<ddp::rdzv::Server>(io, tcp::endpoint(address, port), options);
+  } catch (const boost::system::system_error& e) {
+    std::cerr << "ddp-rendezvous: cannot listen on " << host << ":" << port << ": " << e.code().message() << "\n";
+    return kExitConnect;
+  }
+  asio::signal_set signals(io, SIGINT, SIGTERM);
+  signals.async_wait([&](const boost::system::error_code& e, int signo) {
+    if (e) return;
+    options.log(std::string("stopping on ") + (signo == SIGINT ? "SIGINT" : "SIGTERM"));
+    server->stop();
+    io.stop();
+  });
+  options.log("listening on " + host + ":" + std::to_string(server->port()) +
+              (options.token.empty() ? " (no token)" : " (token required)"));
+  io.run();
+  return kExitOk;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::signal(SIGPIPE, SIG_IGN);
+  CLI::App app{"ddp-rendezvous: the ddplaunch rendezvous daemon"};
+  std::string host = "0.0.0.0";
+  unsigned short port = 29400;
+  std::string token_file;
+  std::size_t max_connections = 16384;
+  bool quiet = false;
+  app.add_option("--host", host, "address to listen on")->capture_default_str();
+  app.add_option("--port", port, "TCP port to listen on (0 = any free port)")->capture_default_str();
+  app.add_option("--token-file", token_file, "file holding the shared token every client must send");
+  app.add_option("--max-connections", max_connections, "concurrent connections served")->capture_default_str();
+  app.add_flag("--quiet-joins", quiet, "do not log one line per join (large jobs)");
+
+  auto* status = app.add_subcommand("status", "print every job's generation, state, nodes and restarts");
+  std::string endpoint;
+  bool as_json = false;
+  double timeout = 10.0;
+  status->add_option("--endpoint", endpoint, "HOST:PORT of the rendezvous server")->required();
+  status->add_flag("--json", as_json, "print JSON");
+  status->add_option("--token-file", token_file, "file holding the shared token");
+  status->add_option("--timeout", timeout, "seconds to wait for the answer")->capture_default_str();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int rc = app.exit(e);
+    return rc == 0 ? kExitOk : kExitUsage;
+  }
+  try {
+    if (*status) {
+      auto result = ddp::rdzv::query_status(endpoint, read_token(token_file), timeout);
+      if (!result.error.empty()) {
+        std::cerr << "ddp-rendezvous status: " << result.error << "\n";
+        return result.usage_error ? kExitUsage : kExitConnect;
+      }
+      std::cout << (as_json ? result.status.dump(2) + "\n" : ddp::rdzv::format_status(result.status));
+      return kExitOk;
+    }
+    return serve(host, port, token_file, max_connections, quiet);
+  } catch (const UsageError& e) {
+    std::cerr << "ddp-rendezvous: " << e.what() << "\n";
+    return kExitUsage;
+  }
+}

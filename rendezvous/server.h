@@ -1,0 +1,86 @@
+// The rendezvous server: an acceptor, its sessions and the state machine, on one io_context.
+//
+// Embeddable: the ddp-rendezvous daemon runs one on its own io_context, and an agent can host
+// one in-process on the agent's io_context. Owned by whoever creates it; lives until stop() or
+// destruction. Every call and every handler runs on the io_context's (single) thread, so the
+// state machine and the session table need no locks. Signals are the owner's business (the
+// daemon's main installs them); the server installs none.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include <boost/asio.hpp>
+
+#include "rendezvous/clock.h"
+#include "rendezvous/session.h"
+#include "rendezvous/state.h"
+
+namespace ddp::rdzv {
+
+struct ServerOptions {
+  std::string token;                                // required in hello/status when not empty (default: none)
+  std::size_t max_frame_bytes = kDefaultMaxFrameBytes;  // per frame payload (default 1 MiB)
+  std::size_t max_connections = 16384;              // more are answered with an error and closed
+  std::size_t max_unauthenticated = 1024;           // past this the server stops accepting until
+                                                    // some connection says hello or is dropped
+  std::size_t max_queued_bytes = 16u << 20;         // per connection; a peer that never reads is cut off
+  double hello_timeout = 5.0;                       // a connection must say hello within this (s)
+  double idle_timeout = 60.0;                       // after hello, before join: dropped when silent (s)
+  double tick_interval = 0.01;                      // how often deadlines are checked (s)
+  std::function<void(const std::string&)> log;      // one line per event; empty = silent
+  RoundCheck round_check;                           // issue 6: the environment check
+};
+
+class Server : private SessionHandler, private Outbox {
+ public:
+  // Binds and listens on `endpoint` (port 0 = any free port; see port()) and starts serving.
+  // Throws boost::system::system_error when it cannot bind.
+  Server(boost::asio::io_context& io, const boost::asio::ip::tcp::endpoint& endpoint, ServerOptions options);
+  ~Server() override;
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // The bound endpoint (the real port when constructed with port 0).
+  boost::asio::ip::tcp::endpoint local_endpoint() const { return bound_; }
+  unsigned short port() const { return bound_.port(); }
+  // Closes the acceptor and every connection; pending handlers finish on the io_context.
+  void stop();
+
+  const StateMachine& state() const { return state_; }
+  std::size_t connection_count() const { return sessions_.size(); }
+  std::size_t unauthenticated_count() const { return unauthenticated_; }
+
+ private:
+  void accept();
+  void tick();
+  void on_message(Session& session, nlohmann::json message) override;
+  void on_closed(Session& session, const std::string& why) override;
+  void on_deadline(Session& session) override;
+  void send(ConnId to, const Frame& frame) override;
+  void drop(ConnId conn, const std::string& code, const std::string& message) override;
+  void log(const std::string& line) override;
+  void handle_first(Session& session, const nlohmann::json& message);
+  void handle(Session& session, const nlohmann::json& message);
+
+  boost::asio::io_context& io_;
+  ServerOptions options_;
+  SteadyClock clock_;
+  StateMachine state_;
+  boost::asio::ip::tcp::acceptor acceptor_;
+  boost::asio::ip::tcp::endpoint bound_;
+  boost::asio::steady_timer tick_timer_;
+  boost::asio::steady_timer accept_retry_timer_;
+  SessionManager sessions_;
+  std::size_t unauthenticated_ = 0;
+  bool accepting_ = false;
+  bool stopped_ = false;
+  std::uint64_t next_id_ = 1;
+  Frame welcome_;
+  Frame heartbeat_ack_;
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+};
+
+}  // namespace ddp::rdzv

@@ -1,0 +1,107 @@
+// One rendezvous connection on the server side: its socket, read buffers and write queue.
+//
+// Created by the Server on accept, owned by the SessionManager (and by its own pending async
+// operations through shared_from_this); lives until the socket closes. All calls happen on the
+// server's io_context thread. Frames are length-checked before their buffer is allocated.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <boost/asio.hpp>
+#include <nlohmann/json.hpp>
+
+#include "rendezvous/protocol.h"
+
+namespace ddp::rdzv {
+
+class Session;
+
+// What a session reports to its owner (the Server).
+class SessionHandler {
+ public:
+  virtual ~SessionHandler() = default;
+  virtual void on_message(Session& session, nlohmann::json message) = 0;
+  // The session closed (peer closed, error, or fail()). Called once per session.
+  virtual void on_closed(Session& session, const std::string& why) = 0;
+  // A session's deadline passed (no hello in time, or idle before joining).
+  virtual void on_deadline(Session& session) = 0;
+};
+
+struct SessionLimits {
+  std::size_t max_frame_bytes = kDefaultMaxFrameBytes;
+  std::size_t max_queued_bytes = 64 << 20;  // a peer that never reads is dropped past this
+};
+
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  enum class Phase { Handshake, Authenticated, Closing, Closed };
+
+  Session(boost::asio::ip::tcp::socket socket, std::uint64_t id, SessionHandler& handler, SessionLimits limits);
+
+  // Starts reading; the deadline fires on_deadline after `deadline_s` unless extended.
+  void start(double deadline_s);
+  // Queues one frame.
+  void send(const Frame& frame);
+  // Sends an error message, then closes once it is written (at most ~1 s later).
+  void fail(const std::string& code, const std::string& message);
+  // Closes once the queued frames are written.
+  void close_after_flush();
+  // Closes now (no more handlers will reach the SessionHandler except on_closed).
+  void close(const std::string& why);
+  // Moves the deadline to now + seconds; a negative value cancels it.
+  void set_deadline(double seconds);
+
+  std::uint64_t id() const { return id_; }
+  Phase phase() const { return phase_; }
+  void set_phase(Phase p) { phase_ = p; }
+  const std::string& peer() const { return peer_; }
+  std::string peer_address() const { return peer_address_; }
+  std::string job_id;      // from hello
+  bool member = false;     // joined a job: the state machine watches its heartbeats
+  bool authenticated = false;  // said a valid hello or status
+
+ private:
+  void read_more();
+  bool process_frames();
+  void write_next();
+  void arm_deadline();
+
+  boost::asio::ip::tcp::socket socket_;
+  boost::asio::steady_timer timer_;
+  std::uint64_t id_;
+  SessionHandler& handler_;
+  SessionLimits limits_;
+  Phase phase_ = Phase::Handshake;
+  // Bytes read but not yet parsed; grows only to a checked frame size (header + payload).
+  std::vector<char> rbuf_ = std::vector<char>(1024);
+  std::size_t rlen_ = 0;
+  std::deque<Frame> queue_;
+  std::size_t queued_bytes_ = 0;
+  std::size_t front_offset_ = 0;  // bytes of queue_.front() already written directly
+  bool writing_ = false;
+  bool close_when_flushed_ = false;
+  std::chrono::steady_clock::time_point deadline_;
+  bool deadline_armed_ = false;
+  std::string peer_;
+  std::string peer_address_;
+};
+
+// Owns the live sessions of a server and can stop them all. Server thread only.
+class SessionManager {
+ public:
+  void add(std::shared_ptr<Session> session);
+  void remove(std::uint64_t id);
+  Session* find(std::uint64_t id);
+  void stop_all();
+  std::size_t size() const { return sessions_.size(); }
+
+ private:
+  std::unordered_map<std::uint64_t, std::shared_ptr<Session>> sessions_;
+};
+
+}  // namespace ddp::rdzv

@@ -1,0 +1,573 @@
+#include "rendezvous/state.h"
+
+#include "rendezvous/env_check.h"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+namespace ddp::rdzv {
+namespace {
+
+std::string seconds_text(double s) {
+  std::ostringstream os;
+  os << s << " s";
+  return os.str();
+}
+
+std::string failure_text(const WorkerFailure& f) {
+  std::ostringstream os;
+  os << "worker rank " << f.rank << " (local rank " << f.local_rank;
+  if (f.pid > 0) os << ", pid " << f.pid;
+  os << ") on host " << (f.host.empty() ? "?" : f.host);
+  if (f.signal != 0) {
+    os << " was killed by signal " << f.signal;
+  } else {
+    os << " exited with code " << f.exit_code;
+  }
+  if (!f.error_file_message.empty()) os << ": " << f.error_file_message;
+  return os.str();
+}
+
+std::optional<std::string> validate(const NodeSpec& s) {
+  if (s.job_id.empty()) return "join carries no job_id (--rdzv_id)";
+  if (s.local_world_size < 1) return "local_world_size must be >= 1 (--nproc_per_node), got " + std::to_string(s.local_world_size);
+  if (s.min_nodes < 1 || s.max_nodes < s.min_nodes) {
+    return "invalid --nnodes " + std::to_string(s.min_nodes) + ":" + std::to_string(s.max_nodes) +
+           ": need 1 <= MIN <= MAX";
+  }
+  if (s.requested_rank < -1 || s.requested_rank >= s.min_nodes) {
+    return "--node_rank " + std::to_string(s.requested_rank) + " is out of range: with --nnodes " +
+           std::to_string(s.min_nodes) + ":" + std::to_string(s.max_nodes) + " it must be in 0.." +
+           std::to_string(s.min_nodes - 1) + " (below MIN, so every round can honour it)";
+  }
+  if (s.max_restarts < 0) return "--max_restarts must be >= 0";
+  const Timeouts& t = s.timeouts;
+  if (!(t.join_timeout > 0) || !(t.last_call_timeout >= 0) || !(t.heartbeat_interval > 0) ||
+      !(t.heartbeat_timeout > 0) || !std::isfinite(t.join_timeout) || !std::isfinite(t.heartbeat_timeout)) {
+    return "invalid rdzv timeouts: join_timeout, heartbeat_interval and heartbeat_timeout must be > 0, "
+           "last_call_timeout >= 0";
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+RoundCheck make_env_round_check(std::function<void(const std::string&)> log) {
+  return [log = std::move(log)](const std::string& job_id,
+                                const std::vector<const NodeSpec*>& members) -> std::optional<std::string> {
+    if (members.empty()) return std::nullopt;
+    EnvCheckMode mode = parse_env_check_mode(members.front()->env_check).value_or(EnvCheckMode::strict);
+    if (mode == EnvCheckMode::off) return std::nullopt;
+    std::vector<NodeFingerprint> prints;
+    prints.reserve(members.size());
+    for (const NodeSpec* spec : members) {
+      if (!spec->fingerprint.empty()) prints.push_back({spec->host, spec->addr, spec->fingerprint});
+    }
+    if (prints.size() < 2) return std::nullopt;
+    EnvCheckResult result = compare_fingerprints(prints);
+    switch (env_check_verdict(mode, result)) {
+      case EnvVerdict::refuse:
+        return "environment mismatch in job " + job_id + ": " + refusal_message(result);
+      case EnvVerdict::warn:
+        if (log) log("job " + job_id + ": environment differs (--env_check=" + to_string(mode) + "): " + result.message());
+        return std::nullopt;
+      default:
+        return std::nullopt;
+    }
+  };
+}
+
+StateMachine::StateMachine(const Clock& clock, Outbox& out, RoundCheck round_check)
+    : clock_(clock), out_(out), round_check_(std::move(round_check)) {}
+
+const char* StateMachine::state_name(NodeState s) {
+  switch (s) {
+    case NodeState::Waiting: return "waiting";
+    case NodeState::Running: return "running";
+    case NodeState::Succeeded: return "succeeded";
+    case NodeState::Rejoining: return "rejoining";
+    case NodeState::Finished: return "finished";
+    default: return "?";
+  }
+}
+
+const char* StateMachine::state_name(JobState s) {
+  switch (s) {
+    case JobState::Gathering: return "gathering";
+    case JobState::Running: return "running";
+    case JobState::Succeeded: return "succeeded";
+    case JobState::Failed: return "failed";
+  }
+  return "?";
+}
+
+std::string StateMachine::describe(const Node& node) {
+  std::string s = node.spec.host.empty() ? node.spec.addr : node.spec.host;
+  if (!node.spec.addr.empty() && node.spec.addr != s) s += " (" + node.spec.addr + ")";
+  if (node.group_rank >= 0) s += " [group rank " + std::to_string(node.group_rank) + "]";
+  return s;
+}
+
+StateMachine::Job* StateMachine::job_of(ConnId conn) {
+  auto it = conn_job_.find(conn);
+  if (it == conn_job_.end()) return nullptr;
+  auto jt = jobs_.find(it->second);
+  return jt == jobs_.end() ? nullptr : &jt->second;
+}
+
+void StateMachine::set_state(Job& job, Node& node, NodeState state) {
+  --job.counts[static_cast<int>(node.state)];
+  node.state = state;
+  ++job.counts[static_cast<int>(state)];
+}
+
+void StateMachine::remove_node(Job& job, ConnId conn) {
+  auto it = job.nodes.find(conn);
+  if (it == job.nodes.end()) return;
+  --job.counts[static_cast<int>(it->second.state)];
+  int r = it->second.spec.requested_rank;
+  if (r >= 0) {
+    auto rt = job.requested_ranks.find(r);
+    if (rt != job.requested_ranks.end() && rt->second == conn) job.requested_ranks.erase(rt);
+  }
+  job.nodes.erase(it);
+  conn_job_.erase(conn);
+}
+
+void StateMachine::erase_if_empty(const std::string& job_id) {
+  auto it = jobs_.find(job_id);
+  if (it != jobs_.end() && it->second.nodes.empty()) {
+    out_.log("job " + job_id + ": no nodes left, forgotten");
+    jobs_.erase(it);
+  }
+}
+
+void StateMachine::join(ConnId conn, NodeSpec spec) {
+  const double now = clock_.now();
+  if (auto err = validate(spec)) {
+    if (Job* old = job_of(conn)) {
+      std::string id = old->id;
+      node_gone(*old, conn, "sent an invalid join", true);
+      erase_if_empty(id);
+    }
+    out_.drop(conn, "bad_join", *err);
+    return;
+  }
+  auto existing = conn_job_.find(conn);
+  if (existing != conn_job_.end() && existing->second != spec.job_id) {
+    out_.drop(conn, "bad_join", "a connection serves one job; it joined " + existing->second + " before, now " +
+                                    spec.job_id);
+    return;
+  }
+  auto [jit, created] = jobs_.try_emplace(spec.job_id);
+  Job& job = jit->second;
+  if (created) {
+    job.id = spec.job_id;
+    job.min_nodes = spec.min_nodes;
+    job.max_nodes = spec.max_nodes;
+    job.max_restarts = spec.max_restarts;
+    job.timeouts = spec.timeouts;
+    job.gather_since = now;
+    out_.log("job " + job.id + ": created (nnodes " + std::to_string(job.min_nodes) + ":" +
+             std::to_string(job.max_nodes) + ", max_restarts " + std::to_string(job.max_restarts) + ")");
+  }
+  auto refuse = [&](const std::string& code, const std::string& message) {
+    bool member = job.nodes.count(conn) != 0;
+    if (member) node_gone(job, conn, "was refused", true);
+    out_.log("job " + job.id + ": refused " + (spec.host.empty() ? spec.addr : spec.host) + ": " + message);
+    out_.drop(conn, code, message);
+    erase_if_empty(spec.job_id);
+  };
+  if (spec.min_nodes != job.min_nodes || spec.max_nodes != job.max_nodes) {
+    refuse("nnodes_mismatch", "--nnodes " + std::to_string(spec.min_nodes) + ":" + std::to_string(spec.max_nodes) +
+                                  " differs from job " + job.id + "'s " + std::to_string(job.min_nodes) + ":" +
+                                  std::to_string(job.max_nodes) + ": pass the same --nnodes on every node");
+    return;
+  }
+  if (job.state == JobState::Succeeded || job.state == JobState::Failed) {
+    refuse("job_closed", "job " + job.id + " already " + state_name(job.state) +
+                             "; start a new job with another --rdzv_id");
+    return;
+  }
+  if (spec.requested_rank >= 0) {
+    auto rt = job.requested_ranks.find(spec.requested_rank);
+    if (rt != job.requested_ranks.end() && rt->second != conn) {
+      const Node& holder = job.nodes.at(rt->second);
+      refuse("rank_conflict", "--node_rank " + std::to_string(spec.requested_rank) + " is already taken in job " +
+                                  job.id + " by " + describe(holder) + ": give every node a distinct --node_rank");
+      return;
+    }
+  }
+
+  // A node arriving at a job that has already run is checked against the nodes it would join,
+  // alone: a mismatched replacement is refused without disturbing the running nodes.
+  if (round_check_ && job.generation > 0 && job.nodes.count(conn) == 0 && !job.nodes.empty()) {
+    std::vector<const NodeSpec*> specs;
+    specs.reserve(job.nodes.size() + 1);
+    for (const auto& [c, node] : job.nodes) specs.push_back(&node.spec);
+    specs.push_back(&spec);
+    if (auto refusal = round_check_(job.id, specs)) {
+      refuse("round_refused", *refusal);
+      return;
+    }
+  }
+
+  auto nit = job.nodes.find(conn);
+  bool is_new = nit == job.nodes.end();
+  if (is_new) {
+    nit = job.nodes.emplace(conn, Node{}).first;
+    ++job.counts[static_cast<int>(NodeState::Waiting)];
+    conn_job_.emplace(conn, job.id);
+  } else if (nit->second.spec.requested_rank >= 0 && nit->second.spec.requested_rank != spec.requested_rank) {
+    job.requested_ranks.erase(nit->second.spec.requested_rank);
+  }
+  Node& node = nit->second;
+  const bool was_running = !is_new && (node.state == NodeState::Running || node.state == NodeState::Succeeded);
+  node.spec = std::move(spec);
+  node.last_seen = now;
+  node.join_seq = next_join_seq_++;
+  if (node.spec.requested_rank >= 0) job.requested_ranks[node.spec.requested_rank] = conn;
+  if (!is_new) set_state(job, node, NodeState::Waiting);
+  out_.log("job " + job.id + ": join " + describe(node) + ", " + std::to_string(node.spec.local_world_size) +
+           " workers (" + std::to_string(count(job, NodeState::Waiting)) + " waiting, nnodes " +
+           std::to_string(job.min_nodes) + ":" + std::to_string(job.max_nodes) + ")");
+
+  if (job.state == JobState::Running) {
+    if (was_running) {
+      end_round(job, "node " + describe(node) + " rejoined", false);
+    } else if (job.round_size < static_cast<std::size_t>(job.max_nodes)) {
+      end_round(job, "node " + describe(node) + " joined", false);
+    } else {
+      out_.log("job " + job.id + ": " + describe(node) + " is a standby: the round runs at MAX nodes");
+    }
+  }
+  maybe_complete(job);
+}
+
+void StateMachine::touch(ConnId conn) {
+  Job* job = job_of(conn);
+  if (!job) return;
+  auto it = job->nodes.find(conn);
+  if (it != job->nodes.end()) it->second.last_seen = clock_.now();
+}
+
+void StateMachine::end_round(Job& job, const std::string& reason, bool counted) {
+  if (counted) ++job.restarts_used;
+  Frame frame = encode_frame(make_restart(reason, counted, job.restarts_used, job.max_restarts));
+  for (auto& [conn, node] : job.nodes) {
+    if (node.state == NodeState::Running || node.state == NodeState::Succeeded) {
+      out_.send(conn, frame);
+      set_state(job, node, NodeState::Rejoining);
+    }
+  }
+  job.state = JobState::Gathering;
+  job.gather_since = clock_.now();
+  job.min_reached_at.reset();
+  job.round_size = 0;
+  job.round_succeeded = 0;
+  out_.log("job " + job.id + ": restart after generation " + std::to_string(job.generation) + " (" +
+           (counted ? "counted, " + std::to_string(job.restarts_used) + "/" + std::to_string(job.max_restarts)
+                    : std::string("not counted")) +
+           "): " + reason);
+}
+
+void StateMachine::maybe_complete(Job& job) {
+  if (job.state != JobState::Gathering) return;
+  const std::size_t waiting = count(job, NodeState::Waiting);
+  const auto min = static_cast<std::size_t>(job.min_nodes);
+  const auto max = static_cast<std::size_t>(job.max_nodes);
+  if (waiting >= max) {
+    complete_round(job);
+    return;
+  }
+  if (waiting < min) {
+    job.min_reached_at.reset();
+    return;
+  }
+  const double now = clock_.now();
+  if (!job.min_reached_at) job.min_reached_at = now;
+  // After the first round nobody else is expected once every connected node has rejoined.
+  const bool everyone_back = job.generation > 0 && count(job, NodeState::Rejoining) == 0;
+  if (everyone_back || now - *job.min_reached_at >= job.timeouts.last_call_timeout) complete_round(job);
+}
+
+void StateMachine::complete_round(Job& job) {
+  // Members: nodes with a --node_rank first, then survivors, then by arrival; at most MAX.
+  std::vector<std::pair<ConnId, Node*>> waiting;
+  waiting.reserve(count(job, NodeState::Waiting));
+  for (auto& [conn, node] : job.nodes) {
+    if (node.state == NodeState::Waiting) waiting.emplace_back(conn, &node);
+  }
+  auto priority = [](const Node& n) { return n.spec.requested_rank >= 0 ? 0 : (n.group_rank >= 0 ? 1 : 2); };
+  std::sort(waiting.begin(), waiting.end(), [&](const auto& a, const auto& b) {
+    int pa = priority(*a.second), pb = priority(*b.second);
+    return pa != pb ? pa < pb : a.second->join_seq < b.second->join_seq;
+  });
+  const std::size_t n = std::min(waiting.size(), static_cast<std::size_t>(job.max_nodes));
+  waiting.resize(n);
+
+  if (round_check_) {
+    std::vector<const NodeSpec*> specs;
+    specs.reserve(n);
+    for (auto& w : waiting) specs.push_back(&w.second->spec);
+    if (auto refusal = round_check_(job.id, specs)) {
+      out_.log("job " + job.id + ": round refused: " + *refusal);
+      std::string id = job.id;
+      for (auto& w : waiting) {
+        remove_node(job, w.first);
+        out_.drop(w.first, "round_refused", *refusal);
+      }
+      erase_if_empty(id);
+      return;
+    }
+  }
+
+  // Group ranks: --node_rank as asked; survivors keep theirs when it still fits (< n);
+  // everyone else takes the lowest free rank. Ranks are always exactly 0..n-1.
+  std::vector<Node*> by_rank(n, nullptr);
+  std::vector<ConnId> conn_by_rank(n, 0);
+  std::vector<std::pair<ConnId, Node*>> rest;
+  for (auto& [conn, node] : waiting) {
+    int want = node->spec.requested_rank >= 0 ? node->spec.requested_rank : node->group_rank;
+    if (want >= 0 && static_cast<std::size_t>(want) < n && by_rank[want] == nullptr) {
+      by_rank[want] = node;
+      conn_by_rank[want] = conn;
+    } else {
+      rest.emplace_back(conn, node);
+    }
+  }
+  std::size_t free_rank = 0;
+  for (auto& [conn, node] : rest) {
+    while (by_rank[free_rank] != nullptr) ++free_rank;
+    by_rank[free_rank] = node;
+    conn_by_rank[free_rank] = conn;
+  }
+
+  ++job.generation;
+  int world_size = 0;
+  for (Node* node : by_rank) world_size += node->spec.local_world_size;
+  Assignment a;
+  a.generation = job.generation;
+  a.group_world_size = static_cast<int>(n);
+  a.world_size = world_size;
+  a.master_addr = by_rank[0]->spec.addr;
+  a.master_port = by_rank[0]->spec.master_port;
+  a.restart_count = job.restarts_used;
+  a.max_restarts = job.max_restarts;
+  int offset = 0;
+  for (std::size_t r = 0; r < n; ++r) {
+    Node* node = by_rank[r];
+    node->group_rank = static_cast<int>(r);
+    a.group_rank = static_cast<int>(r);
+    a.rank_offset = offset;
+    offset += node->spec.local_world_size;
+    set_state(job, *node, NodeState::Running);
+    out_.send(conn_by_rank[r], encode_frame(make_round(a)));
+  }
+  job.state = JobState::Running;
+  job.round_size = n;
+  job.round_succeeded = 0;
+  job.min_reached_at.reset();
+  out_.log("job " + job.id + ": round " + std::to_string(job.generation) + " complete: " + std::to_string(n) +
+           " nodes, world size " + std::to_string(world_size) + ", master " + a.master_addr + ":" +
+           std::to_string(a.master_port) + ", restarts " + std::to_string(job.restarts_used) + "/" +
+           std::to_string(job.max_restarts) +
+           (count(job, NodeState::Waiting) ? ", " + std::to_string(count(job, NodeState::Waiting)) + " standby" : ""));
+}
+
+void StateMachine::report_failure(ConnId conn, const WorkerFailure& failure) {
+  Job* job = job_of(conn);
+  if (!job) return;
+  Node& node = job->nodes.at(conn);
+  if (job->state != JobState::Running || node.state != NodeState::Running) {
+    out_.log("job " + job->id + ": ignored a failure report from " + describe(node) +
+             " (its round already ended): " + failure_text(failure));
+    return;
+  }
+  out_.log("job " + job->id + ": failure on " + describe(node) + ": " + failure_text(failure));
+  if (job->restarts_used < job->max_restarts) {
+    end_round(*job, failure_text(failure), true);
+    return;
+  }
+  std::string summary = "job " + job->id + " failed after " + std::to_string(job->restarts_used) + " of " +
+                        std::to_string(job->max_restarts) + " restarts; first failure: " + failure_text(failure);
+  fail_job(*job, failure, summary);
+}
+
+void StateMachine::fail_job(Job& job, const WorkerFailure& failure, const std::string& summary) {
+  Frame frame = encode_frame(make_job_failed(failure, summary));
+  for (auto& [conn, node] : job.nodes) {
+    out_.send(conn, frame);
+    set_state(job, node, NodeState::Finished);
+  }
+  job.state = JobState::Failed;
+  out_.log("job " + job.id + ": failed: " + summary);
+}
+
+void StateMachine::report_success(ConnId conn) {
+  Job* job = job_of(conn);
+  if (!job) return;
+  Node& node = job->nodes.at(conn);
+  if (job->state != JobState::Running || node.state != NodeState::Running) {
+    out_.log("job " + job->id + ": ignored a success report from " + describe(node) + " (not in a running round)");
+    return;
+  }
+  set_state(*job, node, NodeState::Succeeded);
+  ++job->round_succeeded;
+  out_.log("job " + job->id + ": success on " + describe(node) + " (" + std::to_string(job->round_succeeded) + "/" +
+           std::to_string(job->round_size) + ")");
+  if (job->round_succeeded < job->round_size) return;
+  Frame frame = encode_frame(make_job_succeeded(job->id));
+  for (auto& [c, n] : job->nodes) {
+    out_.send(c, frame);
+    set_state(*job, n, NodeState::Finished);
+  }
+  job->state = JobState::Succeeded;
+  out_.log("job " + job->id + ": succeeded (generation " + std::to_string(job->generation) + ")");
+}
+
+void StateMachine::node_gone(Job& job, ConnId conn, const std::string& why, bool left) {
+  auto it = job.nodes.find(conn);
+  if (it == job.nodes.end()) return;
+  Node& node = it->second;
+  const NodeState state = node.state;
+  const std::string who = describe(node);
+  remove_node(job, conn);
+  if (state == NodeState::Finished || state == NodeState::Succeeded) {
+    // Done: its close is not a loss (a succeeded node still counts as succeeded for the round).
+    return;
+  }
+  out_.log("job " + job.id + ": " + (left ? "left: " : "lost: ") + who + ": " + why);
+  if (state == NodeState::Running && job.state == JobState::Running) {
+    end_round(job, "node " + who + (left ? " left the job" : " lost: " + why), false);
+  }
+  maybe_complete(job);
+}
+
+void StateMachine::leave(ConnId conn) {
+  Job* job = job_of(conn);
+  if (!job) return;
+  std::string id = job->id;
+  node_gone(*job, conn, "left the job", true);
+  erase_if_empty(id);
+}
+
+void StateMachine::disconnected(ConnId conn, const std::string& why) {
+  Job* job = job_of(conn);
+  if (!job) return;
+  std::string id = job->id;
+  node_gone(*job, conn, why, false);
+  erase_if_empty(id);
+}
+
+void StateMachine::drop_all(Job& job, const std::string& code, const std::string& message) {
+  std::vector<ConnId> conns;
+  for (auto& [conn, node] : job.nodes) conns.push_back(conn);
+  for (ConnId c : conns) {
+    remove_node(job, c);
+    out_.drop(c, code, message);
+  }
+}
+
+void StateMachine::tick() {
+  const double now = clock_.now();
+  std::vector<std::string> ids;
+  for (auto& [id, job] : jobs_) ids.push_back(id);
+  for (const std::string& id : ids) {
+    auto jt = jobs_.find(id);
+    if (jt == jobs_.end()) continue;
+    Job& job = jt->second;
+    // Silent nodes first: a lost node may end the round or change what gathering waits for.
+    // Scanning 10,000 nodes every tick would dominate the server: scan only once the oldest
+    // heartbeat can have expired (heartbeats only move last_seen forward).
+    std::vector<ConnId> silent;
+    if (now >= job.next_heartbeat_check) {
+      double oldest = now;
+      for (auto& [conn, node] : job.nodes) {
+        if (now - node.last_seen > job.timeouts.heartbeat_timeout) {
+          silent.push_back(conn);
+        } else {
+          oldest = std::min(oldest, node.last_seen);
+        }
+      }
+      job.next_heartbeat_check = oldest + job.timeouts.heartbeat_timeout;
+    }
+    for (ConnId conn : silent) {
+      auto it = job.nodes.find(conn);
+      if (it == job.nodes.end()) continue;
+      std::string why = "no heartbeat for " + seconds_text(now - it->second.last_seen) + " (heartbeat_timeout " +
+                        seconds_text(job.timeouts.heartbeat_timeout) + ")";
+      node_gone(job, conn, why, false);
+      out_.drop(conn, "heartbeat_timeout", "dropped by the rendezvous server: " + why);
+    }
+    if (job.nodes.empty()) {
+      erase_if_empty(id);
+      continue;
+    }
+    maybe_complete(job);
+    if (job.state == JobState::Gathering && count(job, NodeState::Waiting) < static_cast<std::size_t>(job.min_nodes) &&
+        now - job.gather_since >= job.timeouts.join_timeout) {
+      std::string message = "rendezvous for job " + job.id + " timed out: " +
+                            std::to_string(count(job, NodeState::Waiting)) + " of MIN " +
+                            std::to_string(job.min_nodes) + " nodes joined within join_timeout " +
+                            seconds_text(job.timeouts.join_timeout);
+      out_.log("job " + job.id + ": " + message);
+      drop_all(job, "join_timeout", message);
+      erase_if_empty(id);
+    }
+  }
+}
+
+nlohmann::json StateMachine::status() const {
+  const double now = clock_.now();
+  nlohmann::json jobs = nlohmann::json::array();
+  for (const auto& [id, job] : jobs_) {
+    nlohmann::json nodes = nlohmann::json::array();
+    for (const auto& [conn, node] : job.nodes) {
+      nodes.push_back({{"group_rank", node.state == NodeState::Running || node.state == NodeState::Succeeded
+                                          ? node.group_rank
+                                          : -1},
+                       {"host", node.spec.host},
+                       {"addr", node.spec.addr},
+                       {"workers", node.spec.local_world_size},
+                       {"state", state_name(node.state)},
+                       {"last_heartbeat_age", now - node.last_seen}});
+      if (job.nodes.size() <= kStatusFingerprintNodes && !node.spec.fingerprint.empty()) {
+        nodes.back()["fingerprint"] = node.spec.fingerprint;
+      }
+    }
+    std::sort(nodes.begin(), nodes.end(), [](const nlohmann::json& a, const nlohmann::json& b) {
+      int ra = a["group_rank"], rb = b["group_rank"];
+      if ((ra < 0) != (rb < 0)) return ra >= 0;
+      return ra < rb;
+    });
+    // Whether the nodes' software agrees (issue 6). Fingerprints themselves are listed for small
+    // jobs only, so the status reply stays far below the frame limit for 10,000 nodes.
+    std::vector<NodeFingerprint> prints;
+    for (const auto& [conn, node] : job.nodes) {
+      if (!node.spec.fingerprint.empty()) prints.push_back({node.spec.host, node.spec.addr, node.spec.fingerprint});
+    }
+    nlohmann::json env = {{"checked_nodes", prints.size()}, {"agree", true}};
+    if (prints.size() > 1) {
+      EnvCheckResult cmp = compare_fingerprints(prints);
+      env["agree"] = cmp.empty();
+      if (!cmp.empty()) {
+        env["breaking"] = cmp.has_breaking();
+        env["message"] = cmp.message();
+      }
+    }
+    jobs.push_back({{"job_id", id},
+                    {"env", std::move(env)},
+                    {"state", state_name(job.state)},
+                    {"generation", job.generation},
+                    {"min_nodes", job.min_nodes},
+                    {"max_nodes", job.max_nodes},
+                    {"restarts_used", job.restarts_used},
+                    {"max_restarts", job.max_restarts},
+                    {"nodes", std::move(nodes)}});
+  }
+  return {{"jobs", std::move(jobs)}};
+}
+
+}  // namespace ddp::rdzv

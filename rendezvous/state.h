@@ -1,0 +1,154 @@
+// The rendezvous state machine: every job's members, rounds, deadlines and restart budget.
+//
+// Pure logic: no sockets, no Boost.Asio, time from an injected Clock. The Asio server feeds it
+// what connections say (join, heartbeat, failure, success, leave, close) and calls tick()
+// periodically; it answers through an Outbox. Owned by the Server (or a test); called on one
+// thread only (the server's io_context thread), so it holds no locks.
+//
+// Semantics (DESIGN.md "Rendezvous semantics", decisions in docs/rendezvous.md):
+//  - A round completes at MAX waiting nodes; at MIN once last_call_timeout has passed since MIN
+//    was reached; and, after the first round, as soon as every connected node of the job has
+//    rejoined (at least MIN), because nobody else is expected.
+//  - Fewer than MIN nodes for join_timeout since the job started gathering: the nodes get an
+//    error (join_timeout) and the job is dropped.
+//  - A lost node (closed connection, heartbeat_timeout of silence, or leave) ends a running round:
+//    the others get restart(counted=false) and rejoin.
+//  - A new node while the round runs with fewer than MAX nodes ends the round (restart, not
+//    counted); at MAX it waits as a standby and enters the next round.
+//  - A worker failure ends the round with restart(counted=true) while restarts_used <
+//    max_restarts, else the job fails everywhere (job_failed with the first failure).
+//  - When every node of the round reported success the job succeeded everywhere.
+//  - A job is dropped when its last node leaves; memory is bounded by the live connections.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "rendezvous/clock.h"
+#include "rendezvous/protocol.h"
+#include "rendezvous/types.h"
+
+namespace ddp::rdzv {
+
+// Identifies one client connection; the server numbers them, never reusing a number.
+using ConnId = std::uint64_t;
+
+// What the state machine says to the world. Implemented by the server (or a test recorder).
+// Calls happen synchronously from inside the state machine; implementations must not call
+// back into it (the server closes sockets asynchronously).
+class Outbox {
+ public:
+  virtual ~Outbox() = default;
+  // Queues `frame` for the connection.
+  virtual void send(ConnId to, const Frame& frame) = 0;
+  // Sends an error message (code, message) to the connection, then closes it. The state machine
+  // has already forgotten the connection when it calls this.
+  virtual void drop(ConnId conn, const std::string& code, const std::string& message) = 0;
+  // One line per membership event (join, round, lost, restart, failure, success), no timestamp.
+  virtual void log(const std::string& line) = 0;
+};
+
+// Checks the members of a round before it completes (issue 6 plugs the environment check in
+// here). Returns an error message to refuse the round; every member then gets error
+// "round_refused" with it and leaves the job. Empty function = every round is accepted.
+// Jobs with at most this many nodes list each node's fingerprint in status().
+constexpr std::size_t kStatusFingerprintNodes = 64;
+
+using RoundCheck =
+    std::function<std::optional<std::string>(const std::string& job_id, const std::vector<const NodeSpec*>& members)>;
+
+// The environment check of issue 6 as a RoundCheck: compares the members' fingerprints
+// (members without one are not compared) under the first member's --env_check mode; refuses on
+// a breaking difference in strict mode, and passes `warn` lines to `log` in warn mode (or for
+// differences that break nothing).
+RoundCheck make_env_round_check(std::function<void(const std::string&)> log);
+
+class StateMachine {
+ public:
+  // REQUIRES: clock and out outlive the state machine.
+  StateMachine(const Clock& clock, Outbox& out, RoundCheck round_check = {});
+
+  // The connection joins (or rejoins) spec.job_id. Invalid specs, an --nnodes mismatch with the
+  // job, a taken --node_rank or a finished job drop the connection with a clear error.
+  void join(ConnId conn, NodeSpec spec);
+  // Any message from a connection counts as a heartbeat.
+  void touch(ConnId conn);
+  // A worker of this node failed.
+  void report_failure(ConnId conn, const WorkerFailure& failure);
+  // Every worker of this node exited 0.
+  void report_success(ConnId conn);
+  // The node leaves the job on purpose (agent shutting down). Ends a running round like a loss.
+  void leave(ConnId conn);
+  // The connection closed. A node in a running round is lost; a finished node just goes.
+  void disconnected(ConnId conn, const std::string& why);
+  // Checks every deadline against the clock. The server calls it every few milliseconds.
+  void tick();
+
+  // Every job: state, generation, restarts, nodes with their last heartbeat age.
+  nlohmann::json status() const;
+  bool is_member(ConnId conn) const { return conn_job_.count(conn) != 0; }
+  std::size_t job_count() const { return jobs_.size(); }
+  std::size_t node_count() const { return conn_job_.size(); }
+
+ private:
+  enum class NodeState { Waiting, Running, Succeeded, Rejoining, Finished, kCount };
+  enum class JobState { Gathering, Running, Succeeded, Failed };
+
+  struct Node {
+    NodeSpec spec;
+    NodeState state = NodeState::Waiting;
+    int group_rank = -1;     // in the last round this node was part of; -1 = never
+    double last_seen = 0;
+    std::uint64_t join_seq = 0;
+  };
+
+  struct Job {
+    std::string id;
+    int min_nodes = 1;
+    int max_nodes = 1;
+    int max_restarts = 0;
+    Timeouts timeouts;
+    JobState state = JobState::Gathering;
+    std::uint64_t generation = 0;
+    int restarts_used = 0;
+    std::unordered_map<ConnId, Node> nodes;
+    std::size_t counts[static_cast<int>(NodeState::kCount)] = {};
+    std::unordered_map<int, ConnId> requested_ranks;
+    double gather_since = 0;
+    std::optional<double> min_reached_at;
+    std::size_t round_size = 0;
+    std::size_t round_succeeded = 0;
+    double next_heartbeat_check = 0;  // no node can be silent too long before this
+  };
+
+  Job* job_of(ConnId conn);
+  void set_state(Job& job, Node& node, NodeState state);
+  void remove_node(Job& job, ConnId conn);
+  void node_gone(Job& job, ConnId conn, const std::string& why, bool left);
+  void end_round(Job& job, const std::string& reason, bool counted);
+  void maybe_complete(Job& job);
+  void complete_round(Job& job);
+  void fail_job(Job& job, const WorkerFailure& failure, const std::string& summary);
+  void drop_all(Job& job, const std::string& code, const std::string& message);
+  void erase_if_empty(const std::string& job_id);
+  std::size_t count(const Job& job, NodeState s) const { return job.counts[static_cast<int>(s)]; }
+  static std::string describe(const Node& node);
+  static const char* state_name(NodeState s);
+  static const char* state_name(JobState s);
+
+  const Clock& clock_;
+  Outbox& out_;
+  RoundCheck round_check_;
+  std::map<std::string, Job> jobs_;
+  std::unordered_map<ConnId, std::string> conn_job_;
+  std::uint64_t next_join_seq_ = 0;
+};
+
+}  // namespace ddp::rdzv

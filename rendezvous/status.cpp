@@ -1,0 +1,116 @@
+#include "rendezvous/status.h"
+
+#include <cstdio>
+#include <sstream>
+#include <stdexcept>
+
+#include <boost/asio.hpp>
+
+#include "rendezvous/client.h"
+#include "rendezvous/protocol.h"
+
+namespace ddp::rdzv {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+
+StatusResult query_status(const std::string& endpoint, const std::string& token, double timeout_s) {
+  StatusResult result;
+  std::string host;
+  unsigned short port = 0;
+  try {
+    std::tie(host, port) = parse_endpoint(endpoint);
+  } catch (const std::invalid_argument& e) {
+    result.error = e.what();
+    result.usage_error = true;
+    return result;
+  }
+  asio::io_context io(1);
+  tcp::resolver resolver(io);
+  tcp::socket socket(io);
+  asio::steady_timer timer(io);
+  unsigned char header[kFrameHeaderBytes];
+  std::string body;
+  Frame request = encode_frame(make_status_request(token));
+  const std::string where = "rendezvous " + endpoint;
+
+  timer.expires_after(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double>(timeout_s)));
+  timer.async_wait([&](boost::system::error_code ec) {
+    if (ec) return;
+    if (result.error.empty() && result.status.is_null()) result.error = where + ": no answer within " +
+                                                                        std::to_string(timeout_s) + " s";
+    boost::system::error_code ignored;
+    resolver.cancel();
+    socket.close(ignored);
+  });
+  auto finish = [&](const std::string& error) {
+    if (result.error.empty()) result.error = error;
+    timer.cancel();
+    boost::system::error_code ignored;
+    socket.close(ignored);
+  };
+  resolver.async_resolve(host, std::to_string(port), [&](boost::system::error_code ec, tcp::resolver::results_type r) {
+    if (ec) return finish("resolve " + host + ": " + ec.message());
+    asio::async_connect(socket, r, [&](boost::system::error_code ec2, const tcp::endpoint&) {
+      if (ec2) return finish("connect to " + where + ": " + ec2.message());
+      asio::async_write(socket, asio::buffer(*request), [&](boost::system::error_code ec3, std::size_t) {
+        if (ec3) return finish("send to " + where + ": " + ec3.message());
+        asio::async_read(socket, asio::buffer(header), [&](boost::system::error_code ec4, std::size_t) {
+          if (ec4) return finish("read from " + where + ": " + ec4.message());
+          std::uint32_t length = read_frame_header(header);
+          if (auto err = check_frame_length(length, 256u << 20)) return finish(where + ": " + err->message);
+          body.resize(length);
+          asio::async_read(socket, asio::buffer(body), [&](boost::system::error_code ec5, std::size_t) {
+            if (ec5) return finish("read from " + where + ": " + ec5.message());
+            Parsed parsed = parse_message(body);
+            if (parsed.error) return finish(where + ": " + parsed.error->message);
+            const auto& m = parsed.message;
+            if (m["type"] == "error") {
+              return finish(where + " refused: " + m.value("message", std::string()) + " [" +
+                            m.value("code", std::string()) + "]");
+            }
+            if (m["type"] != "status_reply" || !m.contains("status")) return finish(where + ": unexpected answer");
+            result.status = m["status"];
+            finish("");
+          });
+        });
+      });
+    });
+  });
+  io.run();
+  if (!result.error.empty()) result.status = nullptr;
+  return result;
+}
+
+std::string format_status(const nlohmann::json& status) {
+  std::ostringstream os;
+  const auto& jobs = status.at("jobs");
+  if (jobs.empty()) {
+    os << "no jobs\n";
+    return os.str();
+  }
+  for (const auto& job : jobs) {
+    os << "job " << job.at("job_id").get<std::string>() << ": " << job.at("state").get<std::string>()
+       << ", generation " << job.at("generation").get<std::uint64_t>() << ", nnodes " << job.at("min_nodes").get<int>()
+       << ":" << job.at("max_nodes").get<int>() << ", restarts used " << job.at("restarts_used").get<int>() << "/"
+       << job.at("max_restarts").get<int>() << ", " << job.at("nodes").size() << " nodes\n";
+    char line[512];
+    std::snprintf(line, sizeof line, "  %-10s %-24s %-40s %-7s %-10s %s\n", "group_rank", "host", "address", "workers",
+                  "state", "last_heartbeat");
+    os << line;
+    for (const auto& n : job.at("nodes")) {
+      int rank = n.at("group_rank").get<int>();
+      std::string r = rank >= 0 ? std::to_string(rank) : "-";
+      char age[32];
+      std::snprintf(age, sizeof age, "%.1f s ago", n.at("last_heartbeat_age").get<double>());
+      std::snprintf(line, sizeof line, "  %-10s %-24s %-40s %-7d %-10s %s\n", r.c_str(),
+                    n.at("host").get<std::string>().c_str(), n.at("addr").get<std::string>().c_str(),
+                    n.at("workers").get<int>(), n.at("state").get<std::string>().c_str(), age);
+      os << line;
+    }
+  }
+  return os.str();
+}
+
+}  // namespace ddp::rdzv

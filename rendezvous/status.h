@@ -1,0 +1,23 @@
+// `ddp-rendezvous status`: ask a server for its jobs (blocking, with a deadline) and print them.
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace ddp::rdzv {
+
+struct StatusResult {
+  nlohmann::json status;   // {"jobs": [...]} as documented in docs/protocol.md
+  std::string error;       // empty on success
+  bool usage_error = false;  // the endpoint text itself was bad
+};
+
+// Connects to HOST:PORT, sends a status request (with `token` when not empty) and waits for the
+// reply for at most timeout_s seconds. Runs its own io_context on the calling thread.
+StatusResult query_status(const std::string& endpoint, const std::string& token, double timeout_s);
+
+// One block per job: generation, state, restarts, then a table of nodes by group rank.
+std::string format_status(const nlohmann::json& status);
+
+}  // namespace ddp::rdzv

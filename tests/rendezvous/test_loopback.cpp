@@ -1,0 +1,259 @@
+// Loopback tests: a real Server and real Clients on 127.0.0.1, one io_context on the test thread.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <thread>
+
+#include "rendezvous/status.h"
+#include "tests/rendezvous/loopback.h"
+#include "tests/rendezvous/raw_conn.h"
+
+using namespace ddp::rdzv;
+using namespace ddp::rdzv::test;
+namespace asio = boost::asio;
+using asio::ip::tcp;
+
+namespace {
+
+tcp::endpoint loopback_any_port() { return {asio::ip::make_address("127.0.0.1"), 0}; }
+
+bool all_have_rounds(const std::vector<std::shared_ptr<TestAgent>>& agents, std::size_t n) {
+  for (auto& a : agents) {
+    if (a->rounds.size() < n) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("an embedded server on port 0 reports the port it bound") {
+  asio::io_context io;
+  Server server(io, loopback_any_port(), {});
+  CHECK(server.port() != 0);
+  CHECK(server.local_endpoint().address().to_string() == "127.0.0.1");
+}
+
+TEST_CASE("four agents form one round with group ranks 0..3, rank offsets and a reachable master") {
+  asio::io_context io;
+  Server server(io, loopback_any_port(), {});
+  std::vector<std::shared_ptr<TestAgent>> agents;
+  const int workers[] = {2, 1, 3, 2};
+  for (int i = 0; i < 4; ++i) {
+    agents.push_back(TestAgent::make(io, server.port(), node_spec("job", "host" + std::to_string(i), 4, 4, workers[i])));
+  }
+  REQUIRE(run_until(io, [&] { return all_have_rounds(agents, 1); }));
+  std::vector<int> seen(4, 0);
+  for (auto& a : agents) {
+    const Assignment& r = a->rounds[0];
+    CHECK(a->errors.empty());
+    CHECK(r.world_size == 8);
+    CHECK(r.group_world_size == 4);
+    CHECK(r.master_addr == "127.0.0.1");  // filled from the connection's local address
+    CHECK(r.master_port == 40000);
+    REQUIRE(r.group_rank >= 0);
+    REQUIRE(r.group_rank < 4);
+    seen[r.group_rank]++;
+  }
+  CHECK(seen == std::vector<int>{1, 1, 1, 1});
+  // Offsets are the sums of the lower ranks' workers.
+  std::vector<int> by_rank_workers(4), by_rank_offset(4);
+  for (std::size_t i = 0; i < 4; ++i) {
+    by_rank_workers[agents[i]->rounds[0].group_rank] = workers[i];
+    by_rank_offset[agents[i]->rounds[0].group_rank] = agents[i]->rounds[0].rank_offset;
+  }
+  int expected = 0;
+  for (int r = 0; r < 4; ++r) {
+    CHECK(by_rank_offset[r] == expected);
+    expected += by_rank_workers[r];
+  }
+}
+
+TEST_CASE("an agent that dies without leaving is noticed at once: the others restart and continue smaller") {
+  asio::io_context io;
+  Server server(io, loopback_any_port(), {});
+  std::vector<std::shared_ptr<TestAgent>> agents;
+  for (int i = 0; i < 2; ++i) agents.push_back(TestAgent::make(io, server.port(), node_spec("job", "h" + std::to_string(i), 2, 3)));
+  RawConn victim(server.port());
+  REQUIRE(victim.connected());
+  victim.send(make_hello("job", ""));
+  victim.send(make_join(node_spec("job", "victim", 2, 3)));
+  REQUIRE(run_until(io, [&] { return all_have_rounds(agents, 1); }));
+  REQUIRE(agents[0]->rounds[0].group_world_size == 3);
+  victim.close();  // like SIGKILL: no leave message
+  REQUIRE(run_until(io, [&] { return agents[0]->restarts.size() == 1 && agents[1]->restarts.size() == 1; }, 5));
+  for (auto& a : agents) {
+    CHECK(a->restarts[0].second == false);
+    CHECK(a->restarts[0].first.find("victim") != std::string::npos);
+    a->client->join(a->spec);
+  }
+  REQUIRE(run_until(io, [&] { return all_have_rounds(agents, 2); }));
+  CHECK(agents[0]->rounds[1].group_world_size == 2);
+  CHECK(agents[0]->rounds[1].generation == 2);
+  CHECK(agents[0]->rounds[1].restart_count == 0);
+}
+
+TEST_CASE("a silent agent is dropped after heartbeat_timeout and the others are told") {
+  asio::io_context io;
+  Server server(io, loopback_any_port(), {});
+  NodeSpec s = node_spec("job", "alive", 1, 2);
+  s.timeouts.heartbeat_timeout = 0.4;
+  auto alive = TestAgent::make(io, server.port(), s);
+  RawConn silent(server.port());
+  silent.send(make_hello("job", ""));
+  NodeSpec ss = s;
+  ss.host = "silent";
+  silent.send(make_join(ss));  // and then never a heartbeat
+  REQUIRE(run_until(io, [&] { return alive->rounds.size() == 1; }));
+  REQUIRE(alive->rounds[0].group_world_size == 2);
+  REQUIRE(run_until(io, [&] { return alive->restarts.size() == 1; }, 5));
+  CHECK(alive->restarts[0].first.find("silent") != std::string::npos);
+  CHECK(alive->restarts[0].first.find("no heartbeat") != std::string::npos);
+  CHECK(alive->errors.empty());  // the live agent's own heartbeats kept it in
+  auto dropped = silent.recv_type("error", 2);
+  REQUIRE(dropped);
+  CHECK((*dropped)["code"] == "heartbeat_timeout");
+}
+
+TEST_CASE("the restart budget is shared by the job: the same count everywhere, then failure everywhere") {
+  asio::io_context io;
+  Server server(io, loopback_any_port(), {});
+  std::vector<std::shared_ptr<TestAgent>> agents;
+  for (int i = 0; i < 2; ++i) {
+    NodeSpec s = node_spec("job", "h" + std::to_string(i), 2, 2);
+    s.max_restarts = 1;
+    agents.push_back(TestAgent::make(io, server.port(), s));
+  }
+  REQUIRE(run_until(io, [&] { return all_have_rounds(agents, 1); }));
+  WorkerFailure f;
+  f.host = "h0";
+  f.rank = 0;
+  f.exit_code = 1;
+  agents[0]->client->report_failure(f);
+  REQUIRE(run_until(io, [&] { return agents[0]->restarts.size() == 1 && agents[1]->restarts.size() == 1; }));
+  CHECK(agents[1]->restarts[0].second == true);
+  for (auto& a : agents) a->client->join(a->spec);
+  REQUIRE(run_until(io, [&] { return all_have_rounds(agents, 2); }));
+  CHECK(agents[0]->rounds[1].restart_count == 1);
+  CHECK(agents[1]->rounds[1].restart_count == 1);
+  f.host = "h1";
+  f.rank = 1;
+  f.exit_code = 0;
+  f.signal = 11;
+  agents[1]->client->report_failure(f);
+  REQUIRE(run_until(io, [&] { return agents[0]->failed && agents[1]->failed; }));
+  CHECK(agents[0]->failed->first.host == "h1");
+  CHECK(agents[0]->failed->second.find("signal 11") != std::string::npos);
+}
+
+TEST_CASE("a late node is absorbed: the running nodes restart uncounted and the next round has it") {
+  asio::io_context io;
+  Server server(io, loopback_any_port(), {});
+  std::vector<std::shared_ptr<TestAgent>> agents;
+  for (int i = 0; i < 2; ++i) agents.push_back(TestAgent::make(io, server.port(), node_spec("job", "h" + std::to_string(i), 2, 3)));
+  REQUIRE(run_until(io, [&] { return all_have_rounds(agents, 1); }));
+  REQUIRE(agents[0]->rounds[0].group_world_size == 2);
+  const int rank0 = agents[0]->rounds[0].group_rank;
+  agents.push_back(TestAgent::make(io, server.port(), node_spec("job", "late", 2, 3)));
+  REQUIRE(run_until(io, [&] { return agents[0]->restarts.size() == 1 && agents[1]->restarts.size() == 1; }));
+  CHECK(agents[0]->restarts[0].second == false);
+  agents[0]->client->join(agents[0]->spec);
+  agents[1]->client->join(agents[1]->spec);
+  REQUIRE(run_until(io, [&] { return agents[0]->rounds.size() == 2 && agents[2]->rounds.size() == 1; }));
+  CHECK(agents[2]->rounds[0].group_world_size == 3);
+  CHECK(agents[2]->rounds[0].group_rank == 2);
+  CHECK(agents[0]->rounds[1].group_rank == rank0);  // survivors keep their ranks
+}
+
+TEST_CASE("success on every node reaches every node, and leaving afterwards is not a loss") {
+  asio::io_context io;
+  Server server(io, loopback_any_port(), {});
+  std::vector<std::shared_ptr<TestAgent>> agents;
+  for (int i = 0; i < 2; ++i) agents.push_back(TestAgent::make(io, server.port(), node_spec("job", "h" + std::to_string(i), 2, 2)));
+  REQUIRE(run_until(io, [&] { return all_have_rounds(agents, 1); }));
+  agents[0]->client->report_success();
+  agents[1]->client->report_success();
+  REQUIRE(run_until(io, [&] { return agents[0]->succeeded && agents[1]->succeeded; }));
+  agents[0]->client->close();
+  agents[1]->client->close();
+  REQUIRE(run_until(io, [&] { return server.state().job_count() == 0; }));
+  CHECK(agents[0]->errors.empty());
+  CHECK(agents[1]->restarts.empty());
+}
+
+TEST_CASE("connect retries until the server listens, with a clear message meanwhile") {
+  asio::io_context io;
+  // Find a free port, then release it so nothing listens there for a moment.
+  unsigned short port;
+  {
+    tcp::acceptor probe(io, loopback_any_port());
+    port = probe.local_endpoint().port();
+  }
+  auto agent = TestAgent::make(io, port, node_spec("job", "h", 1, 1), "", 10.0);
+  REQUIRE(run_until(io, [&] { return !agent->logs.empty(); }));
+  CHECK(agent->logs[0].find("connect to rendezvous 127.0.0.1:" + std::to_string(port) + ": Connection refused (retrying for") !=
+        std::string::npos);
+  Server server(io, tcp::endpoint(asio::ip::make_address("127.0.0.1"), port), {});
+  REQUIRE(run_until(io, [&] { return agent->rounds.size() == 1; }));
+  CHECK(agent->errors.empty());
+}
+
+TEST_CASE("connect gives up at its deadline with the reason") {
+  asio::io_context io;
+  unsigned short port;
+  {
+    tcp::acceptor probe(io, loopback_any_port());
+    port = probe.local_endpoint().port();
+  }
+  auto agent = TestAgent::make(io, port, node_spec("job", "h", 1, 1), "", 0.3);
+  REQUIRE(run_until(io, [&] { return !agent->errors.empty(); }, 5));
+  CHECK(agent->errors[0].find("Connection refused") != std::string::npos);
+  CHECK(agent->errors[0].find("gave up") != std::string::npos);
+}
+
+TEST_CASE("a wrong token reaches the agent as a clear error") {
+  asio::io_context io;
+  ServerOptions o;
+  o.token = "s3cret";
+  Server server(io, loopback_any_port(), o);
+  auto bad = TestAgent::make(io, server.port(), node_spec("job", "h", 1, 1), "wrong");
+  auto good = TestAgent::make(io, server.port(), node_spec("job2", "h", 1, 1), "s3cret");
+  REQUIRE(run_until(io, [&] { return !bad->errors.empty() && good->rounds.size() == 1; }));
+  CHECK(bad->errors[0].find("token") != std::string::npos);
+}
+
+TEST_CASE("the server going away is an error for its agents") {
+  asio::io_context io;
+  auto server = std::make_unique<Server>(io, loopback_any_port(), ServerOptions{});
+  auto agent = TestAgent::make(io, server->port(), node_spec("job", "h", 1, 1));
+  REQUIRE(run_until(io, [&] { return agent->rounds.size() == 1; }));
+  server->stop();
+  REQUIRE(run_until(io, [&] { return !agent->errors.empty(); }));
+  CHECK(agent->errors[0].find("closed") != std::string::npos);
+}
+
+TEST_CASE("status lists jobs with generation, state and nodes") {
+  asio::io_context io;
+  ServerOptions o;
+  o.token = "tok";
+  Server server(io, loopback_any_port(), o);
+  auto agent = TestAgent::make(io, server.port(), node_spec("myjob", "hostA", 1, 1, 3), "tok");
+  REQUIRE(run_until(io, [&] { return agent->rounds.size() == 1; }));
+  StatusResult result;
+  std::atomic<bool> answered{false};  // result is written by t before this turns true
+  std::thread t([&] {
+    result = query_status("127.0.0.1:" + std::to_string(server.port()), "tok", 5);
+    answered = true;
+  });
+  run_until(io, [&] { return answered.load(); }, 10);
+  t.join();
+  REQUIRE(result.error.empty());
+  const auto& job = result.status["jobs"][0];
+  CHECK(job["job_id"] == "myjob");
+  CHECK(job["generation"] == 1);
+  CHECK(job["state"] == "running");
+  CHECK(job["nodes"][0]["host"] == "hostA");
+  CHECK(job["nodes"][0]["workers"] == 3);
+  CHECK(job["nodes"][0]["addr"] == "127.0.0.1");
+  std::string text = format_status(result.status);
+  CHECK(text.find("job myjob: running, generation 1") != std::string::npos);
+}

@@ -1,0 +1,294 @@
+// Bad input (issue 3 part 5): each case checks the offender gets a clear error or is dropped,
+// and that another session and another job on the same server keep working.
+#include <doctest/doctest.h>
+
+#include <fstream>
+#include <future>
+#include <thread>
+
+#include "rendezvous/server.h"
+#include "tests/rendezvous/loopback.h"
+#include "tests/rendezvous/raw_conn.h"
+
+using namespace ddp::rdzv;
+using namespace ddp::rdzv::test;
+namespace asio = boost::asio;
+using asio::ip::tcp;
+
+namespace {
+
+// A server on its own io_context thread, like the daemon.
+struct ServerThread {
+  asio::io_context io{1};
+  std::unique_ptr<Server> server;
+  std::thread thread;
+
+  explicit ServerThread(ServerOptions options) {
+    server = std::make_unique<Server>(io, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0), options);
+    thread = std::thread([this] { io.run(); });
+  }
+  ~ServerThread() {
+    asio::post(io, [this] { server->stop(); io.stop(); });
+    thread.join();
+  }
+  unsigned short port() const { return server->port(); }
+  // Reads a server value on its own thread (no data race).
+  template <typename F>
+  auto on_server(F f) {
+    std::packaged_task<decltype(f())()> task(f);
+    auto fut = task.get_future();
+    asio::post(io, [&task] { task(); });
+    return fut.get();
+  }
+};
+
+NodeSpec one_node(const std::string& job) {
+  NodeSpec s = node_spec(job, "healthy", 1, 1);
+  s.timeouts.heartbeat_timeout = 30;
+  return s;
+}
+
+// A healthy agent already in a running round on the server.
+struct Healthy {
+  RawConn conn;
+  Healthy(unsigned short port, const std::string& token = "") : conn(port) {
+    REQUIRE(conn.connected());
+    conn.send(make_hello("healthy-job", token));
+    REQUIRE(conn.recv_type("welcome"));
+    conn.send(make_join(one_node("healthy-job")));
+    REQUIRE(conn.recv_type("round"));
+  }
+  // The existing session still answers, and a brand-new job still forms a round.
+  void check_server_still_serves(unsigned short port, const std::string& token = "") {
+    conn.send(make_heartbeat());
+    CHECK(conn.recv_type("heartbeat_ack"));
+    RawConn fresh(port);
+    REQUIRE(fresh.connected());
+    fresh.send(make_hello("other-job", token));
+    CHECK(fresh.recv_type("welcome"));
+    fresh.send(make_join(one_node("other-job")));
+    auto round = fresh.recv_type("round");
+    REQUIRE(round);
+    CHECK((*round)["assignment"]["group_rank"] == 0);
+  }
+};
+
+std::size_t rss_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  std::size_t pages = 0, resident = 0;
+  statm >> pages >> resident;
+  return resident * static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+}
+
+}  // namespace
+
+TEST_CASE("a wrong token gets a bad_token error and that connection closes; others go on") {
+  ServerOptions o;
+  o.token = "s3cret";
+  ServerThread st(o);
+  Healthy healthy(st.port(), "s3cret");
+  RawConn bad(st.port());
+  bad.send(make_hello("healthy-job", "guess"));
+  auto err = bad.recv_type("error");
+  REQUIRE(err);
+  CHECK((*err)["code"] == "bad_token");
+  CHECK((*err)["message"].get<std::string>().find("token_file") != std::string::npos);
+  CHECK(bad.wait_closed());
+  healthy.check_server_still_serves(st.port(), "s3cret");
+}
+
+TEST_CASE("a message before a valid hello is refused even with the right job id") {
+  ServerOptions o;
+  o.token = "s3cret";
+  ServerThread st(o);
+  Healthy healthy(st.port(), "s3cret");
+  RawConn bad(st.port());
+  bad.send(make_join(one_node("healthy-job")));
+  auto err = bad.recv_type("error");
+  REQUIRE(err);
+  CHECK((*err)["code"] == "bad_message");
+  CHECK(bad.wait_closed());
+  healthy.check_server_still_serves(st.port(), "s3cret");
+}
+
+TEST_CASE("a wrong protocol version gets a version_mismatch error naming both versions") {
+  ServerThread st({});
+  Healthy healthy(st.port());
+  RawConn bad(st.port());
+  auto hello = make_hello("x", "");
+  hello["protocol_version"] = 42;
+  bad.send(hello);
+  auto err = bad.recv_type("error");
+  REQUIRE(err);
+  CHECK((*err)["code"] == "version_mismatch");
+  std::string m = (*err)["message"];
+  CHECK(m.find("42") != std::string::npos);
+  CHECK(m.find("version " + std::to_string(kProtocolVersion)) != std::string::npos);
+  CHECK(bad.wait_closed());
+  healthy.check_server_still_serves(st.port());
+}
+
+TEST_CASE("malformed JSON gets a bad_json error, before and after hello") {
+  ServerThread st({});
+  Healthy healthy(st.port());
+  {
+    RawConn bad(st.port());
+    bad.send_raw_payload("{\"type\": \"hello\", ");
+    auto err = bad.recv_type("error");
+    REQUIRE(err);
+    CHECK((*err)["code"] == "bad_json");
+    CHECK(bad.wait_closed());
+  }
+  {
+    RawConn bad(st.port());
+    bad.send(make_hello("j", ""));
+    REQUIRE(bad.recv_type("welcome"));
+    bad.send_raw_payload("\xff\xfe garbage");
+    auto err = bad.recv_type("error");
+    REQUIRE(err);
+    CHECK((*err)["code"] == "bad_json");
+    CHECK(bad.wait_closed());
+  }
+  {
+    RawConn bad(st.port());
+    bad.send(make_hello("j", ""));
+    REQUIRE(bad.recv_type("welcome"));
+    bad.send({{"type", "join"}, {"node", {{"local_world_size", "four"}}}});
+    auto err = bad.recv_type("error");
+    REQUIRE(err);
+    CHECK((*err)["code"] == "bad_message");
+  }
+  {
+    RawConn bad(st.port());
+    bad.send(make_hello("j", ""));
+    REQUIRE(bad.recv_type("welcome"));
+    bad.send({{"type", "launch_missiles"}});
+    auto err = bad.recv_type("error");
+    REQUIRE(err);
+    CHECK((*err)["message"].get<std::string>().find("launch_missiles") != std::string::npos);
+  }
+  healthy.check_server_still_serves(st.port());
+}
+
+TEST_CASE("an oversized frame is refused from its header without allocating it") {
+  ServerThread st({});
+  Healthy healthy(st.port());
+  const std::size_t before = rss_bytes();
+  RawConn bad(st.port());
+  unsigned char h[4];
+  write_frame_header(0xF0000000u, h);  // 3.75 GiB announced
+  bad.send_bytes(std::string(reinterpret_cast<char*>(h), 4) + "{\"type\":");
+  auto err = bad.recv_type("error");
+  REQUIRE(err);
+  CHECK((*err)["code"] == "too_large");
+  CHECK((*err)["message"].get<std::string>().find("4026531840") != std::string::npos);
+  CHECK(bad.wait_closed());
+  // Had the server allocated (and zero-filled) the frame, this process would have grown by GiBs.
+  CHECK(rss_bytes() < before + (64u << 20));
+  // Just over the default limit: refused too.
+  RawConn bad2(st.port());
+  bad2.send(make_hello("j", ""));
+  REQUIRE(bad2.recv_type("welcome"));
+  bad2.send_raw_payload("{\"type\":\"heartbeat\",\"pad\":\"" + std::string(kDefaultMaxFrameBytes, 'x') + "\"}");
+  auto err2 = bad2.recv_type("error");
+  REQUIRE(err2);
+  CHECK((*err2)["code"] == "too_large");
+  healthy.check_server_still_serves(st.port());
+}
+
+TEST_CASE("a half-open connection that never says hello is dropped at the hello deadline") {
+  ServerOptions o;
+  o.hello_timeout = 0.3;
+  ServerThread st(o);
+  Healthy healthy(st.port());
+  RawConn silent(st.port());
+  RawConn partial(st.port());
+  partial.send_bytes(std::string("\0\0", 2));  // half a header, then nothing
+  auto err = silent.recv_type("error", 5);
+  REQUIRE(err);
+  CHECK((*err)["code"] == "hello_timeout");
+  CHECK(silent.wait_closed());
+  CHECK(partial.wait_closed());
+  CHECK(st.on_server([&] { return st.server->unauthenticated_count(); }) == 0);
+  healthy.check_server_still_serves(st.port());
+}
+
+TEST_CASE("a flood of connections is capped and the server keeps serving") {
+  ServerOptions o;
+  o.max_connections = 40;
+  o.max_unauthenticated = 10;
+  o.hello_timeout = 0.5;
+  ServerThread st(o);
+  Healthy healthy(st.port());
+  std::vector<std::unique_ptr<RawConn>> flood;
+  std::size_t max_seen = 0, max_unauth = 0;
+  for (int i = 0; i < 200; ++i) {
+    flood.push_back(std::make_unique<RawConn>(st.port()));  // the kernel backlog takes them
+    if (i % 20 == 0) {
+      max_seen = std::max(max_seen, st.on_server([&] { return st.server->connection_count(); }));
+      max_unauth = std::max(max_unauth, st.on_server([&] { return st.server->unauthenticated_count(); }));
+    }
+  }
+  // Authenticated sessions beyond the limit are answered "busy".
+  std::vector<std::unique_ptr<RawConn>> authed;
+  for (int i = 0; i < 60; ++i) {
+    auto c = std::make_unique<RawConn>(st.port());
+    c->send(make_hello("flood-" + std::to_string(i), ""));
+    authed.push_back(std::move(c));
+  }
+  // The existing session is unaffected while the flood sits there.
+  healthy.conn.send(make_heartbeat());
+  CHECK(healthy.conn.recv_type("heartbeat_ack"));
+  for (int i = 0; i < 20; ++i) {
+    max_seen = std::max(max_seen, st.on_server([&] { return st.server->connection_count(); }));
+    max_unauth = std::max(max_unauth, st.on_server([&] { return st.server->unauthenticated_count(); }));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // sampling, not a timing assertion
+  }
+  CHECK(max_unauth <= o.max_unauthenticated);
+  CHECK(max_seen <= o.max_connections + 1);  // +1: the one being told "busy"
+  // The silent flood is dropped at the hello deadline, in batches; then we are back to normal.
+  flood.clear();
+  authed.clear();
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (st.on_server([&] { return st.server->connection_count(); }) > 1 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  CHECK(st.on_server([&] { return st.server->connection_count(); }) == 1);
+  healthy.check_server_still_serves(st.port());
+}
+
+TEST_CASE("a busy server tells an extra connection why it is refused") {
+  ServerOptions o;
+  o.max_connections = 2;
+  ServerThread st(o);
+  Healthy healthy(st.port());
+  RawConn second(st.port());
+  second.send(make_hello("j", ""));
+  REQUIRE(second.recv_type("welcome"));
+  RawConn third(st.port());
+  auto err = third.recv_type("error");
+  REQUIRE(err);
+  CHECK((*err)["code"] == "busy");
+  CHECK((*err)["message"].get<std::string>().find("limit of 2 connections") != std::string::npos);
+  healthy.conn.send(make_heartbeat());
+  CHECK(healthy.conn.recv_type("heartbeat_ack"));
+}
+
+TEST_CASE("a client that never reads cannot make the server grow without bound") {
+  ServerOptions o;
+  o.max_queued_bytes = 64 << 10;
+  ServerThread st(o);
+  Healthy healthy(st.port());
+  RawConn hog(st.port());
+  hog.send(make_hello("hog", ""));
+  // Thousands of heartbeats whose acks are never read: the kernel buffers fill, then the
+  // server's queue limit cuts the connection rather than growing.
+  std::string burst;
+  for (int i = 0; i < 2000; ++i) burst += *encode_frame(make_heartbeat());
+  for (int i = 0; i < 1000; ++i) {
+    if (!hog.send_bytes(burst)) break;
+  }
+  // The server cut it off once its unread answers passed the queue limit.
+  CHECK(hog.wait_closed(10));
+  healthy.check_server_still_serves(st.port());
+}

@@ -1,0 +1,395 @@
+// State-machine unit tests: every transition and deadline, on a manual clock (no sockets, no sleep).
+#include <doctest/doctest.h>
+
+#include "rendezvous/state.h"
+#include "tests/rendezvous/recording_outbox.h"
+
+using namespace ddp::rdzv;
+using ddp::rdzv::test::RecordingOutbox;
+
+namespace {
+
+NodeSpec spec(const std::string& host, int min_nodes, int max_nodes, int workers = 1, const std::string& job = "job") {
+  NodeSpec s;
+  s.job_id = job;
+  s.host = host;
+  s.addr = "10.0.0." + host.substr(host.size() - 1);
+  s.local_world_size = workers;
+  s.min_nodes = min_nodes;
+  s.max_nodes = max_nodes;
+  s.master_port = 30000 + (host.back() - '0');
+  s.timeouts.join_timeout = 60;
+  s.timeouts.last_call_timeout = 5;
+  s.timeouts.heartbeat_timeout = 1000;  // the heartbeat tests set their own
+  return s;
+}
+
+struct Fixture {
+  ManualClock clock;
+  RecordingOutbox out;
+  StateMachine sm{clock, out};
+};
+
+WorkerFailure failure(const std::string& host, int rank, int code) {
+  WorkerFailure f;
+  f.host = host;
+  f.rank = rank;
+  f.local_rank = 0;
+  f.exit_code = code;
+  return f;
+}
+
+}  // namespace
+
+TEST_CASE("a round completes at MAX nodes with ranks 0..n-1, rank offsets and rank 0 as master") {
+  Fixture f;
+  f.sm.join(1, spec("node1", 3, 3, 2));
+  f.sm.join(2, spec("node2", 3, 3, 4));
+  CHECK(f.out.of(1, "round").empty());
+  f.sm.join(3, spec("node3", 3, 3, 1));
+  Assignment a1 = f.out.round(1), a2 = f.out.round(2), a3 = f.out.round(3);
+  CHECK(a1.generation == 1);
+  CHECK(a1.group_rank == 0);
+  CHECK(a2.group_rank == 1);
+  CHECK(a3.group_rank == 2);
+  CHECK(a1.rank_offset == 0);
+  CHECK(a2.rank_offset == 2);
+  CHECK(a3.rank_offset == 6);
+  for (const Assignment& a : {a1, a2, a3}) {
+    CHECK(a.world_size == 7);
+    CHECK(a.group_world_size == 3);
+    CHECK(a.master_addr == "10.0.0.1");
+    CHECK(a.master_port == 30001);
+    CHECK(a.restart_count == 0);
+  }
+}
+
+TEST_CASE("with MIN:MAX a round completes at MIN only after last_call_timeout") {
+  Fixture f;
+  f.sm.join(1, spec("node1", 2, 4));
+  f.sm.join(2, spec("node2", 2, 4));
+  f.clock.advance(4.9);
+  f.sm.tick();
+  CHECK(f.out.of(1, "round").empty());
+  f.clock.advance(0.2);
+  f.sm.tick();
+  CHECK(f.out.round(1).group_world_size == 2);
+  CHECK(f.out.round(2).group_world_size == 2);
+}
+
+TEST_CASE("a node arriving during last call is included in the round") {
+  Fixture f;
+  f.sm.join(1, spec("node1", 2, 4));
+  f.sm.join(2, spec("node2", 2, 4));
+  f.clock.advance(3);
+  f.sm.join(3, spec("node3", 2, 4));
+  f.clock.advance(2.1);
+  f.sm.tick();
+  CHECK(f.out.round(3).group_world_size == 3);
+}
+
+TEST_CASE("fewer than MIN nodes for join_timeout fails the waiting nodes and forgets the job") {
+  Fixture f;
+  f.sm.join(1, spec("node1", 2, 2));
+  f.clock.advance(30);
+  f.sm.touch(1);
+  f.sm.tick();
+  CHECK(f.out.dropped.empty());
+  f.clock.advance(2);
+  f.sm.touch(1);
+  f.clock.advance(29);
+  f.sm.touch(1);
+  f.sm.tick();
+  REQUIRE(f.out.dropped.count(1) == 1);
+  CHECK(f.out.dropped[1].code == "join_timeout");
+  CHECK(f.out.dropped[1].message.find("1 of MIN 2") != std::string::npos);
+  CHECK(f.sm.job_count() == 0);
+  CHECK(f.sm.node_count() == 0);
+}
+
+TEST_CASE("a closed connection ends the round; survivors restart uncounted and keep their ranks") {
+  Fixture f;
+  for (ConnId c = 1; c <= 3; ++c) f.sm.join(c, spec("node" + std::to_string(c), 2, 3));
+  REQUIRE(f.out.round(2).group_rank == 1);
+  f.out.clear();
+  f.sm.disconnected(1, "connection closed by peer");
+  for (ConnId c : {2, 3}) {
+    auto restarts = f.out.of(c, "restart");
+    REQUIRE(restarts.size() == 1);
+    CHECK(restarts[0]["counted"] == false);
+    CHECK(restarts[0]["reason"].get<std::string>().find("node1") != std::string::npos);
+  }
+  f.sm.join(2, spec("node2", 2, 3));
+  CHECK(f.out.of(2, "round").empty());  // node3 has not rejoined yet
+  f.sm.join(3, spec("node3", 2, 3));
+  // Every surviving node is back: no last call needed after the first round.
+  Assignment a2 = f.out.round(2), a3 = f.out.round(3);
+  CHECK(a2.generation == 2);
+  CHECK(a2.group_rank == 1);  // survivor kept its rank
+  CHECK(a3.group_rank == 0);  // rank 2 no longer fits in 2 nodes: lowest free rank
+  CHECK(a3.rank_offset == 0);
+  CHECK(a2.rank_offset == 1);
+  CHECK(a2.master_addr == "10.0.0.3");
+  CHECK(a2.restart_count == 0);
+}
+
+TEST_CASE("a node that stops heartbeating is dropped after heartbeat_timeout and the others restart") {
+  Fixture f;
+  NodeSpec s1 = spec("node1", 1, 2), s2 = spec("node2", 1, 2);
+  s1.timeouts.heartbeat_timeout = s2.timeouts.heartbeat_timeout = 3;
+  f.sm.join(1, s1);
+  f.sm.join(2, s2);
+  f.out.clear();
+  f.clock.advance(2);
+  f.sm.touch(1);
+  f.clock.advance(1.0);  // node2 silent for 3.0 s: not yet past the timeout
+  f.sm.tick();
+  CHECK(f.out.dropped.empty());
+  f.clock.advance(0.05);
+  f.sm.tick();
+  REQUIRE(f.out.dropped.count(2) == 1);
+  CHECK(f.out.dropped[2].code == "heartbeat_timeout");
+  REQUIRE(f.out.of(1, "restart").size() == 1);
+  CHECK(f.out.of(1, "restart")[0]["counted"] == false);
+  f.sm.join(1, s1);
+  CHECK(f.out.round(1).group_world_size == 1);
+}
+
+TEST_CASE("when fewer than MIN survive, the survivors wait for nodes until join_timeout") {
+  Fixture f;
+  f.sm.join(1, spec("node1", 2, 2));
+  f.sm.join(2, spec("node2", 2, 2));
+  f.sm.disconnected(2, "closed");
+  f.sm.join(1, spec("node1", 2, 2));
+  f.clock.advance(59);
+  f.sm.touch(1);
+  f.sm.tick();
+  CHECK(f.out.dropped.empty());
+  SUBCASE("a new node arrives in time") {
+    f.sm.join(3, spec("node3", 2, 2));
+    CHECK(f.out.round(1).generation == 2);
+    CHECK(f.out.round(1).group_rank == 0);
+    CHECK(f.out.round(3).group_rank == 1);
+  }
+  SUBCASE("nobody comes") {
+    f.clock.advance(1.5);
+    f.sm.touch(1);
+    f.sm.tick();
+    REQUIRE(f.out.dropped.count(1) == 1);
+    CHECK(f.out.dropped[1].code == "join_timeout");
+  }
+}
+
+TEST_CASE("a new node while fewer than MAX run restarts the round uncounted and joins the next one") {
+  Fixture f;
+  f.sm.join(1, spec("node1", 2, 3));
+  f.sm.join(2, spec("node2", 2, 3));
+  f.clock.advance(5);
+  f.sm.tick();
+  REQUIRE(f.out.round(1).generation == 1);
+  f.out.clear();
+  f.sm.join(3, spec("node3", 2, 3));
+  for (ConnId c : {1, 2}) {
+    REQUIRE(f.out.of(c, "restart").size() == 1);
+    CHECK(f.out.of(c, "restart")[0]["counted"] == false);
+  }
+  f.sm.join(1, spec("node1", 2, 3));
+  f.sm.join(2, spec("node2", 2, 3));
+  CHECK(f.out.round(3).group_rank == 2);
+  CHECK(f.out.round(1).group_rank == 0);
+  CHECK(f.out.round(2).group_rank == 1);
+  CHECK(f.out.round(1).generation == 2);
+  CHECK(f.out.round(1).restart_count == 0);
+}
+
+TEST_CASE("a new node while MAX run waits as a standby and enters after a loss") {
+  Fixture f;
+  f.sm.join(1, spec("node1", 1, 2));
+  f.sm.join(2, spec("node2", 1, 2));
+  f.out.clear();
+  f.sm.join(3, spec("node3", 1, 2));
+  CHECK(f.out.of(1, "restart").empty());
+  CHECK(f.out.of(3, "round").empty());
+  f.sm.disconnected(2, "closed");
+  f.sm.join(1, spec("node1", 1, 2));
+  CHECK(f.out.round(1).group_rank == 0);
+  CHECK(f.out.round(3).group_rank == 1);
+  CHECK(f.out.round(3).generation == 2);
+}
+
+TEST_CASE("a worker failure within budget restarts every node, counted once per job") {
+  Fixture f;
+  NodeSpec s1 = spec("node1", 2, 2), s2 = spec("node2", 2, 2);
+  s1.max_restarts = s2.max_restarts = 3;
+  f.sm.join(1, s1);
+  f.sm.join(2, s2);
+  f.out.clear();
+  f.sm.report_failure(2, failure("node2", 1, 7));
+  f.sm.report_failure(1, failure("node1", 0, 1));  // the same round's second failure: ignored
+  for (ConnId c : {1, 2}) {
+    auto r = f.out.of(c, "restart");
+    REQUIRE(r.size() == 1);
+    CHECK(r[0]["counted"] == true);
+    CHECK(r[0]["restart_count"] == 1);
+  }
+  f.sm.join(1, s1);
+  f.sm.join(2, s2);
+  CHECK(f.out.round(1).restart_count == 1);
+  CHECK(f.out.round(2).restart_count == 1);
+  CHECK(f.out.round(1).max_restarts == 3);
+}
+
+TEST_CASE("a worker failure with the budget spent fails the job everywhere with the first failure") {
+  Fixture f;
+  NodeSpec s1 = spec("node1", 2, 3), s2 = spec("node2", 2, 3), s3 = spec("node3", 2, 3);
+  s1.max_restarts = s2.max_restarts = s3.max_restarts = 1;
+  f.sm.join(1, s1);
+  f.sm.join(2, s2);
+  f.clock.advance(5);
+  f.sm.tick();
+  f.sm.report_failure(1, failure("node1", 0, 1));
+  f.sm.join(3, s3);  // arrives while gathering: part of the next round
+  f.sm.join(1, s1);
+  f.sm.join(2, s2);
+  REQUIRE(f.out.round(3).restart_count == 1);
+  f.out.clear();
+  WorkerFailure w = failure("node2", 1, 0);
+  w.signal = 9;
+  f.sm.report_failure(2, w);
+  for (ConnId c : {1, 2, 3}) {
+    auto failed = f.out.of(c, "job_failed");
+    REQUIRE(failed.size() == 1);
+    CHECK(failed[0]["failure"]["host"] == "node2");
+    CHECK(failed[0]["failure"]["signal"] == 9);
+    std::string summary = failed[0]["summary"];
+    CHECK(summary.find("signal 9") != std::string::npos);
+    CHECK(summary.find("1 of 1 restarts") != std::string::npos);
+  }
+  // Finished nodes leaving are not losses, and the job is then forgotten.
+  f.out.clear();
+  f.sm.disconnected(1, "closed");
+  CHECK(f.out.of(2, "restart").empty());
+  f.sm.disconnected(2, "closed");
+  f.sm.disconnected(3, "closed");
+  CHECK(f.sm.job_count() == 0);
+}
+
+TEST_CASE("when every node of the round succeeded the job succeeded everywhere") {
+  Fixture f;
+  f.sm.join(1, spec("node1", 2, 2));
+  f.sm.join(2, spec("node2", 2, 2));
+  f.sm.report_success(1);
+  CHECK(f.out.of(1, "job_succeeded").empty());
+  f.sm.disconnected(1, "closed");  // done: not a loss
+  CHECK(f.out.of(2, "restart").empty());
+  f.sm.report_success(2);
+  CHECK(f.out.of(2, "job_succeeded").size() == 1);
+  f.sm.join(3, spec("node3", 2, 2));
+  REQUIRE(f.out.dropped.count(3) == 1);
+  CHECK(f.out.dropped[3].code == "job_closed");
+  f.sm.disconnected(2, "closed");
+  CHECK(f.sm.job_count() == 0);
+}
+
+TEST_CASE("--node_rank is honoured; a taken or out-of-range rank is refused clearly") {
+  Fixture f;
+  NodeSpec a = spec("node1", 3, 3), b = spec("node2", 3, 3), c = spec("node3", 3, 3);
+  a.requested_rank = 2;
+  b.requested_rank = 0;
+  f.sm.join(1, a);
+  NodeSpec dup = spec("node4", 3, 3);
+  dup.requested_rank = 2;
+  f.sm.join(4, dup);
+  REQUIRE(f.out.dropped.count(4) == 1);
+  CHECK(f.out.dropped[4].code == "rank_conflict");
+  CHECK(f.out.dropped[4].message.find("node1") != std::string::npos);
+  NodeSpec far = spec("node5", 3, 3);
+  far.requested_rank = 3;
+  f.sm.join(5, far);
+  REQUIRE(f.out.dropped.count(5) == 1);
+  CHECK(f.out.dropped[5].code == "bad_join");
+  f.sm.join(2, b);
+  f.sm.join(3, c);
+  CHECK(f.out.round(1).group_rank == 2);
+  CHECK(f.out.round(2).group_rank == 0);
+  CHECK(f.out.round(3).group_rank == 1);
+}
+
+TEST_CASE("a join with another --nnodes than the job's is refused") {
+  Fixture f;
+  f.sm.join(1, spec("node1", 2, 2));
+  f.sm.join(2, spec("node2", 3, 3));
+  REQUIRE(f.out.dropped.count(2) == 1);
+  CHECK(f.out.dropped[2].code == "nnodes_mismatch");
+  CHECK(f.sm.node_count() == 1);
+}
+
+TEST_CASE("a node leaving on purpose ends the round uncounted and the job goes on smaller") {
+  Fixture f;
+  f.sm.join(1, spec("node1", 1, 2));
+  f.sm.join(2, spec("node2", 1, 2));
+  f.out.clear();
+  f.sm.leave(2);
+  REQUIRE(f.out.of(1, "restart").size() == 1);
+  CHECK(f.out.of(1, "restart")[0]["counted"] == false);
+  CHECK(f.out.of(1, "restart")[0]["reason"].get<std::string>().find("left") != std::string::npos);
+  f.sm.join(1, spec("node1", 1, 2));
+  CHECK(f.out.round(1).group_world_size == 1);
+}
+
+TEST_CASE("the round check can refuse a round and every member hears why") {
+  ManualClock clock;
+  RecordingOutbox out;
+  std::size_t checked = 0;
+  StateMachine sm(clock, out, [&](const std::string& job, const std::vector<const NodeSpec*>& members) {
+    checked = members.size();
+    return std::optional<std::string>("torch 1.13 on node1 differs from torch 2.1 on node2");
+  });
+  sm.join(1, spec("node1", 2, 2));
+  sm.join(2, spec("node2", 2, 2));
+  CHECK(checked == 2);
+  for (ConnId c : {1, 2}) {
+    REQUIRE(out.dropped.count(c) == 1);
+    CHECK(out.dropped[c].code == "round_refused");
+    CHECK(out.dropped[c].message.find("torch 1.13") != std::string::npos);
+  }
+  CHECK(sm.job_count() == 0);
+}
+
+TEST_CASE("jobs are independent: a failure in one job does not touch another") {
+  Fixture f;
+  f.sm.join(1, spec("node1", 1, 1, 1, "a"));
+  f.sm.join(2, spec("node2", 1, 1, 1, "b"));
+  f.out.clear();
+  f.sm.report_failure(1, failure("node1", 0, 1));
+  CHECK(f.out.of(1, "job_failed").size() == 1);
+  CHECK(f.out.sent.count(2) == 0);
+  auto status = f.sm.status();
+  REQUIRE(status["jobs"].size() == 2);
+  CHECK(status["jobs"][0]["state"] == "failed");
+  CHECK(status["jobs"][1]["state"] == "running");
+  CHECK(status["jobs"][1]["nodes"][0]["group_rank"] == 0);
+  CHECK(status["jobs"][1]["nodes"][0]["host"] == "node2");
+}
+
+TEST_CASE("a stale failure report after the round ended is not counted twice") {
+  Fixture f;
+  NodeSpec s1 = spec("node1", 2, 2), s2 = spec("node2", 2, 2);
+  s1.max_restarts = s2.max_restarts = 5;
+  f.sm.join(1, s1);
+  f.sm.join(2, s2);
+  f.sm.report_failure(1, failure("node1", 0, 1));
+  f.sm.report_failure(2, failure("node2", 1, 1));  // raced the restart
+  f.sm.join(1, s1);
+  f.sm.join(2, s2);
+  CHECK(f.out.round(1).restart_count == 1);
+}
+
+TEST_CASE("an invalid join is refused with the reason") {
+  Fixture f;
+  NodeSpec s = spec("node1", 3, 2);
+  f.sm.join(1, s);
+  REQUIRE(f.out.dropped.count(1) == 1);
+  CHECK(f.out.dropped[1].message.find("MIN <= MAX") != std::string::npos);
+  CHECK(f.sm.job_count() == 0);
+}
