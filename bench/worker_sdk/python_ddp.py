@@ -1,0 +1,43 @@
+"""The Python DDP baseline of bench/worker_sdk/run: the same MLP, optimizer, batch and data
+access as build/bin/train, with torch.nn.parallel.DistributedDataParallel over Gloo.
+Started once per rank with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set."""
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DistributedSampler
+
+
+def main():
+    features, hidden, classes, batch, steps, samples = (int(a) for a in sys.argv[1:7])
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(features, hidden), nn.ReLU(), nn.Linear(hidden, hidden),
+                          nn.ReLU(), nn.Linear(hidden, classes))
+    ddp = DistributedDataParallel(model)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
+    inputs = torch.randn(samples, features)
+    targets = torch.randint(classes, (samples,))
+    sampler = DistributedSampler(range(samples), seed=0)
+    indices = list(sampler)
+    start = time.perf_counter()
+    for step in range(steps):
+        idx = torch.tensor(indices[step * batch:(step + 1) * batch])
+        x, y = inputs.index_select(0, idx), targets.index_select(0, idx)
+        optimizer.zero_grad()
+        loss = F.cross_entropy(ddp(x), y)
+        loss.backward()
+        optimizer.step()
+        loss.item()
+    elapsed = time.perf_counter() - start
+    if dist.get_rank() == 0:
+        print("steps_per_s=%.3f" % (steps / elapsed))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

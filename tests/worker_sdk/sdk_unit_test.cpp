@@ -1,0 +1,314 @@
+// Unit tests of the worker SDK's pure parts: environment rules, sampler arithmetic,
+// checkpoint file format and directory handling. One TU on purpose (torch headers are slow).
+// Torch pulls in glog, whose CHECK* macros would shadow doctest's: include torch first, drop
+// glog's, then include doctest.
+#include "ddp/worker_sdk.h"
+#undef CHECK
+#undef CHECK_EQ
+#undef CHECK_NE
+#undef CHECK_LT
+#undef CHECK_LE
+#undef CHECK_GT
+#undef CHECK_GE
+#include <doctest/doctest.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+ddp::WorkerEnv env_of(const std::map<std::string, std::string>& vars) {
+  return ddp::WorkerEnv::from_lookup([&](const std::string& name) -> std::optional<std::string> {
+    auto it = vars.find(name);
+    if (it == vars.end()) return std::nullopt;
+    return it->second;
+  });
+}
+
+std::string env_error(const std::map<std::string, std::string>& vars) {
+  try {
+    env_of(vars);
+  } catch (const ddp::EnvError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+const std::map<std::string, std::string> kTwoWorkers = {
+    {"RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"},
+    {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"}};
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    char tmpl[] = "/tmp/ddp-sdk-test-XXXXXX";
+    path = ::mkdtemp(tmpl);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("no launcher variables means a single process of world size 1") {
+  auto env = env_of({});
+  CHECK_FALSE(env.launched);
+  CHECK(env.rank == 0);
+  CHECK(env.world_size == 1);
+  CHECK_FALSE(env.distributed());
+}
+
+TEST_CASE("a full torchrun environment is read") {
+  auto vars = kTwoWorkers;
+  vars["TORCHELASTIC_RESTART_COUNT"] = "3";
+  vars["DDPLAUNCH_GENERATION"] = "7";
+  vars["TORCHELASTIC_USE_AGENT_STORE"] = "True";
+  auto env = env_of(vars);
+  CHECK(env.launched);
+  CHECK(env.rank == 1);
+  CHECK(env.world_size == 2);
+  CHECK(env.local_rank == 1);
+  CHECK(env.master_addr == "127.0.0.1");
+  CHECK(env.master_port == 29500);
+  CHECK(env.restart_count == 3);
+  CHECK(env.generation == 7);
+  CHECK(env.use_agent_store);
+}
+
+TEST_CASE("a partial environment names the missing variables") {
+  const auto msg = env_error({{"RANK", "0"}, {"WORLD_SIZE", "2"}});
+  CHECK(msg.find("MASTER_ADDR") != std::string::npos);
+  CHECK(msg.find("MASTER_PORT") != std::string::npos);
+  CHECK(env_error({{"RANK", "0"}}).find("WORLD_SIZE is missing") != std::string::npos);
+}
+
+TEST_CASE("inconsistent or non-numeric values are rejected with the variable named") {
+  auto vars = kTwoWorkers;
+  vars["RANK"] = "2";
+  CHECK(env_error(vars).find("RANK=2 is outside [0, WORLD_SIZE=2)") != std::string::npos);
+  vars = kTwoWorkers;
+  vars["WORLD_SIZE"] = "two";
+  CHECK(env_error(vars).find("WORLD_SIZE='two' is not an integer") != std::string::npos);
+  vars = kTwoWorkers;
+  vars["RANK"] = "1 ";
+  CHECK(env_error(vars).find("RANK='1 ' is not an integer") != std::string::npos);
+  vars = kTwoWorkers;
+  vars["MASTER_PORT"] = "70000";
+  CHECK(env_error(vars).find("MASTER_PORT=70000") != std::string::npos);
+  vars = kTwoWorkers;
+  vars["LOCAL_RANK"] = "2";
+  CHECK(env_error(vars).find("LOCAL_RANK=2") != std::string::npos);
+  vars = kTwoWorkers;
+  vars["WORLD_SIZE"] = "0";
+  CHECK(env_error(vars).find("WORLD_SIZE=0") != std::string::npos);
+}
+
+TEST_CASE("LOCAL_RANK and LOCAL_WORLD_SIZE default to RANK and WORLD_SIZE") {
+  auto env = env_of({{"RANK", "1"}, {"WORLD_SIZE", "3"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}});
+  CHECK(env.local_rank == 1);
+  CHECK(env.local_world_size == 3);
+  auto single = env_of({{"RANK", "0"}, {"WORLD_SIZE", "1"}});
+  CHECK(single.launched);
+  CHECK_FALSE(single.distributed());
+}
+
+TEST_CASE("crc32c matches the standard check value and continues across chunks") {
+  const std::string text = "123456789";
+  CHECK(ddp::crc32c(text.data(), text.size()) == 0xE3069283u);
+  const std::string big(100003, 'x');
+  const uint32_t whole = ddp::crc32c(big.data(), big.size());
+  const uint32_t split = ddp::crc32c(big.data() + 777, big.size() - 777, ddp::crc32c(big.data(), 777));
+  CHECK(whole == split);
+}
+
+TEST_CASE("sampler shards match torch.utils.data.DistributedSampler") {
+  // Reference values printed by PyTorch 1.13's DistributedSampler (10 samples, 3 replicas).
+  ddp::DistributedSampler unshuffled(10, 1, 3, {false, 0, false});
+  using V = std::vector<int64_t>;
+  CHECK(unshuffled.shard() == V({1, 4, 7, 0}));
+  ddp::DistributedSampler shuffled(10, 1, 3, {true, 7, false});
+  CHECK(shuffled.shard() == V({0, 1, 6, 5}));
+  shuffled.set_epoch(3);
+  CHECK(shuffled.shard() == V({4, 3, 8, 7}));
+  ddp::DistributedSampler dropping(10, 2, 3, {true, 7, true});
+  CHECK(dropping.shard() == V({3, 7, 8}));
+  CHECK(ddp::DistributedSampler::permutation(10, true, 7, 0) == V({5, 0, 3, 4, 1, 7, 9, 6, 8, 2}));
+}
+
+TEST_CASE("sampler batches advance the global position by world size times batch") {
+  ddp::DistributedSampler s(100, 0, 4, {true, 1, false});
+  CHECK(s.batches_remaining(8) == 4);  // 25 per rank
+  CHECK(s.next_batch(8).size() == 8);
+  CHECK(s.position().consumed == 32);
+  s.next_batch(8);
+  s.next_batch(8);
+  CHECK(s.next_batch(8).size() == 1);
+  CHECK(s.epoch_done());
+  CHECK(s.position().consumed == 100);
+  CHECK(s.next_batch(8).empty());
+}
+
+TEST_CASE("resuming at another world size uses every remaining sample exactly once") {
+  for (int64_t n : {60, 61, 97}) {
+    for (int w1 : {1, 2, 3, 4}) {
+      for (int w2 : {1, 2, 3, 5}) {
+        for (int64_t steps : {0, 1, 3}) {
+          const int64_t batch = 4;
+          std::multiset<int64_t> used;
+          ddp::SamplerPosition pos;
+          for (int r = 0; r < w1; ++r) {
+            ddp::DistributedSampler s(n, r, w1, {true, 11, false});
+            s.set_epoch(2);
+            for (int64_t k = 0; k < steps; ++k) {
+              for (auto i : s.next_batch(batch)) used.insert(i);
+            }
+            pos = s.position();
+          }
+          CHECK(pos.epoch == 2);
+          std::multiset<int64_t> rest;
+          for (int r = 0; r < w2; ++r) {
+            ddp::DistributedSampler s(n, r, w2, {true, 11, false});
+            s.restore(pos);
+            while (!s.epoch_done()) {
+              for (auto i : s.next_batch(batch)) rest.insert(i);
+            }
+          }
+          // Padding repeats only samples of the resumed part, and only to fill the shards.
+          std::set<int64_t> all(used.begin(), used.end());
+          all.insert(rest.begin(), rest.end());
+          CAPTURE(n); CAPTURE(w1); CAPTURE(w2); CAPTURE(steps);
+          CHECK(static_cast<int64_t>(all.size()) == n);
+          const int64_t remaining = n - pos.consumed;
+          const int64_t padded = (remaining + w2 - 1) / w2 * w2;
+          CHECK(static_cast<int64_t>(rest.size()) == padded);
+          for (auto i : used) CHECK(rest.count(i) == 0);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("a saved position outside the data set is rejected") {
+  ddp::DistributedSampler s(10, 0, 1, {});
+  CHECK_THROWS_AS(s.restore({0, 11}), ddp::UsageError);
+}
+
+TEST_CASE("a checkpoint file round-trips and detects corruption and truncation") {
+  TempDir dir;
+  const std::string path = (dir.path / "x.ddpckpt").string();
+  std::string payload(5000, '\0');
+  for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<char>(i * 31);
+  ddp::write_checkpoint_file(path, payload);
+  CHECK(fs::file_size(path) == payload.size() + ddp::kCheckpointHeaderSize);
+  CHECK(ddp::read_checkpoint_file(path) == payload);
+  for (const auto& entry : fs::directory_iterator(dir.path)) {
+    CHECK(entry.path().filename().string().find(".tmp") == std::string::npos);
+  }
+
+  {  // flip one payload byte
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(100);
+    f.put('\x7f');
+  }
+  CHECK_THROWS_WITH_AS(ddp::read_checkpoint_file(path), doctest::Contains("checksum mismatch"),
+                       ddp::CheckpointError);
+  ddp::write_checkpoint_file(path, payload);
+  fs::resize_file(path, 3000);
+  CHECK_THROWS_WITH_AS(ddp::read_checkpoint_file(path), doctest::Contains("truncated"),
+                       ddp::CheckpointError);
+  fs::resize_file(path, 10);
+  CHECK_THROWS_WITH_AS(ddp::read_checkpoint_file(path), doctest::Contains("truncated"),
+                       ddp::CheckpointError);
+  { std::ofstream(path) << "not a checkpoint at all, just text"; }
+  CHECK_THROWS_WITH_AS(ddp::read_checkpoint_file(path), doctest::Contains("bad magic"),
+                       ddp::CheckpointError);
+}
+
+TEST_CASE("the manager keeps the last K and falls back past a corrupt newest checkpoint") {
+  TempDir dir;
+  std::vector<std::string> messages;
+  ddp::CheckpointManager manager({dir.path.string(), 2}, 0,
+                                 [&](const std::string& m) { messages.push_back(m); });
+  for (int64_t step : {10, 20, 30}) {
+    torch::serialize::OutputArchive archive;
+    archive.write("value", torch::full({3}, static_cast<float>(step)));
+    manager.save(step, archive);
+  }
+  auto files = manager.list();
+  REQUIRE(files.size() == 2);
+  CHECK(files[0].first == 30);
+  CHECK(files[1].first == 20);
+
+  {  // corrupt the newest
+    std::fstream f(files[0].second, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(ddp::kCheckpointHeaderSize + 40);
+    f.put('\x01');
+    f.put('\x02');
+  }
+  auto loaded = manager.load_latest();
+  REQUIRE(loaded.has_value());
+  CHECK(loaded->step == 20);
+  torch::Tensor value;
+  loaded->archive->read("value", value);
+  CHECK(value[0].item<float>() == 20.0f);
+  REQUIRE(messages.size() == 1);
+  CHECK(messages[0].find(files[0].second) != std::string::npos);
+  CHECK(messages[0].find("warning") != std::string::npos);
+
+  fs::resize_file(files[1].second, 50);
+  messages.clear();
+  CHECK_FALSE(manager.load_latest().has_value());
+  REQUIRE(messages.size() == 3);
+  CHECK(messages[2].find("no valid checkpoint") != std::string::npos);
+  CHECK(messages[2].find("starting fresh") != std::string::npos);
+}
+
+TEST_CASE("only rank 0 writes checkpoints") {
+  TempDir dir;
+  ddp::CheckpointManager manager({dir.path.string(), 3}, 1, [](const std::string&) {});
+  torch::serialize::OutputArchive archive;
+  archive.write("value", torch::ones({1}));
+  CHECK(manager.save(5, archive).empty());
+  CHECK(manager.list().empty());
+}
+
+TEST_CASE("a single-process group trains without a store and averages nothing") {
+  auto group = ddp::ProcessGroup::create(env_of({}));
+  CHECK(group->world_size() == 1);
+  CHECK(group->backend_name() == "none");
+  auto t = torch::ones({4});
+  group->allreduce_sum(t);
+  CHECK(t.sum().item<float>() == 4.0f);
+
+  auto model = torch::nn::Linear(3, 2);
+  ddp::DistributedDataParallel ddp(model.ptr(), group);
+  auto x = torch::randn({5, 3});
+  {
+    auto guard = ddp.no_sync();
+    model->forward(x).sum().backward();
+  }
+  auto accumulated = model->weight.grad().clone();
+  ddp.backward(model->forward(x).sum());
+  CHECK(torch::allclose(model->weight.grad(), accumulated * 2));
+}
+
+TEST_CASE("NCCL needs a GPU build") {
+#ifdef DDP_WITH_NCCL
+  MESSAGE("libtorch has CUDA; the NCCL path is exercised only with GPUs present");
+#else
+  MESSAGE("skipped: this libtorch was built without CUDA, so the NCCL path is not compiled");
+  ddp::ProcessGroupOptions options;
+  options.backend = ddp::Backend::kNccl;
+  CHECK_THROWS_WITH_AS(ddp::ProcessGroup::create(env_of({}), options),
+                       doctest::Contains("without CUDA"), ddp::UsageError);
+#endif
+}

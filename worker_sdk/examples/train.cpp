@@ -1,0 +1,260 @@
+// train: the worker SDK's example. A small MLP classifier on a deterministic synthetic data
+// set (or a CSV), trained with DDP across the workers that ddplaunch starts.
+//
+//   ddplaunch --nproc_per_node=2 build/bin/train --epochs 5
+//   build/bin/train                      # no launcher: one process
+//
+// Exit codes: 0 trained; 2 bad command line or data; 1 any other error;
+// 13 --crash-at-step fired; 143 stopped by SIGTERM (after saving a checkpoint).
+#include <CLI/CLI.hpp>
+#include <torch/torch.h>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "ddp/worker_sdk.h"
+
+namespace {
+
+struct Flags {
+  int64_t epochs = 5;
+  int64_t batch_size = 32;
+  double lr = 0.05;
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0;
+  int keep_last = 3;
+  uint64_t seed = 0;
+  int64_t crash_at_step = -1;
+  std::string data;
+  int64_t samples = 4096;
+  int64_t features = 32;
+  int64_t classes = 4;
+  int64_t hidden = 64;
+  int64_t max_steps = -1;
+  int64_t log_every = 50;
+  bool no_shuffle = false;
+  bool drop_last = false;
+  std::string sample_log;
+  std::string dump_params;
+  double bucket_mb = 25;
+  int64_t accumulate = 1;
+};
+
+// Deterministic synthetic classification: class centres and noise from a generator seeded
+// with `seed` only, so every rank (and every restart) builds identical data.
+ddp::TensorDataset synthetic(int64_t n, int64_t features, int64_t classes, uint64_t seed) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed + 1000003);
+  auto centres = torch::randn({classes, features}, gen) * 0.6;
+  auto targets = torch::randint(classes, {n}, gen, torch::kLong);
+  auto inputs = centres.index_select(0, targets) + torch::randn({n, features}, gen);
+  return {inputs, targets};
+}
+
+// CSV: one sample per line, numeric features then an integer class label last.
+ddp::TensorDataset read_csv(const std::string& path, int64_t* classes) {
+  std::ifstream in(path);
+  if (!in) throw ddp::UsageError("--data " + path + ": cannot open");
+  std::vector<float> values;
+  std::vector<int64_t> labels;
+  int64_t width = -1, line_no = 0;
+  std::string line;
+  while (std::getline(in, line)) {
+    ++line_no;
+    if (line.empty()) continue;
+    std::stringstream cells(line);
+    std::string cell;
+    std::vector<double> row;
+    while (std::getline(cells, cell, ',')) {
+      char* end = nullptr;
+      const double v = std::strtod(cell.c_str(), &end);
+      if (end == cell.c_str()) {
+        if (line_no == 1 && values.empty()) { row.clear(); break; }  // header line
+        throw ddp::UsageError("--data " + path + ":" + std::to_string(line_no) + ": '" + cell +
+                              "' is not a number");
+      }
+      row.push_back(v);
+    }
+    if (row.empty()) continue;
+    if (row.size() < 2) {
+      throw ddp::UsageError("--data " + path + ":" + std::to_string(line_no) +
+                            ": need at least one feature and a label");
+    }
+    if (width < 0) width = static_cast<int64_t>(row.size());
+    if (static_cast<int64_t>(row.size()) != width) {
+      throw ddp::UsageError("--data " + path + ":" + std::to_string(line_no) + ": " +
+                            std::to_string(row.size()) + " columns, expected " +
+                            std::to_string(width));
+    }
+    for (size_t i = 0; i + 1 < row.size(); ++i) values.push_back(static_cast<float>(row[i]));
+    labels.push_back(static_cast<int64_t>(row.back()));
+  }
+  if (labels.empty()) throw ddp::UsageError("--data " + path + ": no samples");
+  int64_t max_label = 0;
+  for (auto l : labels) {
+    if (l < 0) throw ddp::UsageError("--data " + path + ": negative class label");
+    max_label = std::max(max_label, l);
+  }
+  *classes = max_label + 1;
+  const auto n = static_cast<int64_t>(labels.size());
+  return {torch::from_blob(values.data(), {n, width - 1}).clone(),
+          torch::from_blob(labels.data(), {n}, torch::kLong).clone()};
+}
+
+void append_line(int fd, const std::string& line) {
+  // One write per line on an O_APPEND file: lines of different ranks never interleave.
+  const ssize_t n = ::write(fd, line.data(), line.size());
+  (void)n;
+}
+
+int run(const Flags& flags) {
+  auto group = ddp::ProcessGroup::from_environment();
+  const auto& env = group->env();
+  const bool rank0 = group->rank() == 0;
+  if (rank0) std::cout << "[train] " << env.describe() << ", backend " << group->backend_name() << std::endl;
+
+  torch::manual_seed(flags.seed);
+  int64_t classes = flags.classes;
+  ddp::TensorDataset train_set, test_set;
+  if (!flags.data.empty()) {
+    train_set = read_csv(flags.data, &classes);
+    test_set = train_set;
+  } else {
+    // One draw, split: the 1024 test samples share the training set's class centres.
+    auto full = synthetic(flags.samples + 1024, flags.features, classes, flags.seed);
+    train_set = {full.inputs.narrow(0, 0, flags.samples), full.targets.narrow(0, 0, flags.samples)};
+    test_set = {full.inputs.narrow(0, flags.samples, 1024), full.targets.narrow(0, flags.samples, 1024)};
+  }
+  const int64_t features = train_set.inputs.size(1);
+
+  torch::nn::Sequential model(torch::nn::Linear(features, flags.hidden), torch::nn::ReLU(),
+                              torch::nn::Linear(flags.hidden, flags.hidden), torch::nn::ReLU(),
+                              torch::nn::Linear(flags.hidden, classes));
+  model->to(group->device());
+  auto optimizer = std::make_shared<torch::optim::SGD>(
+      model->parameters(), torch::optim::SGDOptions(flags.lr).momentum(0.9));
+
+  ddp::TrainerOptions options;
+  options.epochs = flags.epochs;
+  options.batch_size = flags.batch_size;
+  options.max_steps = flags.max_steps;
+  options.accumulation_steps = flags.accumulate;
+  options.checkpoint_dir = flags.checkpoint_dir;
+  options.checkpoint_every = flags.checkpoint_every;
+  options.keep_last = flags.keep_last;
+  options.log_every = flags.log_every;
+  options.sampler.seed = flags.seed;
+  options.sampler.shuffle = !flags.no_shuffle;
+  options.sampler.drop_last = flags.drop_last;
+  options.ddp.bucket_cap_bytes = static_cast<size_t>(flags.bucket_mb * 1024 * 1024);
+
+  ddp::Trainer trainer(group, model.ptr(), optimizer, train_set,
+                       [&](const torch::Tensor& x, const torch::Tensor& y) {
+                         return torch::nn::functional::cross_entropy(model->forward(x), y);
+                       },
+                       options);
+  if (flags.crash_at_step >= 0 && env.restart_count == 0) {
+    trainer.on_step_begin = [&](const ddp::StepInfo& info) {
+      if (info.step == flags.crash_at_step) {
+        std::cout << "[train] rank " << info.rank << ": --crash-at-step " << info.step
+                  << " on the first attempt: exiting with code 13" << std::endl;
+        std::fflush(nullptr);
+        std::_Exit(13);
+      }
+    };
+  }
+  int log_fd = -1;
+  if (!flags.sample_log.empty()) {
+    log_fd = ::open(flags.sample_log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (log_fd < 0) throw ddp::UsageError("--sample-log " + flags.sample_log + ": cannot open");
+    trainer.on_step_end = [&](const ddp::StepInfo& info) {
+      std::ostringstream line;
+      line << "attempt=" << env.restart_count << " world=" << info.world_size
+           << " rank=" << info.rank << " epoch=" << info.epoch << " step=" << info.step
+           << " indices=";
+      for (size_t i = 0; i < info.indices->size(); ++i) line << (i ? "," : "") << (*info.indices)[i];
+      line << "\n";
+      append_line(log_fd, line.str());
+    };
+  }
+
+  const ddp::TrainResult result = trainer.fit();
+  if (log_fd >= 0) ::close(log_fd);
+
+  torch::NoGradGuard no_grad;
+  model->eval();
+  auto predicted = model->forward(test_set.inputs.to(group->device())).argmax(1).cpu();
+  const double accuracy = predicted.eq(test_set.targets).to(torch::kDouble).mean().item<double>();
+  if (rank0) {
+    if (result.resumed_from_step) {
+      std::cout << "[train] resumed_from_step=" << *result.resumed_from_step << std::endl;
+    }
+    std::cout << "[train] steps=" << result.steps << " steps_this_run=" << result.steps_this_run
+              << " epochs_completed=" << result.epochs_completed
+              << " final_loss=" << result.final_loss
+              << " samples_per_s=" << result.samples_per_second
+              << " exposed_sync_s=" << result.exposed_sync_seconds << std::endl;
+    std::cout << "[train] final_accuracy=" << accuracy << std::endl;
+    if (!flags.dump_params.empty()) {
+      std::ofstream out(flags.dump_params, std::ios::binary);
+      for (const auto& p : model->parameters()) {
+        auto c = p.detach().cpu().contiguous().to(torch::kFloat);
+        out.write(static_cast<const char*>(c.data_ptr()), c.numel() * 4);
+      }
+      if (!out) throw ddp::UsageError("--dump-params " + flags.dump_params + ": write failed");
+    }
+  }
+  if (result.stopped_by_signal) return 143;
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags flags;
+  CLI::App app{"Train a classifier with the ddplaunch worker SDK (DDP over the launcher's workers)"};
+  app.add_option("--epochs", flags.epochs, "epochs to train")->capture_default_str();
+  app.add_option("--batch-size", flags.batch_size, "samples per worker per step")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--lr", flags.lr, "SGD learning rate (momentum 0.9)")->capture_default_str();
+  app.add_option("--checkpoint-dir", flags.checkpoint_dir, "directory for checkpoints; resumes from the newest valid one");
+  app.add_option("--checkpoint-every", flags.checkpoint_every, "steps between checkpoints (0: at the end and on SIGTERM)")->capture_default_str();
+  app.add_option("--keep-last", flags.keep_last, "checkpoints to keep")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--seed", flags.seed, "seed of the model, the data and the shuffling")->capture_default_str();
+  app.add_option("--crash-at-step", flags.crash_at_step, "exit with code 13 before step N, on the first attempt only (TORCHELASTIC_RESTART_COUNT=0)");
+  app.add_option("--data", flags.data, "CSV file: features..., integer label (default: synthetic data)");
+  app.add_option("--samples", flags.samples, "synthetic training samples")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--features", flags.features, "synthetic features")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--classes", flags.classes, "synthetic classes")->capture_default_str()->check(CLI::Range(2, 1000));
+  app.add_option("--hidden", flags.hidden, "hidden layer width")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--max-steps", flags.max_steps, "stop after N optimizer steps in total");
+  app.add_option("--log-every", flags.log_every, "steps between log lines (rank 0)")->capture_default_str();
+  app.add_option("--bucket-mb", flags.bucket_mb, "gradient bucket size in MiB")->capture_default_str();
+  app.add_option("--accumulate", flags.accumulate, "micro-batches per optimizer step (gradient accumulation with no_sync)")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_flag("--no-shuffle", flags.no_shuffle, "keep the data set order");
+  app.add_flag("--drop-last", flags.drop_last, "drop the tail instead of padding shards");
+  app.add_option("--sample-log", flags.sample_log, "append 'attempt= world= rank= epoch= step= indices=' per step (tests)");
+  app.add_option("--dump-params", flags.dump_params, "rank 0 writes the final parameters as raw float32 (tests)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  }
+  try {
+    return run(flags);
+  } catch (const ddp::UsageError& e) {
+    std::cerr << "train: error: " << e.what() << std::endl;
+    return 2;
+  } catch (const ddp::EnvError& e) {
+    std::cerr << "train: error: " << e.what() << std::endl;
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "train: error: " << e.what() << std::endl;
+    return 1;
+  }
+}

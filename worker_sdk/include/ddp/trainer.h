@@ -1,0 +1,102 @@
+// Trainer: the DDP training loop that resumes from the newest checkpoint by itself.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ddp/ddp.h"
+#include "ddp/process_group.h"
+#include "ddp/sampler.h"
+
+namespace ddp {
+
+// Samples are rows of `inputs` and `targets` (same first dimension), kept on the CPU.
+struct TensorDataset {
+  torch::Tensor inputs;
+  torch::Tensor targets;
+  int64_t size() const { return inputs.size(0); }
+};
+
+struct TrainerOptions {
+  int64_t epochs = 1;              // default 1
+  int64_t batch_size = 32;         // per worker; default 32
+  // Micro-batches per optimizer step; all but the last run inside no_sync(). Default 1.
+  int64_t accumulation_steps = 1;
+  int64_t max_steps = -1;          // stop after this many optimizer steps in total; -1: no limit
+  std::string checkpoint_dir;      // empty: no checkpoints, no resume
+  int64_t checkpoint_every = 0;    // steps; 0: only at the end and on SIGTERM
+  int keep_last = 3;               // default 3
+  int64_t log_every = 50;          // steps between rank-0 log lines; 0: none
+  bool handle_sigterm = true;      // on SIGTERM: finish the step, save, return (default true)
+  DistributedSampler::Options sampler;
+  DdpOptions ddp;
+};
+
+// What one step is about to use / has used. `indices` are this rank's samples of the step.
+struct StepInfo {
+  int64_t step = 0;   // optimizer steps completed before this one (0-based step number)
+  int64_t epoch = 0;
+  int rank = 0;
+  int world_size = 1;
+  const std::vector<int64_t>* indices = nullptr;
+  double loss = 0;    // this rank's mean loss of the step (on_step_end only)
+};
+
+struct TrainResult {
+  int64_t steps = 0;             // optimizer steps completed in total, across restarts
+  int64_t steps_this_run = 0;
+  int64_t epochs_completed = 0;
+  double final_loss = 0;         // mean over ranks of the last step's loss (NaN if no step ran)
+  std::optional<int64_t> resumed_from_step;  // set when a checkpoint was loaded
+  std::string resumed_from;      // its path
+  bool stopped_by_signal = false;  // SIGTERM arrived: saved (if a directory is set) and stopped
+  double samples_per_second = 0;   // all ranks together, over this run
+  double exposed_sync_seconds = 0; // gradient-sync wait not hidden behind backward, this rank
+  std::string last_checkpoint;   // path of the last checkpoint this run wrote ("" if none)
+};
+
+// Runs the loop for one model/optimizer pair that the caller owns. Lives for one fit() (a
+// second fit() continues from where the first ended). Training thread only. While fit()
+// runs and handle_sigterm is set, a process-wide SIGTERM handler is installed (the previous
+// one is restored afterwards).
+class Trainer {
+ public:
+  // Computes the loss of one micro-batch (forward + criterion); inputs on group->device().
+  using LossFn = std::function<torch::Tensor(const torch::Tensor& inputs,
+                                             const torch::Tensor& targets)>;
+
+  Trainer(std::shared_ptr<ProcessGroup> group, std::shared_ptr<torch::nn::Module> model,
+          std::shared_ptr<torch::optim::Optimizer> optimizer, TensorDataset data, LossFn loss,
+          TrainerOptions options);
+
+  // Resumes from the newest valid checkpoint (if any), trains, saves, returns.
+  // Throws ddp::Error subclasses (CommError, MismatchError, CheckpointError, UsageError).
+  TrainResult fit();
+
+  // Hooks for programs and tests (crash injection, sample accounting). Optional.
+  std::function<void(const StepInfo&)> on_step_begin;
+  std::function<void(const StepInfo&)> on_step_end;
+  // Rank-0 log sink; default: prints "[ddp] ..." lines to stdout.
+  std::function<void(const std::string&)> log;
+
+ private:
+  void save(int64_t step, const SamplerPosition& position, TrainResult& result);
+
+  std::shared_ptr<ProcessGroup> group_;
+  std::shared_ptr<torch::nn::Module> model_;
+  std::shared_ptr<torch::optim::Optimizer> optimizer_;
+  TensorDataset data_;
+  LossFn loss_;
+  TrainerOptions options_;
+};
+
+// True once SIGTERM arrived while a Trainer's handler was installed.
+bool stop_requested();
+
+}  // namespace ddp

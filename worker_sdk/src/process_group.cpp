@@ -1,0 +1,222 @@
+#include "ddp/process_group.h"
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/version.h>
+#ifdef DDP_WITH_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#include <cstdlib>
+#include <sstream>
+
+#include "ddp/error.h"
+
+namespace ddp {
+namespace {
+
+// libtorch 2.0 split the collective implementations (Backend) from the ProcessGroup
+// front-end; ProcessGroupGloo and ProcessGroupNCCL derive from Backend there and from
+// ProcessGroup in 1.x. Both bases declare the collectives we call.
+#if TORCH_VERSION_MAJOR >= 2
+using BackendBase = c10d::Backend;
+#else
+using BackendBase = c10d::ProcessGroup;
+#endif
+
+std::string where(const WorkerEnv& env) {
+  return "rank " + std::to_string(env.rank) + "/" + std::to_string(env.world_size) +
+         ", store " + env.master_addr + ":" + std::to_string(env.master_port);
+}
+
+// The interface Gloo binds to: GLOO_SOCKET_IFNAME when set (as in PyTorch); loopback when the
+// master is on loopback (a single node); otherwise the address this host's name resolves to.
+std::shared_ptr<::gloo::transport::Device> gloo_device(const WorkerEnv& env) {
+  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname) {
+    return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+  }
+  if (env.master_addr == "localhost" || env.master_addr.rfind("127.", 0) == 0) {
+    return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  }
+  return c10d::ProcessGroupGloo::createDefaultDevice();
+}
+
+}  // namespace
+
+struct PendingWork::Impl {
+  c10::intrusive_ptr<c10d::Work> work;
+  std::string what;
+  std::chrono::milliseconds timeout;
+};
+
+PendingWork::PendingWork() = default;
+PendingWork::~PendingWork() = default;
+PendingWork::PendingWork(PendingWork&&) noexcept = default;
+PendingWork& PendingWork::operator=(PendingWork&&) noexcept = default;
+PendingWork::PendingWork(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+void PendingWork::wait() {
+  if (!impl_ || !impl_->work) return;
+  auto work = std::move(impl_->work);
+  try {
+    if (!work->wait(impl_->timeout)) {
+      throw CommError(impl_->what + ": did not complete within " +
+                      std::to_string(impl_->timeout.count()) + " ms");
+    }
+  } catch (const ddp::Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw CommError(impl_->what + ": " + e.what());
+  }
+}
+
+struct ProcessGroup::Impl {
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<BackendBase> backend;
+  std::string name = "none";
+};
+
+ProcessGroup::ProcessGroup(WorkerEnv env, ProcessGroupOptions options)
+    : env_(std::move(env)), options_(options), impl_(std::make_unique<Impl>()) {}
+
+ProcessGroup::~ProcessGroup() = default;
+
+std::shared_ptr<ProcessGroup> ProcessGroup::from_environment(const ProcessGroupOptions& options) {
+  return create(WorkerEnv::from_environment(), options);
+}
+
+std::shared_ptr<ProcessGroup> ProcessGroup::create(const WorkerEnv& env,
+                                                   const ProcessGroupOptions& options) {
+  std::shared_ptr<ProcessGroup> group(new ProcessGroup(env, options));
+  Backend backend = options.backend;
+  bool gpu = false;
+#ifdef DDP_WITH_NCCL
+  gpu = torch::cuda::is_available() && env.local_rank < static_cast<int>(torch::cuda::device_count());
+#endif
+  if (backend == Backend::kAuto) backend = gpu ? Backend::kNccl : Backend::kGloo;
+  if (backend == Backend::kNccl && !gpu) {
+#ifdef DDP_WITH_NCCL
+    throw UsageError("process group: NCCL requested but no GPU for LOCAL_RANK " +
+                     std::to_string(env.local_rank) + " is visible");
+#else
+    throw UsageError("process group: NCCL requested but this libtorch was built without CUDA; "
+                     "use Backend::kGloo");
+#endif
+  }
+  if (backend == Backend::kNccl) group->device_ = torch::Device(torch::kCUDA, env.local_rank);
+  if (!env.distributed()) return group;
+
+  try {
+    c10d::TCPStoreOptions store_options;
+    store_options.port = static_cast<uint16_t>(env.master_port);
+    store_options.isServer = env.rank == 0 && !env.use_agent_store;
+    store_options.numWorkers = env.use_agent_store ? c10::nullopt
+                                                   : c10::optional<std::size_t>(env.world_size);
+    store_options.waitWorkers = false;  // the backend's own rendezvous waits for every rank
+    store_options.timeout = options.connect_timeout;
+    c10::intrusive_ptr<c10d::Store> tcp =
+        c10::make_intrusive<c10d::TCPStore>(env.master_addr, store_options);
+    // A fresh key space per start of the worker group, so a restarted group on a long-lived
+    // agent store never reads the keys of the previous one (torchrun's convention).
+    const std::string prefix =
+        "/worker/attempt_" + std::to_string(env.generation ? *env.generation : env.restart_count);
+    group->impl_->store = c10::make_intrusive<c10d::PrefixStore>(prefix, tcp);
+    group->impl_->store->setTimeout(options.connect_timeout);
+  } catch (const std::exception& e) {
+    throw CommError("process group: connecting to the store failed (" + where(env) + ", " +
+                    std::to_string(options.connect_timeout.count() / 1000) + " s): " + e.what());
+  }
+
+  try {
+    if (backend == Backend::kGloo) {
+      auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout);
+      gloo_options->devices.push_back(gloo_device(env));
+      group->impl_->backend = c10::make_intrusive<c10d::ProcessGroupGloo>(
+          group->impl_->store, env.rank, env.world_size, gloo_options);
+      group->impl_->name = "gloo";
+    } else {
+#ifdef DDP_WITH_NCCL
+      auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
+      nccl_options->timeout = options.timeout;
+      group->impl_->backend = c10::make_intrusive<c10d::ProcessGroupNCCL>(
+          group->impl_->store, env.rank, env.world_size, nccl_options);
+      group->impl_->name = "nccl";
+#endif
+    }
+    group->impl_->store->setTimeout(options.timeout);
+  } catch (const std::exception& e) {
+    throw CommError("process group: creating the " +
+                    std::string(backend == Backend::kGloo ? "gloo" : "nccl") +
+                    " backend failed (" + where(env) + "): " + e.what());
+  }
+  return group;
+}
+
+std::string ProcessGroup::backend_name() const { return impl_->name; }
+
+PendingWork ProcessGroup::allreduce_sum_async(torch::Tensor tensor) {
+  if (!impl_->backend) return PendingWork();
+  std::vector<at::Tensor> tensors{std::move(tensor)};
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = c10d::ReduceOp::SUM;
+  auto impl = std::make_unique<PendingWork::Impl>();
+  try {
+    impl->work = impl_->backend->allreduce(tensors, opts);
+  } catch (const std::exception& e) {
+    throw CommError("allreduce (rank " + std::to_string(rank()) + "): " + e.what());
+  }
+  impl->what = "allreduce (rank " + std::to_string(rank()) + ")";
+  impl->timeout = options_.timeout;
+  return PendingWork(std::move(impl));
+}
+
+void ProcessGroup::allreduce_sum(torch::Tensor tensor) { allreduce_sum_async(std::move(tensor)).wait(); }
+
+void ProcessGroup::allreduce_max(torch::Tensor tensor) {
+  if (!impl_->backend) return;
+  std::vector<at::Tensor> tensors{std::move(tensor)};
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = c10d::ReduceOp::MAX;
+  auto impl = std::make_unique<PendingWork::Impl>();
+  try {
+    impl->work = impl_->backend->allreduce(tensors, opts);
+  } catch (const std::exception& e) {
+    throw CommError("allreduce max (rank " + std::to_string(rank()) + "): " + e.what());
+  }
+  impl->what = "allreduce max (rank " + std::to_string(rank()) + ")";
+  impl->timeout = options_.timeout;
+  PendingWork(std::move(impl)).wait();
+}
+
+void ProcessGroup::broadcast(torch::Tensor tensor, int root) {
+  if (!impl_->backend) return;
+  std::vector<at::Tensor> tensors{std::move(tensor)};
+  c10d::BroadcastOptions opts;
+  opts.rootRank = root;
+  auto impl = std::make_unique<PendingWork::Impl>();
+  try {
+    impl->work = impl_->backend->broadcast(tensors, opts);
+  } catch (const std::exception& e) {
+    throw CommError("broadcast (rank " + std::to_string(rank()) + "): " + e.what());
+  }
+  impl->what = "broadcast from rank " + std::to_string(root) + " (rank " +
+               std::to_string(rank()) + ")";
+  impl->timeout = options_.timeout;
+  PendingWork(std::move(impl)).wait();
+}
+
+void ProcessGroup::barrier() {
+  if (!impl_->backend) return;
+  auto impl = std::make_unique<PendingWork::Impl>();
+  try {
+    impl->work = impl_->backend->barrier(c10d::BarrierOptions());
+  } catch (const std::exception& e) {
+    throw CommError("barrier (rank " + std::to_string(rank()) + "): " + e.what());
+  }
+  impl->what = "barrier (rank " + std::to_string(rank()) + ")";
+  impl->timeout = options_.timeout;
+  PendingWork(std::move(impl)).wait();
+}
+
+}  // namespace ddp
