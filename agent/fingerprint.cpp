@@ -768,9 +768,11 @@ std::string render_fingerprint_table(const json& fp) {
       std::string torch = field(py, "torch", "not installed");
       if (py.contains("torch_error")) torch += " (" + field(py, "torch_error") + ")";
       rows.emplace_back("torch", torch);
-      rows.emplace_back("CUDA (torch)", field(py, "torch_cuda", "none (CPU build)"));
-      rows.emplace_back("NCCL", field(py, "nccl"));
-      rows.emplace_back("cuDNN", field(py, "cudnn"));
+      if (py.contains("torch") && !py["torch"].is_null()) {  // without torch these say nothing
+        rows.emplace_back("CUDA (torch)", field(py, "torch_cuda", "none (CPU build)"));
+        rows.emplace_back("NCCL", field(py, "nccl"));
+        rows.emplace_back("cuDNN", field(py, "cudnn"));
+      }
     }
   }
   if (fp.contains("program")) {

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <random>
 
 #include "agent/fingerprint.h"
@@ -257,11 +258,19 @@ int check_env(const LaunchConfig& config) {
   }
   std::vector<rdzv::NodeFingerprint> nodes;
   nodes.push_back({"this node", config.local_addr, mine});
+  std::map<std::string, int> host_uses;  // agents sharing a host name are told apart by address
   for (const auto& job : result.status.value("jobs", nlohmann::json::array())) {
     if (job.value("job_id", "") != config.rdzv_id) continue;
     for (const auto& node : job.value("nodes", nlohmann::json::array())) {
       if (!node.contains("fingerprint")) continue;
       nodes.push_back({node.value("host", "?"), node.value("addr", ""), node["fingerprint"]});
+      ++host_uses[nodes.back().name];
+    }
+  }
+  for (auto& node : nodes) {
+    if (host_uses[node.name] > 1 && !node.addr.empty()) {
+      node.name += " (" + node.addr + ")";
+      node.addr.clear();
     }
   }
   if (nodes.size() == 1) {

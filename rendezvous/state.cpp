@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 #include <sstream>
 
 namespace ddp::rdzv {
@@ -51,26 +52,93 @@ std::optional<std::string> validate(const NodeSpec& s) {
   return std::nullopt;
 }
 
+// The members' fingerprints as the environment check names them: by host name, or by address
+// when there is none. Several agents on one host (tests, a fat node split in two) are told apart
+// by their address: "box (10.0.0.2)". Members without a fingerprint are left out.
+// Only the top-level sections ("python", "program", "env", ...) that differ on some node are
+// copied: a section equal everywhere cannot show a difference, and copying 100 fingerprints with
+// their hashed libraries would cost more than the comparison (bench/results-envcheck.md).
+std::vector<NodeFingerprint> env_nodes(const std::vector<const NodeSpec*>& members) {
+  std::unordered_map<std::string, int> uses;
+  const nlohmann::json* first = nullptr;
+  std::set<std::string> differing;
+  for (const NodeSpec* spec : members) {
+    const nlohmann::json& fp = spec->fingerprint;
+    if (fp.empty()) continue;
+    ++uses[spec->host.empty() ? spec->addr : spec->host];
+    if (first == nullptr) {
+      first = &fp;
+      continue;
+    }
+    for (auto it = fp.begin(); it != fp.end(); ++it) {
+      if (differing.count(it.key())) continue;
+      auto there = first->find(it.key());
+      if (there == first->end() || *there != it.value()) differing.insert(it.key());
+    }
+    for (auto it = first->begin(); it != first->end(); ++it) {
+      if (!fp.contains(it.key())) differing.insert(it.key());
+    }
+  }
+  std::vector<NodeFingerprint> prints;
+  prints.reserve(members.size());
+  for (const NodeSpec* spec : members) {
+    const nlohmann::json& fp = spec->fingerprint;
+    if (fp.empty()) continue;
+    nlohmann::json part = nlohmann::json::object();
+    for (const std::string& key : differing) {
+      auto it = fp.find(key);
+      if (it != fp.end()) part[key] = *it;
+    }
+    std::string name = spec->host.empty() ? spec->addr : spec->host;
+    if (uses[name] > 1 && !spec->host.empty() && !spec->addr.empty()) {
+      prints.push_back({name + " (" + spec->addr + ")", "", std::move(part)});
+    } else {
+      prints.push_back({name, spec->host.empty() ? "" : spec->addr, std::move(part)});
+    }
+  }
+  return prints;
+}
+
 }  // namespace
 
 RoundCheck make_env_round_check(std::function<void(const std::string&)> log) {
   return [log = std::move(log)](const std::string& job_id,
                                 const std::vector<const NodeSpec*>& members) -> std::optional<std::string> {
-    if (members.empty()) return std::nullopt;
-    EnvCheckMode mode = parse_env_check_mode(members.front()->env_check).value_or(EnvCheckMode::strict);
-    if (mode == EnvCheckMode::off) return std::nullopt;
-    std::vector<NodeFingerprint> prints;
-    prints.reserve(members.size());
+    // The strictest mode any member asked for: the outcome does not depend on who came first,
+    // and one node's --env_check=warn cannot switch the check off for nodes that want strict.
+    // (A node with --env_check=off sends no fingerprint and is not compared.)
+    EnvCheckMode mode = EnvCheckMode::off;
     for (const NodeSpec* spec : members) {
-      if (!spec->fingerprint.empty()) prints.push_back({spec->host, spec->addr, spec->fingerprint});
+      EnvCheckMode m = parse_env_check_mode(spec->env_check).value_or(EnvCheckMode::strict);
+      if (m == EnvCheckMode::strict || (m == EnvCheckMode::warn && mode == EnvCheckMode::off)) mode = m;
     }
+    if (mode == EnvCheckMode::off) return std::nullopt;
+    // The common case, a job that runs: every fingerprint equals the first. Decided by deep
+    // comparison without copying anything (copying 100 fingerprints costs more than comparing).
+    const nlohmann::json* first = nullptr;
+    bool all_same = true;
+    for (const NodeSpec* spec : members) {
+      if (spec->fingerprint.empty()) continue;
+      if (first == nullptr) {
+        first = &spec->fingerprint;
+      } else if (spec->fingerprint != *first) {
+        all_same = false;
+        break;
+      }
+    }
+    if (all_same) return std::nullopt;
+    std::vector<NodeFingerprint> prints = env_nodes(members);
     if (prints.size() < 2) return std::nullopt;
     EnvCheckResult result = compare_fingerprints(prints);
     switch (env_check_verdict(mode, result)) {
       case EnvVerdict::refuse:
-        return "environment mismatch in job " + job_id + ": " + refusal_message(result);
+        return "job " + job_id + ": " + refusal_message(result);
       case EnvVerdict::warn:
-        if (log) log("job " + job_id + ": environment differs (--env_check=" + to_string(mode) + "): " + result.message());
+        if (log) {  // one log line per difference, each with the job and the mode
+          for (const EnvDifference& d : result.differences) {
+            log("job " + job_id + ": environment differs (--env_check=" + to_string(mode) + "): " + d.message);
+          }
+        }
         return std::nullopt;
       default:
         return std::nullopt;
@@ -203,10 +271,14 @@ void StateMachine::join(ConnId conn, NodeSpec spec) {
   // A node arriving at a job that has already run is checked against the nodes it would join,
   // alone: a mismatched replacement is refused without disturbing the running nodes.
   if (round_check_ && job.generation > 0 && job.nodes.count(conn) == 0 && !job.nodes.empty()) {
-    std::vector<const NodeSpec*> specs;
-    specs.reserve(job.nodes.size() + 1);
-    for (const auto& [c, node] : job.nodes) specs.push_back(&node.spec);
+    std::vector<const Node*> running;  // in order of arrival: messages do not depend on hashing
+    running.reserve(job.nodes.size());
+    for (const auto& [c, node] : job.nodes) running.push_back(&node);
+    std::sort(running.begin(), running.end(), [](const Node* a, const Node* b) { return a->join_seq < b->join_seq; });
+    std::vector<const NodeSpec*> specs;  // the newcomer first: a tie names it first
+    specs.reserve(running.size() + 1);
     specs.push_back(&spec);
+    for (const Node* node : running) specs.push_back(&node->spec);
     if (auto refusal = round_check_(job.id, specs)) {
       refuse("round_refused", *refusal);
       return;
@@ -544,10 +616,14 @@ nlohmann::json StateMachine::status() const {
     });
     // Whether the nodes' software agrees (issue 6). Fingerprints themselves are listed for small
     // jobs only, so the status reply stays far below the frame limit for 10,000 nodes.
-    std::vector<NodeFingerprint> prints;
-    for (const auto& [conn, node] : job.nodes) {
-      if (!node.spec.fingerprint.empty()) prints.push_back({node.spec.host, node.spec.addr, node.spec.fingerprint});
-    }
+    std::vector<const Node*> members;  // in order of arrival, as in the round check
+    members.reserve(job.nodes.size());
+    for (const auto& [conn, node] : job.nodes) members.push_back(&node);
+    std::sort(members.begin(), members.end(), [](const Node* a, const Node* b) { return a->join_seq < b->join_seq; });
+    std::vector<const NodeSpec*> specs;
+    specs.reserve(members.size());
+    for (const Node* node : members) specs.push_back(&node->spec);
+    std::vector<NodeFingerprint> prints = env_nodes(specs);
     nlohmann::json env = {{"checked_nodes", prints.size()}, {"agree", true}};
     if (prints.size() > 1) {
       EnvCheckResult cmp = compare_fingerprints(prints);

@@ -83,6 +83,33 @@ StatusResult query_status(const std::string& endpoint, const std::string& token,
   return result;
 }
 
+namespace {
+
+// The job's "env" field (issue 6) as text: whether its nodes' software agrees, and where not.
+std::string environment_lines(const nlohmann::json& env) {
+  const std::size_t checked = env.value("checked_nodes", std::size_t{0});
+  std::ostringstream os;
+  os << "  environment: ";
+  if (checked == 0) {
+    os << "not checked (no node sent a fingerprint: --env_check=off, or nodes older than the check)\n";
+  } else if (checked == 1) {
+    os << "1 node fingerprinted, nothing to compare yet\n";
+  } else if (env.value("agree", true)) {
+    os << "the " << checked << " nodes agree\n";
+  } else {
+    os << "the " << checked << " nodes DIFFER"
+       << (env.value("breaking", false) ? " (breaks a job: --env_check=strict refuses such a round)"
+                                        : " (informational only)")
+       << ":\n";
+    std::istringstream lines(env.value("message", std::string()));
+    std::string line;
+    while (std::getline(lines, line)) os << "    " << line << "\n";
+  }
+  return os.str();
+}
+
+}  // namespace
+
 std::string format_status(const nlohmann::json& status) {
   std::ostringstream os;
   const auto& jobs = status.at("jobs");
@@ -95,6 +122,7 @@ std::string format_status(const nlohmann::json& status) {
        << ", generation " << job.at("generation").get<std::uint64_t>() << ", nnodes " << job.at("min_nodes").get<int>()
        << ":" << job.at("max_nodes").get<int>() << ", restarts used " << job.at("restarts_used").get<int>() << "/"
        << job.at("max_restarts").get<int>() << ", " << job.at("nodes").size() << " nodes\n";
+    if (job.contains("env")) os << environment_lines(job.at("env"));
     char line[512];
     std::snprintf(line, sizeof line, "  %-10s %-24s %-40s %-7s %-10s %s\n", "group_rank", "host", "address", "workers",
                   "state", "last_heartbeat");

@@ -393,3 +393,218 @@ TEST_CASE("an invalid join is refused with the reason") {
   CHECK(f.out.dropped[1].message.find("MIN <= MAX") != std::string::npos);
   CHECK(f.sm.job_count() == 0);
 }
+
+// ---- The environment check at rendezvous (issue 6): make_env_round_check in the state machine.
+
+namespace {
+
+nlohmann::json node_fingerprint(const std::string& torch, const std::string& nccl_ifname = "eth0") {
+  return {
+      {"machine", {{"arch", "x86_64"}, {"os", "Debian GNU/Linux 12 (bookworm)"}, {"glibc", "2.36"}}},
+      {"gpu", {{"count", 8}, {"models", std::vector<std::string>(8, "NVIDIA H100 80GB HBM3")}, {"driver", "535.104.05"}}},
+      {"python",
+       {{"version", "3.11.2"}, {"implementation", "CPython"}, {"executable", "/usr/bin/python3"}, {"torch", torch},
+        {"torch_cuda", "12.1"}, {"nccl", "2.18.1"}, {"cudnn", "8902"}}},
+      {"program", {{"path", "/job/train.py"}, {"sha256", std::string(64, 'a')}}},
+      {"env", {{"NCCL_SOCKET_IFNAME", nccl_ifname}}},
+  };
+}
+
+NodeSpec env_spec(const std::string& host, int min_nodes, int max_nodes, const std::string& torch,
+                  const std::string& mode = "strict") {
+  NodeSpec s = spec(host, min_nodes, max_nodes);
+  s.env_check = mode;
+  s.fingerprint = node_fingerprint(torch);
+  return s;
+}
+
+// A state machine with the environment check the server installs, and the lines it logs.
+struct EnvFixture {
+  ManualClock clock;
+  RecordingOutbox out;
+  std::vector<std::string> env_log;
+  StateMachine sm{clock, out, make_env_round_check([this](const std::string& line) { env_log.push_back(line); })};
+};
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+}  // namespace
+
+TEST_CASE("env check: a first round whose nodes differ in torch is refused for every member, side by side") {
+  EnvFixture f;
+  f.sm.join(1, env_spec("node1", 3, 3, "2.1.0+cu121"));
+  f.sm.join(2, env_spec("node2", 3, 3, "2.1.0+cu118"));
+  f.sm.join(3, env_spec("node3", 3, 3, "2.1.0+cu121"));
+  for (ConnId c : {1, 2, 3}) {
+    CHECK(f.out.of(c, "round").empty());  // nothing starts anywhere
+    REQUIRE(f.out.dropped.count(c) == 1);
+    CHECK(f.out.dropped[c].code == "round_refused");
+    const std::string& m = f.out.dropped[c].message;
+    CHECK(contains(m, "node node2 (10.0.0.2) has torch 2.1.0+cu118; nodes node1, node3 have 2.1.0+cu121"));
+    CHECK(contains(m, "--env_check=warn"));
+  }
+  CHECK(f.sm.job_count() == 0);
+  CHECK(f.sm.node_count() == 0);
+  CHECK(f.env_log.empty());
+}
+
+TEST_CASE("env check: nodes on one host are told apart by address in the refusal") {
+  EnvFixture f;
+  NodeSpec a = env_spec("node1", 3, 3, "2.1.0+cu121"), b = env_spec("node2", 3, 3, "2.1.0+cu118"),
+           c = env_spec("node3", 3, 3, "2.1.0+cu121");
+  a.host = b.host = c.host = "box";
+  f.sm.join(1, a);
+  f.sm.join(2, b);
+  f.sm.join(3, c);
+  REQUIRE(f.out.dropped.count(1) == 1);
+  CHECK(contains(f.out.dropped[1].message,
+                 "node box (10.0.0.2) has torch 2.1.0+cu118; nodes box (10.0.0.1), box (10.0.0.3) have 2.1.0+cu121"));
+}
+
+TEST_CASE("env check: warn mode logs the difference and the round runs") {
+  EnvFixture f;
+  f.sm.join(1, env_spec("node1", 2, 2, "2.1.0+cu121", "warn"));
+  f.sm.join(2, env_spec("node2", 2, 2, "2.1.0+cu118", "warn"));
+  CHECK(f.out.dropped.empty());
+  CHECK(f.out.round(1).group_world_size == 2);
+  CHECK(f.out.round(2).group_world_size == 2);
+  REQUIRE(f.env_log.size() == 1);
+  CHECK(contains(f.env_log[0], "--env_check=warn"));
+  CHECK(contains(f.env_log[0], "node node1 (10.0.0.1) has torch 2.1.0+cu121; node node2 has 2.1.0+cu118"));
+  // The status reply shows the disagreement while the job runs.
+  auto env = f.sm.status()["jobs"][0]["env"];
+  CHECK(env["agree"] == false);
+  CHECK(env["breaking"] == true);
+  CHECK(env["checked_nodes"] == 2);
+  CHECK(contains(env["message"].get<std::string>(), "node node1 (10.0.0.1) has torch 2.1.0+cu121; node node2 has 2.1.0+cu118"));
+}
+
+TEST_CASE("env check: strict mode runs a round whose nodes differ only in informational fields, and logs it") {
+  EnvFixture f;
+  NodeSpec a = env_spec("node1", 2, 2, "2.1.0+cu121"), b = env_spec("node2", 2, 2, "2.1.0+cu121");
+  b.fingerprint["env"]["NCCL_SOCKET_IFNAME"] = "ib0";
+  f.sm.join(1, a);
+  f.sm.join(2, b);
+  CHECK(f.out.dropped.empty());
+  CHECK(f.out.round(1).generation == 1);
+  REQUIRE(f.env_log.size() == 1);
+  CHECK(contains(f.env_log[0], "NCCL_SOCKET_IFNAME"));
+  CHECK(f.sm.status()["jobs"][0]["env"]["breaking"] == false);
+}
+
+TEST_CASE("env check: off skips the comparison entirely") {
+  EnvFixture f;
+  f.sm.join(1, env_spec("node1", 2, 2, "2.1.0+cu121", "off"));
+  f.sm.join(2, env_spec("node2", 2, 2, "2.1.0+cu118", "off"));
+  CHECK(f.out.dropped.empty());
+  CHECK(f.out.round(1).group_world_size == 2);
+  CHECK(f.env_log.empty());
+}
+
+TEST_CASE("env check: identical nodes pass silently and the status says they agree") {
+  EnvFixture f;
+  f.sm.join(1, env_spec("node1", 2, 2, "2.1.0+cu121"));
+  f.sm.join(2, env_spec("node2", 2, 2, "2.1.0+cu121"));
+  CHECK(f.out.round(1).group_world_size == 2);
+  CHECK(f.env_log.empty());
+  auto env = f.sm.status()["jobs"][0]["env"];
+  CHECK(env["agree"] == true);
+  CHECK(env["checked_nodes"] == 2);
+  CHECK_FALSE(env.contains("message"));
+}
+
+TEST_CASE("env check: a mismatched node joining a running elastic job is refused alone, the round goes on") {
+  EnvFixture f;
+  f.sm.join(1, env_spec("node1", 1, 3, "2.1.0+cu121"));
+  f.sm.join(2, env_spec("node2", 1, 3, "2.1.0+cu121"));
+  f.clock.advance(5.1);  // last call
+  f.sm.tick();
+  REQUIRE(f.out.round(1).generation == 1);
+  REQUIRE(f.out.round(2).group_world_size == 2);
+  f.out.clear();
+
+  f.sm.join(3, env_spec("node3", 1, 3, "2.1.0+cu118"));
+  REQUIRE(f.out.dropped.count(3) == 1);
+  CHECK(f.out.dropped[3].code == "round_refused");
+  CHECK(contains(f.out.dropped[3].message, "node node3 (10.0.0.3) has torch 2.1.0+cu118; nodes node1, node2 have 2.1.0+cu121"));
+  // The running nodes hear nothing: no restart, no new round.
+  CHECK(f.out.sent.count(1) == 0);
+  CHECK(f.out.sent.count(2) == 0);
+  CHECK(f.out.dropped.count(1) == 0);
+  auto job = f.sm.status()["jobs"][0];
+  CHECK(job["state"] == "running");
+  CHECK(job["generation"] == 1);
+  CHECK(job["nodes"].size() == 2);
+  CHECK(job["env"]["agree"] == true);
+  // The round still finishes normally.
+  f.sm.report_success(1);
+  f.sm.report_success(2);
+  CHECK(f.out.of(1, "job_succeeded").size() == 1);
+  CHECK(f.out.of(2, "job_succeeded").size() == 1);
+}
+
+TEST_CASE("env check: a matching node joining a running elastic job is let in (the round restarts with it)") {
+  EnvFixture f;
+  f.sm.join(1, env_spec("node1", 1, 3, "2.1.0+cu121"));
+  f.sm.join(2, env_spec("node2", 1, 3, "2.1.0+cu121"));
+  f.clock.advance(5.1);
+  f.sm.tick();
+  f.out.clear();
+  f.sm.join(3, env_spec("node3", 1, 3, "2.1.0+cu121"));
+  CHECK(f.out.dropped.empty());
+  REQUIRE(f.out.of(1, "restart").size() == 1);
+  CHECK(f.out.of(1, "restart")[0]["counted"] == false);
+  f.sm.join(1, env_spec("node1", 1, 3, "2.1.0+cu121"));
+  f.sm.join(2, env_spec("node2", 1, 3, "2.1.0+cu121"));
+  CHECK(f.out.round(3).generation == 2);
+  CHECK(f.out.round(3).group_world_size == 3);
+}
+
+TEST_CASE("env check: a mismatched replacement after a restart is refused while the survivors regroup") {
+  EnvFixture f;
+  f.sm.join(1, env_spec("node1", 1, 2, "2.1.0+cu121"));
+  f.sm.join(2, env_spec("node2", 1, 2, "2.1.0+cu121"));
+  REQUIRE(f.out.round(1).generation == 1);
+  f.sm.disconnected(2, "connection reset");
+  REQUIRE(f.out.of(1, "restart").size() == 1);
+  f.out.clear();
+  f.sm.join(4, env_spec("node4", 1, 2, "2.1.0+cu118"));
+  REQUIRE(f.out.dropped.count(4) == 1);
+  CHECK(f.out.dropped[4].code == "round_refused");
+  CHECK(contains(f.out.dropped[4].message, "node node4 (10.0.0.4) has torch 2.1.0+cu118"));
+  f.sm.join(1, env_spec("node1", 1, 2, "2.1.0+cu121"));
+  CHECK(f.out.round(1).generation == 2);
+  CHECK(f.out.round(1).group_world_size == 1);
+}
+
+TEST_CASE("env check: the strictest mode any node asked for applies, whoever came first") {
+  EnvFixture f;
+  f.sm.join(1, env_spec("node1", 2, 2, "2.1.0+cu121", "warn"));
+  f.sm.join(2, env_spec("node2", 2, 2, "2.1.0+cu118", "strict"));
+  REQUIRE(f.out.dropped.count(1) == 1);
+  CHECK(f.out.dropped[1].code == "round_refused");
+  CHECK(f.out.dropped.count(2) == 1);
+}
+
+TEST_CASE("env check: a node without a fingerprint (--env_check=off on it) is not compared") {
+  EnvFixture f;
+  NodeSpec off = env_spec("node3", 3, 3, "2.1.0+cu118", "off");
+  off.fingerprint = nlohmann::json::object();  // what ddplaunch --env_check=off sends
+  f.sm.join(1, env_spec("node1", 3, 3, "2.1.0+cu121"));
+  f.sm.join(2, env_spec("node2", 3, 3, "2.1.0+cu121"));
+  f.sm.join(3, off);
+  CHECK(f.out.dropped.empty());
+  CHECK(f.out.round(3).group_world_size == 3);
+  CHECK(f.sm.status()["jobs"][0]["env"]["checked_nodes"] == 2);
+}
+
+TEST_CASE("env check: a lock file named on one node only is a breaking difference") {
+  EnvFixture f;
+  NodeSpec a = env_spec("node1", 2, 2, "2.1.0+cu121"), b = env_spec("node2", 2, 2, "2.1.0+cu121");
+  b.fingerprint["env_lock"] = {{"source", "requirements.txt"}, {"sha256", std::string(64, 'b')}};
+  f.sm.join(1, a);
+  f.sm.join(2, b);
+  REQUIRE(f.out.dropped.count(1) == 1);
+  CHECK(f.out.dropped[1].code == "round_refused");
+  CHECK(contains(f.out.dropped[1].message, "node node1 (10.0.0.1) has lock file sha256 (none); node node2 has bbbbbbbbbbbb"));
+}
