@@ -1,0 +1,88 @@
+"""A plain PyTorch DDP job (scripts/elastic_ddp.py on /usr/bin/python3, Gloo, its own
+checkpoints) under ddplaunch survives a node crash on the network-namespace cluster.
+
+A head node runs ddp-rendezvous; three nodes run `ddplaunch --nnodes=2:3 --nproc_per_node=2
+--max_restarts=3 ... --python /usr/bin/python3 scripts/elastic_ddp.py --checkpoint-dir <shared>`.
+Once a round of 6 workers has saved a checkpoint, every process of one node is killed; the two
+others must go on at 4 workers from the newest snapshot and finish (exit 0, accuracy reached).
+
+Needs root and `ip netns` (skips with the reason otherwise).
+"""
+
+import os
+import signal
+import sys
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from cluster import Cluster  # noqa: E402
+from elastic_job import DDPLAUNCH, ELASTIC_DDP, PYTHON, RENDEZVOUS, ElasticJob  # noqa: E402
+
+ACCURACY = 0.9
+CHECKPOINT_EVERY = 10
+
+
+class PythonJobFaultToleranceTest(unittest.TestCase):
+    maxDiff = None
+
+    def setUp(self):
+        reason = Cluster.unavailable_reason()
+        if reason is None:
+            try:
+                import torch  # noqa: F401  (this file runs on /usr/bin/python3, as the job does)
+            except ImportError:
+                reason = "%s has no torch (install python3-torch)" % PYTHON
+        if reason:
+            print("skipped: " + reason, file=sys.stderr)
+            self.skipTest(reason)
+        for binary in (DDPLAUNCH, RENDEZVOUS):
+            self.assertTrue(os.access(binary, os.X_OK), "%s is not built" % binary)
+        self.assertTrue(os.path.exists(ELASTIC_DDP))
+        self.cluster = Cluster(nodes=3)
+        self.addCleanup(self.cluster.down)
+        self.cluster.up()
+        self.started = time.monotonic()
+
+    def tearDown(self):
+        print("%s: %.1f s" % (self.id().rsplit(".", 1)[-1], time.monotonic() - self.started),
+              file=sys.stderr)
+
+    def test_python_ddp_job_survives_a_node_crash_and_finishes_at_world_size_4(self):
+        args = ["--epochs", 6, "--samples", 4800, "--batch-size", 24, "--seed", 3,
+                "--checkpoint-every", CHECKPOINT_EVERY, "--log-every", 20]
+        job = ElasticJob(self, self.cluster, args, python=True, job_id="python-crash",
+                         epochs=6)
+        job.start_rendezvous()
+        for node in (1, 2, 3):
+            job.start_node(node)
+        before = job.wait_for_steps(world=6, steps=CHECKPOINT_EVERY, timeout=120)
+        victim = 3
+        self.cluster.crash(victim)
+
+        codes = job.wait_for_exit([1, 2], 180)
+        self.assertEqual(codes, {1: 0, 2: 0}, job.describe())
+        self.assertEqual(job.agent(victim).poll(), -signal.SIGKILL)
+
+        rounds = {r.generation: r for r in job.rounds()}
+        print("rounds: " + "\n        ".join(map(repr, rounds.values())), file=sys.stderr)
+        before = rounds[before.generation]
+        after = [r for g, r in sorted(rounds.items()) if g > before.generation and r.world is not None]
+        self.assertTrue(after, "no round after the crash\n" + job.describe())
+        self.assertEqual({r.world for r in after}, {4}, job.describe())
+        # The first round after the crash loaded the newest snapshot the round of 6 saved.
+        self.assertTrue(before.saved_steps, job.describe())
+        self.assertEqual(after[0].resumed_from_step, max(before.saved_steps), job.describe())
+        self.assertGreater(after[0].resumed_from_step, 0)
+        finished = [r for r in after if r.completed]
+        self.assertEqual(len(finished), 1, job.describe())
+        self.assertIs(finished[0], after[-1])
+        self.assertGreaterEqual(finished[0].accuracy, ACCURACY, job.describe())
+        # Nothing of the round of 6 was trained twice: later rounds never resumed before it.
+        for r in after:
+            self.assertGreaterEqual(r.resumed_from_step or 0, max(before.saved_steps), job.describe())
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
