@@ -227,6 +227,9 @@ struct Agent::Impl {
     round.role = options.role;
     round.run_id = options.run_id;
     round.set_omp_num_threads = should_set_omp_num_threads(round.local_world_size, inherited);
+    if (a.group_world_size > 1 && inherited.count("GLOO_SOCKET_IFNAME") == 0) {
+      round.gloo_socket_ifname = interface_towards(a.master_addr);
+    }
     if (round.set_omp_num_threads && !omp_warned) {
       omp_warned = true;
       say("OMP_NUM_THREADS is set to 1 for each worker by default, so that " +

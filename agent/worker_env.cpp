@@ -1,6 +1,7 @@
 #include "agent/worker_env.h"
 
 #include <arpa/inet.h>
+#include <ifaddrs.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -69,7 +70,53 @@ std::map<std::string, std::string> worker_env(const RoundEnv& round, int local_r
   env["NCCL_ASYNC_ERROR_HANDLING"] = inherited_or("NCCL_ASYNC_ERROR_HANDLING", "1");
   if (round.set_omp_num_threads) env["OMP_NUM_THREADS"] = "1";
   env["DDPLAUNCH_GENERATION"] = std::to_string(a.generation);
+  if (!round.gloo_socket_ifname.empty()) env["GLOO_SOCKET_IFNAME"] = round.gloo_socket_ifname;
   return env;
+}
+
+std::string interface_towards(const std::string& addr) {
+  sockaddr_storage ss{};
+  socklen_t len = 0;
+  auto* v4 = reinterpret_cast<sockaddr_in*>(&ss);
+  auto* v6 = reinterpret_cast<sockaddr_in6*>(&ss);
+  if (::inet_pton(AF_INET, addr.c_str(), &v4->sin_addr) == 1) {
+    if ((ntohl(v4->sin_addr.s_addr) >> 24) == 127) return "";
+    v4->sin_family = AF_INET;
+    v4->sin_port = htons(9);
+    len = sizeof(sockaddr_in);
+  } else if (::inet_pton(AF_INET6, addr.c_str(), &v6->sin6_addr) == 1) {
+    if (IN6_IS_ADDR_LOOPBACK(&v6->sin6_addr)) return "";
+    v6->sin6_family = AF_INET6;
+    v6->sin6_port = htons(9);
+    len = sizeof(sockaddr_in6);
+  } else {
+    return "";
+  }
+  int fd = ::socket(ss.ss_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return "";
+  sockaddr_storage local{};
+  socklen_t local_len = sizeof local;
+  bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&ss), len) == 0 &&
+            ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_len) == 0;
+  ::close(fd);
+  if (!ok) return "";
+  std::string name;
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return "";
+  for (ifaddrs* it = list; it != nullptr && name.empty(); it = it->ifa_next) {
+    if (it->ifa_addr == nullptr || it->ifa_addr->sa_family != local.ss_family) continue;
+    if (local.ss_family == AF_INET) {
+      auto* a = reinterpret_cast<sockaddr_in*>(it->ifa_addr);
+      if (a->sin_addr.s_addr == reinterpret_cast<sockaddr_in*>(&local)->sin_addr.s_addr) name = it->ifa_name;
+    } else {
+      auto* a = reinterpret_cast<sockaddr_in6*>(it->ifa_addr);
+      if (std::memcmp(&a->sin6_addr, &reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr, 16) == 0) {
+        name = it->ifa_name;
+      }
+    }
+  }
+  ::freeifaddrs(list);
+  return name;
 }
 
 std::map<std::string, std::string> current_environment() {

@@ -30,7 +30,16 @@ struct RoundEnv {
   std::string role = "default";
   std::string run_id = "none";
   bool set_omp_num_threads = false;  // OMP_NUM_THREADS=1 (unset and local_world_size > 1)
+  // GLOO_SOCKET_IFNAME for the workers: the interface this node reaches MASTER_ADDR through, when
+  // the user set none and the job spans nodes. Empty = leave it alone. Gloo otherwise binds to
+  // the address of the hostname, which Debian maps to 127.0.1.1 and namespaces to 127.0.0.1.
+  std::string gloo_socket_ifname;
 };
+
+// The name of the interface whose address this host uses to reach `addr` (a routing lookup
+// through a connected UDP socket; nothing is sent). Empty when `addr` is a loopback address,
+// not an IPv4/IPv6 literal, or unreachable.
+std::string interface_towards(const std::string& addr);
 
 // The variables the agent adds to (or overrides in) its own environment for one worker.
 // `inherited` is the agent's environment; NCCL error-handling variables keep a value set there.

@@ -51,6 +51,17 @@ TEST_SUITE("the worker environment follows DESIGN.md") {
     CHECK(env.at("DDPLAUNCH_GENERATION") == "7");
   }
 
+  TEST_CASE("GLOO_SOCKET_IFNAME names the interface towards MASTER_ADDR, never for loopback") {
+    RoundEnv round;
+    CHECK(worker_env(round, 0, "e", {}).count("GLOO_SOCKET_IFNAME") == 0);
+    round.gloo_socket_ifname = "eth7";
+    CHECK(worker_env(round, 0, "e", {}).at("GLOO_SOCKET_IFNAME") == "eth7");
+    CHECK(interface_towards("127.0.0.1").empty());
+    CHECK(interface_towards("127.0.1.1").empty());
+    CHECK(interface_towards("::1").empty());
+    CHECK(interface_towards("not-an-address").empty());
+  }
+
   TEST_CASE("NCCL error handling keeps a value the user set") {
     RoundEnv round;
     auto env = worker_env(round, 0, "e", {{"NCCL_ASYNC_ERROR_HANDLING", "0"}, {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "3"}});

@@ -150,9 +150,10 @@ class ElasticJob:
     def start_node(self, node):
         env = dict(os.environ)
         env.pop("TORCHELASTIC_RESTART_COUNT", None)
-        # Every namespace's hostname resolves to 127.0.0.1 (/etc/hosts), so Gloo must be told
-        # which interface reaches the other nodes, as on real machines with such a hosts file.
-        env["GLOO_SOCKET_IFNAME"] = "eth0"
+        # Every namespace's hostname resolves to 127.0.0.1 (/etc/hosts). GLOO_SOCKET_IFNAME is
+        # deliberately not set: ddplaunch gives the workers the interface that reaches
+        # MASTER_ADDR, so scripts run unchanged on such hosts.
+        env.pop("GLOO_SOCKET_IFNAME", None)
         proc = self.cluster.spawn(node, self.command(node), env=env,
                                   name="ddplaunch@node%s#%d" % (node, len(self.agents[node]) + 1))
         self.agents[node].append(proc)

@@ -63,7 +63,7 @@ class NetnsElasticTest(unittest.TestCase):
     def start_node(self, node, conf=CONF):
         # Every namespace's hostname resolves to 127.0.0.1 (/etc/hosts): tell Gloo which interface
         # reaches the other nodes, as on real machines with such a hosts file.
-        env = dict(os.environ, MN_NODE="node%d" % node, TMPDIR=self.tmp, GLOO_SOCKET_IFNAME="eth0")
+        env = dict(os.environ, MN_NODE="node%d" % node, TMPDIR=self.tmp)
         p = self.cluster.spawn(node, [DDPLAUNCH, "--nnodes=2:3", "--nproc_per_node=1", "--max_restarts=1",
                                       "--rdzv_backend=c10d", "--rdzv_endpoint=%s:%d" % (self.head, PORT),
                                       "--rdzv_id=netns-elastic", "--rdzv_conf", conf, "--shutdown_timeout=5",
