@@ -1,4 +1,4 @@
-// Checkpoint save throughput of the SDK: serialize + checksum + write + fsync + rename +
+// Checkpoint save throughput of the SDK (the Trainer's format): index + checksum + write + fsync + rename +
 // directory fsync of a model-sized archive. Prints "bytes=N best_seconds=S mb_per_s=R".
 //   bench_sdk_checkpoint DIR MEGABYTES REPEATS
 #include <torch/torch.h>
@@ -28,10 +28,12 @@ int main(int argc, char** argv) {
   double best = 1e30;
   uintmax_t bytes = 0;
   for (int r = 0; r < repeats; ++r) {
-    torch::serialize::OutputArchive archive;
-    for (int i = 0; i < 16; ++i) archive.write("layer" + std::to_string(i), layers[i]);
+    // The Trainer's path: a CheckpointState of raw tensors (plus the few scalars it adds).
+    ddp::CheckpointState state;
+    state.put_int("ddp.step", r + 1);
+    for (int i = 0; i < 16; ++i) state.put("model/layer" + std::to_string(i), layers[i]);
     const auto start = std::chrono::steady_clock::now();
-    const std::string path = manager.save(r + 1, archive);
+    const std::string path = manager.save(r + 1, state);
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     best = std::min(best, seconds);

@@ -130,6 +130,18 @@ TEST_CASE("crc32c matches the standard check value and continues across chunks")
   CHECK(whole == split);
 }
 
+TEST_CASE("the portable crc32c (slicing-by-8) agrees with the dispatched one at any length and alignment") {
+  CHECK(ddp::crc32c_portable("123456789", 9) == 0xE3069283u);
+  std::string data(4099, '\0');
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>((i * 2654435761u) >> 13);
+  for (size_t start : {0, 1, 3, 7}) {
+    for (size_t length : {0, 1, 7, 8, 9, 63, 64, 4000}) {
+      CHECK(ddp::crc32c_portable(data.data() + start, length, 0x1234u) ==
+            ddp::crc32c(data.data() + start, length, 0x1234u));
+    }
+  }
+}
+
 TEST_CASE("sampler shards match torch.utils.data.DistributedSampler") {
   // Reference values printed by PyTorch 1.13's DistributedSampler (10 samples, 3 replicas).
   ddp::DistributedSampler unshuffled(10, 1, 3, {false, 0, false});
@@ -230,6 +242,65 @@ TEST_CASE("a checkpoint file round-trips and detects corruption and truncation")
                        ddp::CheckpointError);
   { std::ofstream(path) << "not a checkpoint at all, just text"; }
   CHECK_THROWS_WITH_AS(ddp::read_checkpoint_file(path), doctest::Contains("bad magic"),
+                       ddp::CheckpointError);
+}
+
+TEST_CASE("a checkpoint state round-trips tensors of every dtype, shape and layout, and scalars") {
+  TempDir dir;
+  const std::string path = (dir.path / "s.ddpckpt").string();
+  ddp::CheckpointState state;
+  auto f32 = torch::randn({3, 5});
+  auto f64 = torch::randn({7}, torch::kDouble);
+  auto strided = torch::arange(24, torch::kLong).view({4, 6}).t();  // not contiguous
+  auto bytes = torch::randint(0, 255, {13}, torch::kUInt8);          // odd length: padding
+  auto flags = torch::tensor({true, false, true});
+  auto half = torch::randn({2, 2}).to(torch::kHalf);
+  auto scalar = torch::tensor(3.5);
+  auto empty = torch::zeros({0, 4});
+  state.put("f32", f32);
+  state.put("f64", f64);
+  state.put("strided", strided);
+  state.put("bytes", bytes);
+  state.put("flags", flags);
+  state.put("half", half);
+  state.put("scalar", scalar);
+  state.put("empty", empty);
+  state.put_int("step", -42);
+  state.put_double("lr", 0.125);
+  state.put_bytes("name", std::string("a\0b", 3));
+  ddp::write_checkpoint(path, state);
+  for (const auto& entry : fs::directory_iterator(dir.path)) {
+    CHECK(entry.path().filename().string().find(".tmp") == std::string::npos);
+  }
+  const ddp::CheckpointState loaded = ddp::read_checkpoint(path);
+  CHECK((loaded.keys() == state.keys()));
+  for (const char* key : {"f32", "f64", "strided", "bytes", "flags", "half", "scalar", "empty"}) {
+    CAPTURE(key);
+    const auto& t = loaded.tensor(key);
+    CHECK((t.scalar_type() == state.tensor(key).scalar_type()));
+    CHECK((t.sizes() == state.tensor(key).sizes()));
+    CHECK(torch::equal(t, state.tensor(key)));
+    if (t.numel() > 0) CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 64 == 0);
+  }
+  CHECK(loaded.get_int("step") == -42);
+  CHECK(loaded.get_double("lr") == 0.125);
+  CHECK(loaded.get_bytes("name") == std::string("a\0b", 3));
+  CHECK_THROWS_WITH_AS(loaded.tensor("missing"), doctest::Contains("'missing'"),
+                       ddp::CheckpointError);
+  CHECK_THROWS_WITH_AS(loaded.get_int("lr"), doctest::Contains("expected an integer"),
+                       ddp::CheckpointError);
+
+  const auto size = fs::file_size(path);
+  {  // flip one byte of tensor data near the end
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(size - 20));
+    f.put('\x5a');
+  }
+  CHECK_THROWS_WITH_AS(ddp::read_checkpoint(path), doctest::Contains("checksum mismatch"),
+                       ddp::CheckpointError);
+  ddp::write_checkpoint(path, state);
+  fs::resize_file(path, size - 1);
+  CHECK_THROWS_WITH_AS(ddp::read_checkpoint(path), doctest::Contains("truncated"),
                        ddp::CheckpointError);
 }
 

@@ -198,6 +198,7 @@ int run(const Flags& flags) {
               << " epochs_completed=" << result.epochs_completed
               << " final_loss=" << result.final_loss
               << " samples_per_s=" << result.samples_per_second
+              << " steady_steps_per_s=" << result.steady_steps_per_second
               << " exposed_sync_s=" << result.exposed_sync_seconds << std::endl;
     std::cout << "[train] final_accuracy=" << accuracy << std::endl;
     if (!flags.dump_params.empty()) {

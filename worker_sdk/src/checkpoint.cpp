@@ -8,7 +8,6 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <iomanip>
 #include <sstream>
 
@@ -21,6 +20,9 @@ namespace {
 
 const char* const kPrefix = "ckpt-";
 const char* const kSuffix = ".ddpckpt";
+constexpr size_t kWriteChunk = size_t{4} << 20;  // bytes per CRC + write() round
+constexpr uint64_t kAlign = 64;                   // tensor data alignment within the file
+const char* const kTorchArchiveKey = "torch.archive";
 
 std::string sys_error() { return std::strerror(errno); }
 
@@ -85,9 +87,21 @@ void write_checkpoint_stream(const std::string& path,
     uint32_t crc = 0;
     uint64_t length = 0;
     produce([&](const char* data, size_t size) {
-      crc = crc32c(data, size, crc);
-      length += size;
-      write_all(fd, data, size, tmp);
+      // CRC a chunk while it is still in cache, then hand it to the kernel in one write().
+      while (size > 0) {
+        const size_t n = std::min(size, kWriteChunk);
+        crc = crc32c(data, n, crc);
+        write_all(fd, data, n, tmp);
+#ifdef __linux__
+        // Start writeback of this chunk now, so the disk works while we checksum the next
+        // one and the final fsync has less left to do. Advisory: errors surface at fsync.
+        ::sync_file_range(fd, static_cast<off64_t>(kCheckpointHeaderSize + length),
+                          static_cast<off64_t>(n), SYNC_FILE_RANGE_WRITE);
+#endif
+        length += n;
+        data += n;
+        size -= n;
+      }
     });
     std::memcpy(header, kCheckpointMagic, 8);
     put_u32(header + 8, kCheckpointVersion);
@@ -127,42 +141,379 @@ void write_checkpoint_file(const std::string& path, const std::string& payload) 
   });
 }
 
-std::string read_checkpoint_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw CheckpointError("checkpoint " + path + ": cannot open: " + sys_error());
-  std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (data.size() < kCheckpointHeaderSize) {
-    throw CheckpointError("checkpoint " + path + ": truncated (" + std::to_string(data.size()) +
+namespace {
+
+// Reads the whole file into a (64-byte aligned) byte tensor.
+torch::Tensor read_whole_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw CheckpointError("checkpoint " + path + ": cannot open: " + sys_error());
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const std::string err = sys_error();
+    ::close(fd);
+    throw CheckpointError("checkpoint " + path + ": cannot stat: " + err);
+  }
+  auto buffer = torch::empty({static_cast<int64_t>(st.st_size)}, torch::kUInt8);
+  auto* out = static_cast<char*>(buffer.data_ptr());
+  size_t have = 0;
+  const size_t size = static_cast<size_t>(st.st_size);
+  while (have < size) {
+    const ssize_t n = ::read(fd, out + have, std::min(size - have, kWriteChunk));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const std::string err = sys_error();
+      ::close(fd);
+      throw CheckpointError("checkpoint " + path + ": read failed: " + err);
+    }
+    if (n == 0) break;  // shrank while reading: the length check below reports it
+    have += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  return buffer.narrow(0, 0, static_cast<int64_t>(have));
+}
+
+// Verifies header and checksum of a whole file in memory; returns the payload length.
+uint64_t verify(const std::string& path, const char* data, uint64_t size) {
+  if (size < kCheckpointHeaderSize) {
+    throw CheckpointError("checkpoint " + path + ": truncated (" + std::to_string(size) +
                           " bytes, shorter than the " + std::to_string(kCheckpointHeaderSize) +
                           "-byte header)");
   }
-  if (std::memcmp(data.data(), kCheckpointMagic, 8) != 0) {
+  if (std::memcmp(data, kCheckpointMagic, 8) != 0) {
     throw CheckpointError("checkpoint " + path + ": not a ddp checkpoint (bad magic)");
   }
-  const uint32_t version = get_u32(data.data() + 8);
+  const uint32_t version = get_u32(data + 8);
   if (version != kCheckpointVersion) {
     throw CheckpointError("checkpoint " + path + ": format version " + std::to_string(version) +
                           " is not supported (this SDK reads version " +
                           std::to_string(kCheckpointVersion) + ")");
   }
-  const uint32_t expected = get_u32(data.data() + 12);
-  const uint64_t length = get_u64(data.data() + 16);
-  const uint64_t have = data.size() - kCheckpointHeaderSize;
+  const uint32_t expected = get_u32(data + 12);
+  const uint64_t length = get_u64(data + 16);
+  const uint64_t have = size - kCheckpointHeaderSize;
   if (have != length) {
     throw CheckpointError("checkpoint " + path + ": " +
                           std::string(have < length ? "truncated" : "has trailing bytes") +
                           " (payload is " + std::to_string(have) + " bytes, header says " +
                           std::to_string(length) + ")");
   }
-  const uint32_t actual = crc32c(data.data() + kCheckpointHeaderSize, length);
+  const uint32_t actual = crc32c(data + kCheckpointHeaderSize, length);
   if (actual != expected) {
     std::ostringstream msg;
     msg << "checkpoint " << path << ": checksum mismatch (CRC-32C " << std::hex << std::setw(8)
         << std::setfill('0') << actual << ", header says " << std::setw(8) << expected << ")";
     throw CheckpointError(msg.str());
   }
-  data.erase(0, kCheckpointHeaderSize);
-  return data;
+  return length;
+}
+
+// dtype codes of the index; stable across libtorch versions (not c10::ScalarType's values).
+const std::vector<std::pair<uint8_t, torch::ScalarType>>& dtype_codes() {
+  static const std::vector<std::pair<uint8_t, torch::ScalarType>> codes = {
+      {0, torch::kFloat32}, {1, torch::kFloat64}, {2, torch::kFloat16}, {3, torch::kBFloat16},
+      {4, torch::kInt64},   {5, torch::kInt32},   {6, torch::kInt16},   {7, torch::kInt8},
+      {8, torch::kUInt8},   {9, torch::kBool},    {10, torch::kComplexFloat},
+      {11, torch::kComplexDouble}};
+  return codes;
+}
+
+uint64_t align_up(uint64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+
+void append_u8(std::string& out, uint8_t v) { out.push_back(static_cast<char>(v)); }
+void append_u32(std::string& out, uint32_t v) {
+  char b[4];
+  put_u32(b, v);
+  out.append(b, 4);
+}
+void append_u64(std::string& out, uint64_t v) {
+  char b[8];
+  put_u64(b, v);
+  out.append(b, 8);
+}
+
+// Bounds-checked reader of the index.
+class IndexReader {
+ public:
+  IndexReader(const std::string& path, const char* data, uint64_t size)
+      : path_(path), data_(data), size_(size) {}
+  const char* take(uint64_t n) {
+    if (n > size_ - pos_) {
+      throw CheckpointError("checkpoint " + path_ + ": index is malformed (runs past its end)");
+    }
+    const char* p = data_ + pos_;
+    pos_ += n;
+    return p;
+  }
+  uint8_t u8() { return static_cast<uint8_t>(*take(1)); }
+  uint32_t u32() { return get_u32(take(4)); }
+  uint64_t u64() { return get_u64(take(8)); }
+
+ private:
+  const std::string& path_;
+  const char* data_;
+  uint64_t size_;
+  uint64_t pos_ = 0;
+};
+
+}  // namespace
+
+std::string read_checkpoint_file(const std::string& path) {
+  auto buffer = read_whole_file(path);
+  const auto* data = static_cast<const char*>(buffer.data_ptr());
+  const uint64_t length = verify(path, data, static_cast<uint64_t>(buffer.numel()));
+  return std::string(data + kCheckpointHeaderSize, length);
+}
+
+CheckpointState::Entry& CheckpointState::slot(const std::string& key) {
+  for (auto& e : entries_) {
+    if (e.key == key) {
+      e = Entry();
+      e.key = key;
+      return e;
+    }
+  }
+  entries_.emplace_back();
+  entries_.back().key = key;
+  return entries_.back();
+}
+
+void CheckpointState::put(const std::string& key, const torch::Tensor& tensor) {
+  if (!tensor.defined()) throw UsageError("CheckpointState: undefined tensor for '" + key + "'");
+  Entry& e = slot(key);
+  e.kind = Kind::kTensor;
+  e.tensor = tensor;
+}
+void CheckpointState::put_int(const std::string& key, int64_t value) {
+  Entry& e = slot(key);
+  e.kind = Kind::kInt;
+  e.integer = value;
+}
+void CheckpointState::put_double(const std::string& key, double value) {
+  Entry& e = slot(key);
+  e.kind = Kind::kDouble;
+  e.real = value;
+}
+void CheckpointState::put_bytes(const std::string& key, std::string value) {
+  Entry& e = slot(key);
+  e.kind = Kind::kBytes;
+  e.bytes = std::move(value);
+}
+
+bool CheckpointState::contains(const std::string& key) const {
+  for (const auto& e : entries_) {
+    if (e.key == key) return true;
+  }
+  return false;
+}
+
+const CheckpointState::Entry& CheckpointState::find(const std::string& key, Kind kind) const {
+  static const char* const names[] = {"a tensor", "an integer", "a double", "a byte string"};
+  for (const auto& e : entries_) {
+    if (e.key != key) continue;
+    if (e.kind != kind) {
+      throw CheckpointError("checkpoint entry '" + key + "' is " +
+                            names[static_cast<int>(e.kind)] + ", expected " +
+                            names[static_cast<int>(kind)]);
+    }
+    return e;
+  }
+  throw CheckpointError("checkpoint has no entry '" + key + "' (expected " +
+                        names[static_cast<int>(kind)] + ")");
+}
+
+const torch::Tensor& CheckpointState::tensor(const std::string& key) const {
+  return find(key, Kind::kTensor).tensor;
+}
+int64_t CheckpointState::get_int(const std::string& key) const {
+  return find(key, Kind::kInt).integer;
+}
+double CheckpointState::get_double(const std::string& key) const {
+  return find(key, Kind::kDouble).real;
+}
+const std::string& CheckpointState::get_bytes(const std::string& key) const {
+  return find(key, Kind::kBytes).bytes;
+}
+
+std::vector<std::string> CheckpointState::keys(const std::string& prefix) const {
+  std::vector<std::string> out;
+  for (const auto& e : entries_) {
+    if (e.key.compare(0, prefix.size(), prefix) == 0) out.push_back(e.key);
+  }
+  return out;
+}
+
+void write_checkpoint(const std::string& path, const CheckpointState& state) {
+  // Contiguous CPU copies only where needed; everything else is written from its own memory.
+  struct Blob {
+    const char* data;
+    uint64_t size;
+    uint64_t offset;  // within the data section
+  };
+  std::vector<torch::Tensor> keep;
+  std::vector<Blob> blobs;
+  std::string index;
+  append_u32(index, static_cast<uint32_t>(state.entries().size()));
+  uint64_t data_size = 0;
+  auto add_blob = [&](const char* data, uint64_t size) {
+    const uint64_t offset = align_up(data_size);
+    blobs.push_back(Blob{data, size, offset});
+    data_size = offset + size;
+    append_u64(index, offset);
+    append_u64(index, size);
+  };
+  for (const auto& e : state.entries()) {
+    append_u32(index, static_cast<uint32_t>(e.key.size()));
+    index += e.key;
+    append_u8(index, static_cast<uint8_t>(e.kind));
+    switch (e.kind) {
+      case CheckpointState::Kind::kTensor: {
+        torch::Tensor t = e.tensor.detach();
+        if (!t.device().is_cpu()) t = t.cpu();
+        if (t.is_sparse() || t.is_quantized()) {
+          throw CheckpointError("checkpoint entry '" + e.key +
+                                "': sparse and quantized tensors are not supported");
+        }
+        t = t.contiguous();
+        const auto& codes = dtype_codes();
+        auto code = std::find_if(codes.begin(), codes.end(),
+                                 [&](const auto& c) { return c.second == t.scalar_type(); });
+        if (code == codes.end()) {
+          throw CheckpointError("checkpoint entry '" + e.key + "': dtype " +
+                                std::string(c10::toString(t.scalar_type())) +
+                                " is not supported");
+        }
+        append_u8(index, code->first);
+        append_u32(index, static_cast<uint32_t>(t.dim()));
+        for (int64_t d : t.sizes()) append_u64(index, static_cast<uint64_t>(d));
+        keep.push_back(t);
+        add_blob(static_cast<const char*>(t.data_ptr()),
+                 static_cast<uint64_t>(t.numel()) * t.element_size());
+        break;
+      }
+      case CheckpointState::Kind::kInt:
+        append_u64(index, static_cast<uint64_t>(e.integer));
+        break;
+      case CheckpointState::Kind::kDouble: {
+        uint64_t bits;
+        std::memcpy(&bits, &e.real, 8);
+        append_u64(index, bits);
+        break;
+      }
+      case CheckpointState::Kind::kBytes:
+        add_blob(e.bytes.data(), e.bytes.size());
+        break;
+    }
+  }
+  write_checkpoint_stream(path, [&](const std::function<void(const char*, size_t)>& sink) {
+    static const char zeros[kAlign] = {};
+    char length[8];
+    put_u64(length, index.size());
+    sink(length, 8);
+    sink(index.data(), index.size());
+    const uint64_t index_end = kCheckpointHeaderSize + 8 + index.size();
+    const uint64_t data_start = align_up(index_end);
+    sink(zeros, data_start - index_end);
+    uint64_t written = 0;
+    for (const auto& b : blobs) {
+      sink(zeros, b.offset - written);
+      if (b.size > 0) sink(b.data, b.size);
+      written = b.offset + b.size;
+    }
+  });
+}
+
+CheckpointState read_checkpoint(const std::string& path) {
+  auto buffer = read_whole_file(path);
+  auto* data = static_cast<char*>(buffer.data_ptr());
+  const uint64_t payload = verify(path, data, static_cast<uint64_t>(buffer.numel()));
+  const uint64_t file_size = kCheckpointHeaderSize + payload;
+  if (payload < 8) throw CheckpointError("checkpoint " + path + ": payload has no index");
+  const uint64_t index_size = get_u64(data + kCheckpointHeaderSize);
+  if (index_size > payload - 8) {
+    throw CheckpointError("checkpoint " + path + ": index length runs past the end of the file");
+  }
+  const uint64_t data_start = align_up(kCheckpointHeaderSize + 8 + index_size);
+  IndexReader in(path, data + kCheckpointHeaderSize + 8, index_size);
+  auto section = [&](uint64_t offset, uint64_t size, const std::string& key) -> char* {
+    if (data_start > file_size || offset > file_size - data_start ||
+        size > file_size - data_start - offset) {
+      throw CheckpointError("checkpoint " + path + ": entry '" + key +
+                            "' points past the end of the file");
+    }
+    return data + data_start + offset;
+  };
+  CheckpointState state;
+  const uint32_t count = in.u32();
+  for (uint32_t i = 0; i < count; ++i) {
+    const uint32_t key_size = in.u32();
+    const std::string key(in.take(key_size), key_size);
+    const uint8_t kind = in.u8();
+    switch (static_cast<CheckpointState::Kind>(kind)) {
+      case CheckpointState::Kind::kTensor: {
+        const uint8_t code = in.u8();
+        const auto& codes = dtype_codes();
+        auto found = std::find_if(codes.begin(), codes.end(),
+                                  [&](const auto& c) { return c.first == code; });
+        if (found == codes.end()) {
+          throw CheckpointError("checkpoint " + path + ": entry '" + key +
+                                "' has unknown dtype code " + std::to_string(code));
+        }
+        const uint32_t dims = in.u32();
+        if (dims > 64) {
+          throw CheckpointError("checkpoint " + path + ": entry '" + key + "' has " +
+                                std::to_string(dims) + " dimensions");
+        }
+        std::vector<int64_t> sizes;
+        uint64_t numel = 1;
+        for (uint32_t d = 0; d < dims; ++d) {
+          const uint64_t n = in.u64();
+          if (n > (uint64_t{1} << 48)) {
+            throw CheckpointError("checkpoint " + path + ": entry '" + key + "' is malformed");
+          }
+          sizes.push_back(static_cast<int64_t>(n));
+          if (__builtin_mul_overflow(numel, n, &numel)) {
+            throw CheckpointError("checkpoint " + path + ": entry '" + key + "' is malformed");
+          }
+        }
+        const uint64_t offset = in.u64(), size = in.u64();
+        const auto options = torch::TensorOptions().dtype(found->second);
+        uint64_t expected_size = 0;
+        if (__builtin_mul_overflow(numel, static_cast<uint64_t>(c10::elementSize(found->second)),
+                                   &expected_size) ||
+            expected_size != size) {
+          throw CheckpointError("checkpoint " + path + ": entry '" + key +
+                                "': shape and byte length disagree");
+        }
+        char* p = section(offset, size, key);
+        if (size == 0) {
+          state.put(key, torch::empty(sizes, options));
+        } else {
+          // A view of the file buffer: no copy; the buffer lives as long as any such tensor.
+          state.put(key, torch::from_blob(p, sizes, [buffer](void*) {}, options));
+        }
+        break;
+      }
+      case CheckpointState::Kind::kInt:
+        state.put_int(key, static_cast<int64_t>(in.u64()));
+        break;
+      case CheckpointState::Kind::kDouble: {
+        const uint64_t bits = in.u64();
+        double v;
+        std::memcpy(&v, &bits, 8);
+        state.put_double(key, v);
+        break;
+      }
+      case CheckpointState::Kind::kBytes: {
+        const uint64_t offset = in.u64(), size = in.u64();
+        state.put_bytes(key, std::string(section(offset, size, key), size));
+        break;
+      }
+      default:
+        throw CheckpointError("checkpoint " + path + ": entry '" + key + "' has unknown kind " +
+                              std::to_string(kind));
+    }
+  }
+  return state;
 }
 
 CheckpointManager::CheckpointManager(CheckpointOptions options, int rank, Log log)
@@ -195,6 +546,15 @@ std::vector<std::pair<int64_t, std::string>> CheckpointManager::list() const {
 
 std::string CheckpointManager::save(int64_t step, torch::serialize::OutputArchive& archive) {
   if (rank_ != 0) return "";
+  std::ostringstream bytes;
+  archive.save_to(bytes);
+  CheckpointState state;
+  state.put_bytes(kTorchArchiveKey, bytes.str());
+  return save(step, state);
+}
+
+std::string CheckpointManager::save(int64_t step, const CheckpointState& state) {
+  if (rank_ != 0) return "";
   std::error_code ec;
   fs::create_directories(options_.directory, ec);
   if (ec) {
@@ -211,14 +571,8 @@ std::string CheckpointManager::save(int64_t step, torch::serialize::OutputArchiv
     }
     cleaned_temporaries_ = true;
   }
-  // Streamed straight to the file: no second in-memory copy of a model-sized payload.
   const std::string path = path_for(step);
-  write_checkpoint_stream(path, [&](const std::function<void(const char*, size_t)>& sink) {
-    archive.save_to([&sink](const void* data, size_t size) -> size_t {
-      sink(static_cast<const char*>(data), size);
-      return size;
-    });
-  });
+  write_checkpoint(path, state);
   auto all = list();
   for (size_t i = static_cast<size_t>(options_.keep_last); i < all.size(); ++i) {
     fs::remove(all[i].second, ec);
@@ -232,14 +586,18 @@ std::optional<LoadedCheckpoint> CheckpointManager::load_latest(std::optional<int
   for (const auto& [step, path] : list()) {
     if (max_step && step > *max_step) continue;
     try {
-      const std::string payload = read_checkpoint_file(path);
-      auto archive = std::make_shared<torch::serialize::InputArchive>();
-      try {
-        archive->load_from(payload.data(), payload.size());
-      } catch (const std::exception& e) {
-        throw CheckpointError("checkpoint " + path + ": payload does not parse: " + e.what());
+      LoadedCheckpoint loaded{path, step, read_checkpoint(path), nullptr};
+      if (loaded.state.contains(kTorchArchiveKey)) {
+        const std::string& bytes = loaded.state.get_bytes(kTorchArchiveKey);
+        loaded.archive = std::make_shared<torch::serialize::InputArchive>();
+        try {
+          loaded.archive->load_from(bytes.data(), bytes.size());
+        } catch (const std::exception& e) {
+          throw CheckpointError("checkpoint " + path + ": torch archive does not parse: " +
+                                e.what());
+        }
       }
-      return LoadedCheckpoint{path, step, archive};
+      return loaded;
     } catch (const CheckpointError& e) {
       log_(std::string("warning: skipping invalid checkpoint: ") + e.what() +
            "; falling back to an older one");

@@ -8,19 +8,35 @@ namespace {
 
 constexpr uint32_t kPolynomial = 0x82F63B78u;  // reflected Castagnoli polynomial
 
-std::array<uint32_t, 256> make_table() {
-  std::array<uint32_t, 256> table{};
+// Slicing-by-8 tables: tables[k][b] is the CRC of byte b followed by k zero bytes.
+using Tables = std::array<std::array<uint32_t, 256>, 8>;
+
+Tables make_tables() {
+  Tables t{};
   for (uint32_t i = 0; i < 256; ++i) {
     uint32_t c = i;
     for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ kPolynomial : c >> 1;
-    table[i] = c;
+    t[0][i] = c;
   }
-  return table;
+  for (uint32_t i = 0; i < 256; ++i) {
+    for (size_t k = 1; k < 8; ++k) t[k][i] = (t[k - 1][i] >> 8) ^ t[0][t[k - 1][i] & 0xFF];
+  }
+  return t;
 }
 
+// Portable path: eight bytes per round (slicing-by-8), then the tail byte by byte.
 uint32_t crc_table(const unsigned char* p, size_t n, uint32_t crc) {
-  static const std::array<uint32_t, 256> table = make_table();
-  for (size_t i = 0; i < n; ++i) crc = table[(crc ^ p[i]) & 0xFF] ^ (crc >> 8);
+  static const Tables t = make_tables();
+  while (n >= 8) {
+    const uint32_t lo = crc ^ (static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 |
+                               static_cast<uint32_t>(p[2]) << 16 |
+                               static_cast<uint32_t>(p[3]) << 24);
+    crc = t[7][lo & 0xFF] ^ t[6][(lo >> 8) & 0xFF] ^ t[5][(lo >> 16) & 0xFF] ^ t[4][lo >> 24] ^
+          t[3][p[4]] ^ t[2][p[5]] ^ t[1][p[6]] ^ t[0][p[7]];
+    p += 8;
+    n -= 8;
+  }
+  for (size_t i = 0; i < n; ++i) crc = t[0][(crc ^ p[i]) & 0xFF] ^ (crc >> 8);
   return crc;
 }
 
@@ -58,6 +74,10 @@ uint32_t crc32c(const void* data, size_t size, uint32_t crc) {
   c = crc_table(p, size, c);
 #endif
   return ~c;
+}
+
+uint32_t crc32c_portable(const void* data, size_t size, uint32_t crc) {
+  return ~crc_table(static_cast<const unsigned char*>(data), size, ~crc);
 }
 
 }  // namespace ddp

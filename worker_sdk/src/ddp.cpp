@@ -1,5 +1,6 @@
 #include "ddp/ddp.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <sstream>
@@ -35,21 +36,27 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<torch::nn::Modu
   }
 
   // Buckets in reverse registration order: backward produces the last layers' gradients
-  // first, so the first bucket fills first.
+  // first, so the first bucket fills first. A bucket closes once it reaches its cap (the
+  // small first cap, then bucket_cap_bytes) or when the dtype changes.
   slots_.resize(params_.size());
   param_ready_.assign(params_.size(), false);
   size_t bucket_bytes = 0;
+  bool open = false;
   for (size_t k = params_.size(); k-- > 0;) {
     const auto& p = params_[k];
-    const size_t bytes = static_cast<size_t>(p.numel()) * p.element_size();
-    const bool same_kind = !buckets_.empty() &&
-                           params_[buckets_.back().params.front()].scalar_type() == p.scalar_type();
-    if (buckets_.empty() || !same_kind || bucket_bytes + bytes > options_.bucket_cap_bytes) {
-      if (buckets_.empty() || !buckets_.back().params.empty()) buckets_.emplace_back();
+    const bool same_kind =
+        open && params_[buckets_.back().params.front()].scalar_type() == p.scalar_type();
+    if (!same_kind) {
+      buckets_.emplace_back();
       bucket_bytes = 0;
+      open = true;
     }
     buckets_.back().params.push_back(k);
-    bucket_bytes += bytes;
+    bucket_bytes += static_cast<size_t>(p.numel()) * p.element_size();
+    const size_t cap = buckets_.size() == 1
+                           ? std::min(options_.first_bucket_cap_bytes, options_.bucket_cap_bytes)
+                           : options_.bucket_cap_bytes;
+    if (bucket_bytes >= cap) open = false;
   }
   for (size_t b = 0; b < buckets_.size(); ++b) {
     int64_t offset = 0;

@@ -1,6 +1,7 @@
 #include "ddp/trainer.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <torch/version.h>
 
 #include <csignal>
 #include <chrono>
@@ -40,12 +41,139 @@ class SigtermScope {
   struct sigaction previous_ {};
 };
 
-int64_t read_int(torch::serialize::InputArchive& archive, const std::string& key) {
-  c10::IValue value;
-  if (!archive.try_read(key, value) || !value.isInt()) {
-    throw CheckpointError("checkpoint has no integer '" + key + "'");
+#if TORCH_VERSION_MAJOR >= 2
+using StateKey = void*;  // 2.x keys optimizer state by the parameter's TensorImpl pointer
+StateKey state_key(const torch::Tensor& p) { return p.unsafeGetTensorImpl(); }
+#else
+using StateKey = std::string;  // 1.x: the pointer printed as a string
+StateKey state_key(const torch::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
+#endif
+
+std::string group_key(size_t g) { return "optimizer/group/" + std::to_string(g) + "/"; }
+std::string param_key(size_t g, size_t i) {
+  return group_key(g) + "param/" + std::to_string(i) + "/";
+}
+
+// Parameters and buffers as raw tensors under "model/<name>".
+void save_model(torch::nn::Module& model, CheckpointState& state) {
+  for (const auto& item : model.named_parameters()) state.put("model/" + item.key(), item.value());
+  for (const auto& item : model.named_buffers()) state.put("model/" + item.key(), item.value());
+}
+
+void load_model(torch::nn::Module& model, const CheckpointState& state) {
+  torch::NoGradGuard no_grad;
+  size_t used = 0;
+  auto load = [&](const std::string& name, torch::Tensor& target) {
+    const std::string key = "model/" + name;
+    if (!state.contains(key)) throw CheckpointError("it has no parameter or buffer '" + name + "'");
+    const torch::Tensor& saved = state.tensor(key);
+    if (saved.sizes() != target.sizes() || saved.scalar_type() != target.scalar_type()) {
+      std::ostringstream msg;
+      msg << "'" << name << "' is " << saved.sizes() << " " << saved.dtype() << " there, "
+          << target.sizes() << " " << target.dtype() << " here";
+      throw CheckpointError(msg.str());
+    }
+    target.copy_(saved);
+    ++used;
+  };
+  for (auto& item : model.named_parameters()) load(item.key(), item.value());
+  for (auto& item : model.named_buffers()) load(item.key(), item.value());
+  const size_t saved = state.keys("model/").size();
+  if (saved != used) {
+    throw CheckpointError("it has " + std::to_string(saved - used) +
+                          " parameters/buffers this model does not have");
   }
-  return value.toInt();
+}
+
+// SGD (the common case) is stored as raw tensors: options per group and each parameter's
+// momentum buffer. Any other optimizer goes through its own torch::serialize archive.
+void save_optimizer(torch::optim::Optimizer& optimizer, CheckpointState& state) {
+  auto* sgd = dynamic_cast<torch::optim::SGD*>(&optimizer);
+  if (sgd == nullptr) {
+    torch::serialize::OutputArchive archive;
+    optimizer.save(archive);
+    std::ostringstream bytes;
+    archive.save_to(bytes);
+    state.put_bytes("optimizer/torch_archive", bytes.str());
+    return;
+  }
+  state.put_bytes("optimizer/type", "sgd");
+  const auto& groups = sgd->param_groups();
+  state.put_int("optimizer/groups", static_cast<int64_t>(groups.size()));
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const auto& o = static_cast<const torch::optim::SGDOptions&>(groups[g].options());
+    state.put_double(group_key(g) + "lr", o.lr());
+    state.put_double(group_key(g) + "momentum", o.momentum());
+    state.put_double(group_key(g) + "dampening", o.dampening());
+    state.put_double(group_key(g) + "weight_decay", o.weight_decay());
+    state.put_int(group_key(g) + "nesterov", o.nesterov() ? 1 : 0);
+    state.put_int(group_key(g) + "params", static_cast<int64_t>(groups[g].params().size()));
+    for (size_t i = 0; i < groups[g].params().size(); ++i) {
+      auto found = sgd->state().find(state_key(groups[g].params()[i]));
+      if (found == sgd->state().end()) continue;
+      const auto& ps = static_cast<const torch::optim::SGDParamState&>(*found->second);
+      if (ps.momentum_buffer().defined()) {
+        state.put(param_key(g, i) + "momentum_buffer", ps.momentum_buffer());
+      }
+    }
+  }
+}
+
+void load_optimizer(torch::optim::Optimizer& optimizer, const CheckpointState& state) {
+  auto* sgd = dynamic_cast<torch::optim::SGD*>(&optimizer);
+  if (state.contains("optimizer/torch_archive")) {
+    if (sgd != nullptr) throw CheckpointError("it holds a non-SGD optimizer's state, this is SGD");
+    const std::string& bytes = state.get_bytes("optimizer/torch_archive");
+    torch::serialize::InputArchive archive;
+    archive.load_from(bytes.data(), bytes.size());
+    optimizer.load(archive);
+    return;
+  }
+  if (state.get_bytes("optimizer/type") != "sgd" || sgd == nullptr) {
+    throw CheckpointError("it holds SGD state, this optimizer is not SGD");
+  }
+  auto& groups = sgd->param_groups();
+  if (state.get_int("optimizer/groups") != static_cast<int64_t>(groups.size())) {
+    throw CheckpointError("it has " + std::to_string(state.get_int("optimizer/groups")) +
+                          " optimizer parameter groups, this optimizer has " +
+                          std::to_string(groups.size()));
+  }
+  for (size_t g = 0; g < groups.size(); ++g) {
+    if (state.get_int(group_key(g) + "params") != static_cast<int64_t>(groups[g].params().size())) {
+      throw CheckpointError("optimizer parameter group " + std::to_string(g) +
+                            " has a different number of parameters");
+    }
+    auto& o = static_cast<torch::optim::SGDOptions&>(groups[g].options());
+    o.lr(state.get_double(group_key(g) + "lr"));
+    o.momentum(state.get_double(group_key(g) + "momentum"));
+    o.dampening(state.get_double(group_key(g) + "dampening"));
+    o.weight_decay(state.get_double(group_key(g) + "weight_decay"));
+    o.nesterov(state.get_int(group_key(g) + "nesterov") != 0);
+    for (size_t i = 0; i < groups[g].params().size(); ++i) {
+      const auto& p = groups[g].params()[i];
+      const std::string key = param_key(g, i) + "momentum_buffer";
+      if (!state.contains(key)) {
+        sgd->state().erase(state_key(p));
+        continue;
+      }
+      const torch::Tensor& saved = state.tensor(key);
+      if (saved.sizes() != p.sizes()) {
+        throw CheckpointError("momentum buffer of optimizer parameter " + std::to_string(i) +
+                              " of group " + std::to_string(g) + " has another shape");
+      }
+      auto ps = std::make_unique<torch::optim::SGDParamState>();
+      ps->momentum_buffer(saved.to(p.device()).clone());  // own memory, not the file buffer
+      sgd->state()[state_key(p)] = std::move(ps);
+    }
+  }
+}
+
+int64_t read_int(const CheckpointState& state, const std::string& key, const std::string& path) {
+  try {
+    return state.get_int(key);
+  } catch (const CheckpointError& e) {
+    throw CheckpointError("Trainer: checkpoint " + path + ": " + e.what());
+  }
 }
 
 at::Generator& cpu_generator() {
@@ -87,25 +215,21 @@ Trainer::Trainer(std::shared_ptr<ProcessGroup> group, std::shared_ptr<torch::nn:
 void Trainer::save(int64_t step, const SamplerPosition& position, TrainResult& result) {
   if (options_.checkpoint_dir.empty()) return;
   if (group_->rank() != 0) return;
-  torch::serialize::OutputArchive archive;
-  archive.write("ddp.format", c10::IValue(int64_t{1}));
-  archive.write("ddp.step", c10::IValue(step));
-  archive.write("ddp.epoch", c10::IValue(position.epoch));
-  archive.write("ddp.consumed", c10::IValue(position.consumed));
-  archive.write("ddp.dataset_size", c10::IValue(data_.size()));
-  archive.write("ddp.world_size", c10::IValue(int64_t{group_->world_size()}));
+  CheckpointState state;
+  state.put_int("ddp.format", 2);
+  state.put_int("ddp.step", step);
+  state.put_int("ddp.epoch", position.epoch);
+  state.put_int("ddp.consumed", position.consumed);
+  state.put_int("ddp.dataset_size", data_.size());
+  state.put_int("ddp.world_size", group_->world_size());
   {
     std::lock_guard<std::mutex> lock(cpu_generator().mutex());
-    archive.write("ddp.rng_cpu", cpu_generator().get_state());
+    state.put("ddp.rng_cpu", cpu_generator().get_state());
   }
-  torch::serialize::OutputArchive model_archive;
-  model_->save(model_archive);
-  archive.write("model", model_archive);
-  torch::serialize::OutputArchive optimizer_archive;
-  optimizer_->save(optimizer_archive);
-  archive.write("optimizer", optimizer_archive);
+  save_model(*model_, state);
+  save_optimizer(*optimizer_, state);
   CheckpointManager manager({options_.checkpoint_dir, options_.keep_last}, group_->rank(), log);
-  result.last_checkpoint = manager.save(step, archive);
+  result.last_checkpoint = manager.save(step, state);
   log("saved checkpoint " + result.last_checkpoint + " (step " + std::to_string(step) +
       ", epoch " + std::to_string(position.epoch) + ", position " +
       std::to_string(position.consumed) + "/" + std::to_string(data_.size()) + ")");
@@ -137,29 +261,23 @@ TrainResult Trainer::fit() {
                           "); every rank must see the same checkpoint directory");
     }
     if (loaded) {
-      auto& archive = *loaded->archive;
-      const int64_t size = read_int(archive, "ddp.dataset_size");
+      const CheckpointState& state = loaded->state;
+      const int64_t size = read_int(state, "ddp.dataset_size", loaded->path);
       if (size != data_.size()) {
         throw MismatchError("Trainer: checkpoint " + loaded->path + " was written for a data set "
                             "of " + std::to_string(size) + " samples, this one has " +
                             std::to_string(data_.size()));
       }
-      step = read_int(archive, "ddp.step");
-      position.epoch = read_int(archive, "ddp.epoch");
-      position.consumed = read_int(archive, "ddp.consumed");
-      const int64_t saved_world = read_int(archive, "ddp.world_size");
+      step = read_int(state, "ddp.step", loaded->path);
+      position.epoch = read_int(state, "ddp.epoch", loaded->path);
+      position.consumed = read_int(state, "ddp.consumed", loaded->path);
+      const int64_t saved_world = read_int(state, "ddp.world_size", loaded->path);
       try {
-        torch::serialize::InputArchive model_archive, optimizer_archive;
-        archive.read("model", model_archive);
-        model_->load(model_archive);
-        archive.read("optimizer", optimizer_archive);
-        optimizer_->load(optimizer_archive);
-        torch::Tensor rng;
-        archive.read("ddp.rng_cpu", rng);
+        load_model(*model_, state);
+        load_optimizer(*optimizer_, state);
+        const torch::Tensor rng = state.tensor("ddp.rng_cpu").clone();
         std::lock_guard<std::mutex> lock(cpu_generator().mutex());
         cpu_generator().set_state(rng);
-      } catch (const ddp::Error&) {
-        throw;
       } catch (const std::exception& e) {
         throw CheckpointError("Trainer: checkpoint " + loaded->path +
                               " does not match this model/optimizer: " + e.what());
@@ -180,6 +298,7 @@ TrainResult Trainer::fit() {
   const auto device = group_->device();
   const auto start = std::chrono::steady_clock::now();
   auto window_start = start;
+  std::chrono::steady_clock::time_point steady_start, steady_end;
   int64_t window_samples = 0, run_samples = 0;
   double last_local_loss = std::numeric_limits<double>::quiet_NaN();
   double previous_global_loss = std::numeric_limits<double>::quiet_NaN();
@@ -230,6 +349,8 @@ TrainResult Trainer::fit() {
       ++step;
       ++result.steps_this_run;
       flag_work.wait();
+      steady_end = std::chrono::steady_clock::now();
+      if (result.steps_this_run == kSteadyWarmupSteps) steady_start = steady_end;
       stop = flag[0].item<double>() > 0;
       if (!std::isnan(last_local_loss)) previous_global_loss = flag[1].item<double>() / world;
       last_local_loss = loss_sum / static_cast<double>(micro.size());
@@ -282,6 +403,13 @@ TrainResult Trainer::fit() {
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   result.samples_per_second = seconds > 0 ? run_samples / seconds : 0;
+  if (result.steps_this_run > kSteadyWarmupSteps) {
+    const double steady = std::chrono::duration<double>(steady_end - steady_start).count();
+    if (steady > 0) {
+      result.steady_steps_per_second =
+          static_cast<double>(result.steps_this_run - kSteadyWarmupSteps) / steady;
+    }
+  }
   return result;
 }
 

@@ -12,14 +12,17 @@
 
 namespace ddp {
 
-// File format, little-endian:
+// File format, little-endian (docs/worker-sdk.md has the details):
 //   bytes 0..7   magic "DDPCKPT\0"
-//   bytes 8..11  format version (1)
+//   bytes 8..11  format version (2)
 //   bytes 12..15 CRC-32C of the payload
 //   bytes 16..23 payload length in bytes
-//   bytes 24..   payload: a torch::serialize::OutputArchive (zip), see docs/worker-sdk.md
+//   bytes 24..   payload. For CheckpointState files: u64 index length, the binary index
+//                (entries: key, kind, dtype, shape, data offset and length), zero padding to
+//                a 64-byte boundary of the file, then the raw bytes of every tensor (each at
+//                a 64-byte aligned offset), written with large write()s.
 inline constexpr char kCheckpointMagic[8] = {'D', 'D', 'P', 'C', 'K', 'P', 'T', '\0'};
-inline constexpr uint32_t kCheckpointVersion = 1;
+inline constexpr uint32_t kCheckpointVersion = 2;
 inline constexpr size_t kCheckpointHeaderSize = 24;
 
 // Writes header + payload to `path` atomically: a temporary file in the same directory,
@@ -31,6 +34,51 @@ void write_checkpoint_file(const std::string& path, const std::string& payload);
 // what is wrong (missing, truncated, bad magic, unknown version, checksum mismatch).
 std::string read_checkpoint_file(const std::string& path);
 
+// What a checkpoint holds: named tensors, integers, doubles and byte strings, in insertion
+// order. Tensors are stored as raw bytes (any device/layout is copied to contiguous CPU on
+// save); loaded tensors are CPU tensors that share one buffer of the file's bytes.
+class CheckpointState {
+ public:
+  enum class Kind : uint8_t { kTensor = 0, kInt = 1, kDouble = 2, kBytes = 3 };
+  struct Entry {
+    std::string key;
+    Kind kind = Kind::kInt;
+    torch::Tensor tensor;
+    int64_t integer = 0;
+    double real = 0;
+    std::string bytes;
+  };
+
+  // A key may be set once; setting it again replaces the value.
+  void put(const std::string& key, const torch::Tensor& tensor);
+  void put_int(const std::string& key, int64_t value);
+  void put_double(const std::string& key, double value);
+  void put_bytes(const std::string& key, std::string value);
+
+  bool contains(const std::string& key) const;
+  // Throw CheckpointError naming the key when it is missing or of another kind.
+  const torch::Tensor& tensor(const std::string& key) const;
+  int64_t get_int(const std::string& key) const;
+  double get_double(const std::string& key) const;
+  const std::string& get_bytes(const std::string& key) const;
+  // Keys starting with `prefix`, in insertion order.
+  std::vector<std::string> keys(const std::string& prefix = "") const;
+  const std::vector<Entry>& entries() const { return entries_; }
+
+ private:
+  Entry& slot(const std::string& key);
+  const Entry& find(const std::string& key, Kind kind) const;
+  std::vector<Entry> entries_;
+};
+
+// Writes `state` to `path` atomically (as write_checkpoint_file), streaming the tensors'
+// bytes straight from their memory; CRC-32C is computed over the buffers as they are written.
+void write_checkpoint(const std::string& path, const CheckpointState& state);
+
+// Reads, verifies (size, magic, version, checksum, index bounds) and parses a checkpoint.
+// Throws CheckpointError saying what is wrong.
+CheckpointState read_checkpoint(const std::string& path);
+
 struct CheckpointOptions {
   std::string directory;  // created when missing
   int keep_last = 3;      // default 3; older checkpoints are deleted after a successful save
@@ -39,6 +87,8 @@ struct CheckpointOptions {
 struct LoadedCheckpoint {
   std::string path;
   int64_t step = 0;
+  CheckpointState state;
+  // Set when the checkpoint was saved from a torch::serialize::OutputArchive.
   std::shared_ptr<torch::serialize::InputArchive> archive;
 };
 
@@ -51,8 +101,12 @@ class CheckpointManager {
   // `log` receives warnings and notices (the Trainer passes a rank-0-only logger).
   CheckpointManager(CheckpointOptions options, int rank, Log log);
 
-  // On rank 0: serializes `archive`, writes it as the checkpoint of `step`, prunes to
-  // keep_last, returns the path. On other ranks: returns "" without writing.
+  // On rank 0: writes `state` as the checkpoint of `step`, prunes to keep_last, returns the
+  // path. On other ranks: returns "" without writing.
+  std::string save(int64_t step, const CheckpointState& state);
+  // The same for a torch archive, stored whole (torch's zip serializer) under the key
+  // "torch.archive"; slower than a CheckpointState of the tensors. Loads as
+  // LoadedCheckpoint::archive.
   std::string save(int64_t step, torch::serialize::OutputArchive& archive);
 
   // The newest checkpoint that verifies, skipping (with a warning naming each) corrupt or

@@ -13,10 +13,14 @@
 namespace ddp {
 
 struct DdpOptions {
-  // Gradients are packed into buckets of at most this many bytes (a parameter larger than
-  // this gets a bucket of its own); each bucket's all-reduce starts as soon as backward has
-  // produced all of its gradients. Default 25 MiB, as in PyTorch.
+  // Gradients are packed, in reverse registration order, into buckets that are closed once
+  // they hold at least this many bytes (as PyTorch does); each bucket's all-reduce starts as
+  // soon as backward has produced all of its gradients. Default 25 MiB, as in PyTorch.
   size_t bucket_cap_bytes = 25u * 1024u * 1024u;
+  // The first bucket (the last layers, whose gradients backward produces first) closes at
+  // min(this, bucket_cap_bytes), so communication starts early in backward. Default 1 MiB,
+  // as PyTorch's first bucket.
+  size_t first_bucket_cap_bytes = 1024u * 1024u;
   // Broadcast buffers (e.g. BatchNorm statistics) from rank 0 at construction. Default true.
   bool broadcast_buffers = true;
 };

@@ -48,6 +48,10 @@ struct StepInfo {
   double loss = 0;    // this rank's mean loss of the step (on_step_end only)
 };
 
+// Steps at the start of each run left out of TrainResult::steady_steps_per_second (first
+// collectives, allocator warm-up).
+inline constexpr int64_t kSteadyWarmupSteps = 5;
+
 struct TrainResult {
   int64_t steps = 0;             // optimizer steps completed in total, across restarts
   int64_t steps_this_run = 0;
@@ -57,6 +61,10 @@ struct TrainResult {
   std::string resumed_from;      // its path
   bool stopped_by_signal = false;  // SIGTERM arrived: saved (if a directory is set) and stopped
   double samples_per_second = 0;   // all ranks together, over this run
+  // Steady-state speed: optimizer steps per second from the end of this run's
+  // kSteadyWarmupSteps-th step to the end of its last step (no setup, no final save). 0 when
+  // the run had no more than kSteadyWarmupSteps steps.
+  double steady_steps_per_second = 0;
   double exposed_sync_seconds = 0; // gradient-sync wait not hidden behind backward, this rank
   std::string last_checkpoint;   // path of the last checkpoint this run wrote ("" if none)
 };
