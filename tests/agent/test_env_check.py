@@ -21,6 +21,7 @@ import tempfile
 import time
 import unittest
 
+import processes
 from ddplaunch_helpers import BUILD_DIR, DDPLAUNCH, PYTHON, LaunchTestCase, pid_alive
 from processes import free_port, run, spawn, wait_for
 
@@ -139,14 +140,10 @@ class EnvCheckTestCase(LaunchTestCase):
         return proc
 
     def wait_exit(self, procs, timeout=DEADLINE):
-        deadline = time.monotonic() + timeout
-        codes = []
-        for p in procs:
-            try:
-                codes.append(p.wait(max(0.1, deadline - time.monotonic())))
-            except TimeoutError as e:
-                self.fail("%s\n%s" % (e, self.describe()))
-        return codes
+        try:
+            return processes.wait_all(procs, timeout)
+        except TimeoutError as e:
+            self.fail("%s\n%s" % (e, self.describe()))
 
     def describe(self):
         parts = [p.describe() for p in self.procs]

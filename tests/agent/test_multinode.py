@@ -16,6 +16,7 @@ import time
 import unittest
 
 from ddplaunch_helpers import BUILD_DIR, PYTHON, LaunchTestCase, pid_alive
+import processes
 from processes import free_port, spawn, wait_for
 
 RENDEZVOUS = os.path.join(BUILD_DIR, "bin", "ddp-rendezvous")
@@ -104,14 +105,10 @@ class MultiNodeTestCase(LaunchTestCase):
         return "\n".join(p.describe() for p in getattr(self, "nodes", []))
 
     def wait_exit(self, procs, timeout=JOB_DEADLINE):
-        deadline = time.monotonic() + timeout
-        codes = []
-        for p in procs:
-            try:
-                codes.append(p.wait(max(0.1, deadline - time.monotonic())))
-            except TimeoutError as e:
-                self.fail("%s\n%s" % (e, self.describe_nodes()))
-        return codes
+        try:
+            return processes.wait_all(procs, timeout)
+        except TimeoutError as e:
+            self.fail("%s\n%s" % (e, self.describe_nodes()))
 
     def stop_workers(self):
         with open(os.path.join(self.out, "stop"), "w"):

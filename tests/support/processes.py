@@ -179,6 +179,13 @@ def wait_for(condition, timeout, what="condition", interval=0.02):
         time.sleep(interval)
 
 
+def wait_all(procs, timeout):
+    """Waits for every process in `procs` under one shared deadline; returns their exit codes in
+    order. Raises TimeoutError (from Proc.wait) for the first one still running at the deadline."""
+    deadline = time.monotonic() + timeout
+    return [p.wait(max(0.1, deadline - time.monotonic())) for p in procs]
+
+
 def free_port(host="127.0.0.1"):
     """A TCP port that was free on ``host`` a moment ago (the kernel picks it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
