@@ -55,14 +55,6 @@ touch "$1/started-$ENVCHECK_NODE-$DDPLAUNCH_GENERATION-$LOCAL_RANK.json"
 '''
 
 
-def port_open(port):
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
-
-
 class EnvCheckTestCase(LaunchTestCase):
     """A fingerprint cache per test class (the first real probe imports torch: seconds; later
     starts hit the cache), a daemon per test, and helpers to start nodes."""
@@ -119,7 +111,7 @@ class EnvCheckTestCase(LaunchTestCase):
         self.port = free_port()
         self.daemon = spawn([RENDEZVOUS, "--host", "127.0.0.1", "--port", str(self.port)], name="ddp-rendezvous")
         self.addCleanup(self.daemon.kill)
-        wait_for(lambda: port_open(self.port) or self.daemon.poll() is not None, 15, "the daemon to listen")
+        wait_for(lambda: processes.port_open(self.port) or self.daemon.poll() is not None, 15, "the daemon to listen")
         self.assertIsNone(self.daemon.poll(), self.daemon.describe())
 
     def start_node(self, name, nnodes, python=PYTHON, mode=None, program=None, loop=False, nproc=1):

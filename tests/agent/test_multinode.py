@@ -26,14 +26,6 @@ CONF = "heartbeat_interval=0.5,heartbeat_timeout=2,last_call_timeout=1,join_time
 JOB_DEADLINE = 90  # seconds any one job may take here (2 shared cores, torch imports)
 
 
-def port_open(port):
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
-
-
 class MultiNodeTestCase(LaunchTestCase):
     """A daemon on a free loopback port and helpers to start ddplaunch "nodes" against it."""
 
@@ -50,7 +42,7 @@ class MultiNodeTestCase(LaunchTestCase):
                        name="ddp-rendezvous")
         self.addCleanup(daemon.kill)
         # Agents started before the daemon listens would host the server themselves.
-        wait_for(lambda: port_open(self.port) or daemon.poll() is not None, 15, "the daemon to listen")
+        wait_for(lambda: processes.port_open(self.port) or daemon.poll() is not None, 15, "the daemon to listen")
         self.assertIsNone(daemon.poll(), daemon.describe())
         self.daemon = daemon
         return daemon

@@ -186,6 +186,15 @@ def wait_all(procs, timeout):
     return [p.wait(max(0.1, deadline - time.monotonic())) for p in procs]
 
 
+def port_open(port, host="127.0.0.1"):
+    """True when something accepts TCP connections on host:port (half a second to answer)."""
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
 def free_port(host="127.0.0.1"):
     """A TCP port that was free on ``host`` a moment ago (the kernel picks it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
