@@ -176,6 +176,7 @@ struct Agent::Impl {
   std::vector<LocalFailure> failures;  // of the current round, in the order observed
   std::vector<LocalFailure> last_failures;  // of the round that ended with a failure
   std::function<void()> after_stop;
+  bool failure_report_pending = false;  // a failure was seen; its report is posted, not yet sent
   State state = State::kIdle;
   int exit_code = static_cast<int>(ExitCode::kSuccess);
   int handled_signal = 0;
@@ -324,10 +325,19 @@ struct Agent::Impl {
     it->alive = false;
     it->status = st;
     const bool all_exited = std::none_of(workers.begin(), workers.end(), [](const Worker& w) { return w.alive; });
+    if (state == State::kStopping && failure_report_pending && !st.success()) {
+      record_failure(*it);  // reaped in the same batch as the first failure: a candidate cause
+    }
     if (state == State::kRunning) {
       if (!st.success()) {
+        // Reported at once, not after the other workers stopped: stopping can take up to
+        // --shutdown_timeout (workers save checkpoints on SIGTERM). Posted, so that workers
+        // reaped in the same batch (dead at about the same time; waitpid returns the oldest
+        // first) are candidates too. The decision (restart or job failure) waits for the stop.
         record_failure(*it);
-        stop_workers(SIGTERM, [this] { report_failure(); });
+        stop_workers(SIGTERM, nullptr);
+        failure_report_pending = true;
+        asio::post(io, [this] { report_failure(); });
         return;
       }
       if (all_exited) {
@@ -362,13 +372,14 @@ struct Agent::Impl {
     failures.push_back(std::move(lf));
   }
 
+  // Tells the rendezvous about the failure that explains this round's others (rdzv::explains: a
+  // death by signal before exits with a code, then the earliest). REQUIRES: failures not empty.
   void report_failure() {
-    // The first failure by time: error-file timestamps when the workers wrote them.
+    failure_report_pending = false;
     auto first = std::min_element(failures.begin(), failures.end(), [](const LocalFailure& a, const LocalFailure& b) {
-      return a.failure.timestamp < b.failure.timestamp;
+      return rdzv::explains(a.failure, b.failure);
     });
     last_failures = failures;
-    state = State::kIdle;
     say("worker " + std::to_string(first->failure.rank) + " (local rank " +
         std::to_string(first->failure.local_rank) + ", pid " + std::to_string(first->failure.pid) + ") " +
         (first->failure.signal ? "was killed by " + signal_name(first->failure.signal)
@@ -378,6 +389,17 @@ struct Agent::Impl {
   }
 
   // ---- stopping ----------------------------------------------------------------------------
+
+  // Runs `then` once every worker has exited: stops them with SIGTERM, or, when they are being
+  // stopped already (after a local failure), waits for that stop instead of signalling again
+  // (a second SIGTERM could cut a checkpoint short, and would restart the kill deadline).
+  void when_stopped(std::function<void()> then) {
+    if (state == State::kStopping) {
+      after_stop = std::move(then);
+      return;
+    }
+    stop_workers(SIGTERM, std::move(then));
+  }
 
   // Sends `signo` to every live worker's process group; SIGKILL after --shutdown_timeout.
   // `then` runs once every worker has exited.
@@ -432,12 +454,12 @@ struct Agent::Impl {
   void on_restart(const std::string& reason, bool counted) {
     if (state == State::kDone || handled_signal) return;
     say("restarting the workers: " + reason);
-    stop_workers(SIGTERM, [this] { join_round(); });
+    when_stopped([this] { join_round(); });
   }
 
   void on_job_failed(const rdzv::WorkerFailure& first, const std::string& summary) {
     if (state == State::kDone) return;
-    stop_workers(SIGTERM, [this, first, summary] {
+    when_stopped([this, first, summary] {
       std::string error_file;
       std::vector<LocalFailure> others;
       for (const auto& lf : last_failures) {
@@ -457,7 +479,7 @@ struct Agent::Impl {
   void on_rendezvous_error(const std::string& message) {
     if (state == State::kDone) return;
     say("rendezvous failed: " + message);
-    stop_workers(SIGTERM, [this] { finish(static_cast<int>(ExitCode::kRendezvousFailed)); });
+    when_stopped([this] { finish(static_cast<int>(ExitCode::kRendezvousFailed)); });
   }
 
   // ---- signals -----------------------------------------------------------------------------

@@ -346,6 +346,11 @@ void StateMachine::end_round(Job& job, const std::string& reason, bool counted) 
 
 void StateMachine::maybe_complete(Job& job) {
   if (job.state != JobState::Gathering) return;
+  if (job.failing) {
+    // No new round for a failing job: its verdict waits until the failing round has stopped.
+    if (count(job, NodeState::Rejoining) == 0) finish_failing(job);
+    return;
+  }
   const std::size_t waiting = count(job, NodeState::Waiting);
   const auto min = static_cast<std::size_t>(job.min_nodes);
   const auto max = static_cast<std::size_t>(job.max_nodes);
@@ -440,6 +445,7 @@ void StateMachine::complete_round(Job& job) {
   job.state = JobState::Running;
   job.round_size = n;
   job.round_succeeded = 0;
+  job.round_failures.clear();
   job.min_reached_at.reset();
   out_.log("job " + job.id + ": round " + std::to_string(job.generation) + " complete: " + std::to_string(n) +
            " nodes, world size " + std::to_string(world_size) + ", master " + a.master_addr + ":" +
@@ -452,19 +458,39 @@ void StateMachine::report_failure(ConnId conn, const WorkerFailure& failure) {
   Job* job = job_of(conn);
   if (!job) return;
   Node& node = job->nodes.at(conn);
+  if (job->failing && node.state == NodeState::Rejoining) {
+    // A node of the failing round tells what it saw before it stopped: a candidate root cause.
+    out_.log("job " + job->id + ": failure on " + describe(node) + " (job failing): " + failure_text(failure));
+    job->round_failures.push_back(failure);
+    return;
+  }
   if (job->state != JobState::Running || node.state != NodeState::Running) {
     out_.log("job " + job->id + ": ignored a failure report from " + describe(node) +
              " (its round already ended): " + failure_text(failure));
     return;
   }
   out_.log("job " + job->id + ": failure on " + describe(node) + ": " + failure_text(failure));
+  job->round_failures.push_back(failure);
   if (job->restarts_used < job->max_restarts) {
     end_round(*job, failure_text(failure), true);
     return;
   }
-  std::string summary = "job " + job->id + " failed after " + std::to_string(job->restarts_used) + " of " +
-                        std::to_string(job->max_restarts) + " restarts; first failure: " + failure_text(failure);
-  fail_job(*job, failure, summary);
+  // The budget is spent. The first report is not necessarily the cause: a peer that failed in a
+  // collective because this worker's node lost a worker may be reported first. Stop every node
+  // (each reports what it saw before rejoining), then decide (finish_failing, from maybe_complete).
+  job->failing = true;
+  end_round(*job, "the job is failing (restart budget of " + std::to_string(job->max_restarts) +
+                      " spent): stopping every worker to find the root cause",
+            false);
+  maybe_complete(*job);
+}
+
+void StateMachine::finish_failing(Job& job) {
+  const WorkerFailure& root =
+      *std::min_element(job.round_failures.begin(), job.round_failures.end(), explains);
+  std::string summary = "job " + job.id + " failed after " + std::to_string(job.restarts_used) + " of " +
+                        std::to_string(job.max_restarts) + " restarts; first failure: " + failure_text(root);
+  fail_job(job, root, summary);
 }
 
 void StateMachine::fail_job(Job& job, const WorkerFailure& failure, const std::string& summary) {

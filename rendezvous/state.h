@@ -16,7 +16,11 @@
 //  - A new node while the round runs with fewer than MAX nodes ends the round (restart, not
 //    counted); at MAX it waits as a standby and enters the next round.
 //  - A worker failure ends the round with restart(counted=true) while restarts_used <
-//    max_restarts, else the job fails everywhere (job_failed with the first failure).
+//    max_restarts. Else the job is *failing*: the round ends (restart, not counted) so that
+//    every node stops its workers and reports what it saw; once every node of the round has
+//    rejoined or is gone, the job fails everywhere (job_failed) with the root cause: the
+//    round's failure that explains the others (rdzv::explains: deaths by signal first, then
+//    the earliest). So the verdict never depends on which agent's report arrived first.
 //  - When every node of the round reported success the job succeeded everywhere.
 //  - A job is dropped when its last node leaves; memory is bounded by the live connections.
 #pragma once
@@ -125,6 +129,10 @@ class StateMachine {
     std::optional<double> min_reached_at;
     std::size_t round_size = 0;
     std::size_t round_succeeded = 0;
+    // Every failure reported for the current round (the first one acts; a failing job collects
+    // the rest until its nodes have stopped). Cleared when a round completes.
+    std::vector<WorkerFailure> round_failures;
+    bool failing = false;  // the budget is spent: the job fails once its nodes have stopped
     double next_heartbeat_check = 0;  // no node can be silent too long before this
   };
 
@@ -136,6 +144,7 @@ class StateMachine {
   void maybe_complete(Job& job);
   void complete_round(Job& job);
   void fail_job(Job& job, const WorkerFailure& failure, const std::string& summary);
+  void finish_failing(Job& job);
   void drop_all(Job& job, const std::string& code, const std::string& message);
   void erase_if_empty(const std::string& job_id);
   std::size_t count(const Job& job, NodeState s) const { return job.counts[static_cast<int>(s)]; }

@@ -104,4 +104,11 @@ void from_json(const nlohmann::json& j, WorkerFailure& v) {
   read_opt(j, "error_file_message", v.error_file_message);
 }
 
+bool explains(const WorkerFailure& a, const WorkerFailure& b) {
+  const bool a_signal = a.signal != 0, b_signal = b.signal != 0;
+  if (a_signal != b_signal) return a_signal;
+  if (a.timestamp != b.timestamp) return a.timestamp < b.timestamp;
+  return a.rank < b.rank;
+}
+
 }  // namespace ddp::rdzv

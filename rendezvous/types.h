@@ -60,6 +60,13 @@ struct WorkerFailure {
   std::string error_file_message;  // the worker's TORCHELASTIC_ERROR_FILE content, summarised
 };
 
+// The root-cause order of failures: true when `a` explains `b` rather than the reverse. A worker
+// killed by a signal (SIGKILL by the OOM killer or a user, SIGSEGV) comes before workers that
+// exited with a code, because peers exit with an error code when a collective fails *because* a
+// worker died, and their agent may reap them first or report first. Among failures of the same
+// kind the earlier timestamp wins, then the lower rank (a total order: every node agrees).
+bool explains(const WorkerFailure& a, const WorkerFailure& b);
+
 void to_json(nlohmann::json& j, const Timeouts& v);
 void from_json(const nlohmann::json& j, Timeouts& v);
 void to_json(nlohmann::json& j, const NodeSpec& v);

@@ -140,6 +140,12 @@ TEST_CASE("the restart budget is shared by the job: the same count everywhere, t
   f.exit_code = 0;
   f.signal = 11;
   agents[1]->client->report_failure(f);
+  // The budget is spent: every node is told to stop (uncounted restart), and the verdict comes
+  // once every node has stopped its workers and rejoined.
+  REQUIRE(run_until(io, [&] { return agents[0]->restarts.size() == 2 && agents[1]->restarts.size() == 2; }));
+  CHECK(agents[0]->restarts[1].second == false);
+  CHECK_FALSE(agents[0]->failed);
+  for (auto& a : agents) a->client->join(a->spec);
   REQUIRE(run_until(io, [&] { return agents[0]->failed && agents[1]->failed; }));
   CHECK(agents[0]->failed->first.host == "h1");
   CHECK(agents[0]->failed->second.find("signal 11") != std::string::npos);

@@ -256,6 +256,17 @@ TEST_CASE("a worker failure with the budget spent fails the job everywhere with 
   WorkerFailure w = failure("node2", 1, 0);
   w.signal = 9;
   f.sm.report_failure(2, w);
+  // The verdict waits until every node of the failing round has stopped its workers (rejoined).
+  for (ConnId c : {1, 2, 3}) {
+    auto r = f.out.of(c, "restart");
+    REQUIRE(r.size() == 1);
+    CHECK(r[0]["counted"] == false);
+    CHECK(f.out.of(c, "job_failed").empty());
+  }
+  f.sm.join(1, s1);
+  f.sm.join(2, s2);
+  CHECK(f.out.of(1, "job_failed").empty());
+  f.sm.join(3, s3);
   for (ConnId c : {1, 2, 3}) {
     auto failed = f.out.of(c, "job_failed");
     REQUIRE(failed.size() == 1);
@@ -362,6 +373,7 @@ TEST_CASE("jobs are independent: a failure in one job does not touch another") {
   f.sm.join(2, spec("node2", 1, 1, 1, "b"));
   f.out.clear();
   f.sm.report_failure(1, failure("node1", 0, 1));
+  f.sm.join(1, spec("node1", 1, 1, 1, "a"));  // stopped its workers: the verdict comes
   CHECK(f.out.of(1, "job_failed").size() == 1);
   CHECK(f.out.sent.count(2) == 0);
   auto status = f.sm.status();
@@ -370,6 +382,74 @@ TEST_CASE("jobs are independent: a failure in one job does not touch another") {
   CHECK(status["jobs"][1]["state"] == "running");
   CHECK(status["jobs"][1]["nodes"][0]["group_rank"] == 0);
   CHECK(status["jobs"][1]["nodes"][0]["host"] == "node2");
+}
+
+TEST_CASE("the root cause of a failed job is the failure that explains the others, not the first report") {
+  // Node 2's worker is killed by SIGKILL; its peer on node 1 fails in the next collective and
+  // node 1's report arrives first. Every node must hear of the SIGKILL.
+  Fixture f;
+  NodeSpec s1 = spec("node1", 2, 2), s2 = spec("node2", 2, 2);
+  f.sm.join(1, s1);
+  f.sm.join(2, s2);
+  f.out.clear();
+  WorkerFailure peer = failure("node1", 0, 1);
+  peer.timestamp = 100.2;
+  WorkerFailure victim = failure("node2", 1, 0);
+  victim.signal = 9;
+  victim.timestamp = 100.5;  // reaped late: its agent was busy
+  f.sm.report_failure(1, peer);
+  f.sm.join(1, s1);             // node 1 stopped and rejoined: no verdict while node 2 runs on
+  CHECK(f.out.of(1, "job_failed").empty());
+  f.sm.report_failure(2, victim);
+  f.sm.join(2, s2);
+  for (ConnId c : {1, 2}) {
+    auto failed = f.out.of(c, "job_failed");
+    REQUIRE(failed.size() == 1);
+    CHECK(failed[0]["failure"]["host"] == "node2");
+    CHECK(failed[0]["failure"]["signal"] == 9);
+  }
+  CHECK(f.sm.status()["jobs"][0]["state"] == "failed");
+}
+
+TEST_CASE("among failures of one kind the earliest is the root cause; a node lost while failing is not waited for") {
+  Fixture f;
+  NodeSpec s1 = spec("node1", 3, 3), s2 = spec("node2", 3, 3), s3 = spec("node3", 3, 3);
+  f.sm.join(1, s1);
+  f.sm.join(2, s2);
+  f.sm.join(3, s3);
+  WorkerFailure late = failure("node1", 0, 1), early = failure("node2", 1, 3);
+  late.timestamp = 50;
+  early.timestamp = 40;
+  f.sm.report_failure(1, late);
+  f.sm.report_failure(2, early);
+  f.sm.join(1, s1);
+  f.sm.join(2, s2);
+  CHECK(f.out.of(1, "job_failed").empty());
+  f.sm.disconnected(3, "closed");  // crashed while stopping: the verdict does not wait for it
+  for (ConnId c : {1, 2}) {
+    auto failed = f.out.of(c, "job_failed");
+    REQUIRE(failed.size() == 1);
+    CHECK(failed[0]["failure"]["host"] == "node2");
+    CHECK(failed[0]["failure"]["exit_code"] == 3);
+  }
+}
+
+TEST_CASE("a node joining a failing job does not start a round") {
+  Fixture f;
+  NodeSpec s1 = spec("node1", 1, 2), s2 = spec("node2", 1, 2);
+  f.sm.join(1, s1);
+  f.clock.advance(5);
+  f.sm.tick();
+  REQUIRE(f.out.round(1).generation == 1);
+  f.sm.report_failure(1, failure("node1", 0, 1));
+  f.sm.join(2, s2);  // a newcomer while node 1 is still stopping
+  f.clock.advance(10);
+  f.sm.tick();
+  CHECK(f.out.of(2, "round").empty());
+  f.sm.join(1, s1);
+  CHECK(f.out.of(1, "job_failed").size() == 1);
+  CHECK(f.out.of(2, "job_failed").size() == 1);
+  CHECK(f.out.of(2, "round").empty());
 }
 
 TEST_CASE("a stale failure report after the round ended is not counted twice") {
