@@ -124,6 +124,12 @@ TEST_SUITE("worker output never blocks the agent") {
     int fds[2];
     REQUIRE(::pipe2(fds, O_CLOEXEC) == 0);
     ::fcntl(fds[0], F_SETFL, O_NONBLOCK);
+    // Fill the pipe first, so that the queue's writer blocks at its first write.
+    ::fcntl(fds[1], F_SETFL, O_NONBLOCK);
+    const std::string filler(4096, 'p');
+    while (::write(fds[1], filler.data(), filler.size()) > 0) {
+    }
+    ::fcntl(fds[1], F_SETFL, 0);
     OutputQueue queue("the test pipe", 4096);
     const std::string line(99, 'x');
     // Far more than the pipe (64 KiB) and the queue (4 KiB) hold: every write returns at once.
