@@ -194,6 +194,7 @@ struct Agent::Impl {
   int exit_code = static_cast<int>(ExitCode::kSuccess);
   int handled_signal = 0;
   bool omp_warned = false;
+  bool failure_batch_open = false;  // a failure was recorded; stopping the others is posted
 
   int run() {
     RendezvousEvents events;
@@ -397,10 +398,19 @@ struct Agent::Impl {
         // Its last output may still sit in its pipes: read it before the tail is taken.
         for (auto& p : it->pipes) p->drain_and_close();
         record_failure(*it);
-        stop_workers(SIGTERM, [this] { report_failure(); });
+        // Stop the others once the exits reaped together with this one are handled: a worker
+        // killed by a signal and the peer that exited 1 because of it can be reaped in one
+        // batch, in either order, and both must be recorded (report_failure picks the cause).
+        if (!failure_batch_open) {
+          failure_batch_open = true;
+          asio::post(io, [this] {
+            failure_batch_open = false;
+            if (state == State::kRunning) stop_workers(SIGTERM, [this] { report_failure(); });
+          });
+        }
         return;
       }
-      if (all_exited) {
+      if (all_exited && failures.empty()) {
         drain_pipes();
         state = State::kIdle;
         rendezvous->report_success();
@@ -419,7 +429,8 @@ struct Agent::Impl {
     f.exit_code = w.status.exit_code;
     f.signal = w.status.signal;
     f.pid = w.pid;
-    f.timestamp = now_seconds();
+    // Exits reaped in one batch happened in an order we cannot know: they share a time.
+    f.timestamp = failure_batch_open && !failures.empty() ? failures.front().failure.timestamp : now_seconds();
     ErrorFileContent content = read_error_file(w.error_file);
     if (content.present) {
       lf.error_file = w.error_file;
@@ -458,9 +469,12 @@ struct Agent::Impl {
   }
 
   void report_failure() {
-    // The first failure by time: error-file timestamps when the workers wrote them.
+    // The first failure by time: error-file timestamps when the workers wrote them. At equal
+    // times a worker killed by a signal goes first: a crash or an OOM kill is a cause, a peer's
+    // exit code after it (its collective broke) is usually the consequence.
     auto first = std::min_element(failures.begin(), failures.end(), [](const LocalFailure& a, const LocalFailure& b) {
-      return a.failure.timestamp < b.failure.timestamp;
+      if (a.failure.timestamp != b.failure.timestamp) return a.failure.timestamp < b.failure.timestamp;
+      return a.failure.signal != 0 && b.failure.signal == 0;
     });
     last_failures = failures;
     state = State::kIdle;

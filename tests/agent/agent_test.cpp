@@ -115,6 +115,23 @@ struct Fixture {
   }
 };
 
+// Runs `body` with this process's stderr sent to a file; returns what was written to it.
+std::string capture_stderr(const std::function<void()>& body) {
+  char templ[] = "/tmp/ddplaunch_agent_stderr_XXXXXX";
+  const int capture = ::mkstemp(templ);
+  const int saved = ::dup(STDERR_FILENO);
+  ::dup2(capture, STDERR_FILENO);
+  body();
+  OutputQueue::console().flush(std::chrono::seconds(10));
+  ::dup2(saved, STDERR_FILENO);
+  ::close(saved);
+  ::close(capture);
+  std::ifstream in(templ);
+  std::string err((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ::unlink(templ);
+  return err;
+}
+
 ExitStatus exited(int code) {
   ExitStatus s;
   s.exit_code = code;
@@ -181,25 +198,39 @@ TEST_SUITE("the agent supervises its worker group") {
       o.shutdown_timeout = 0.01;
       o.kill_timeout = 0.01;
     };
-    char templ[] = "/tmp/ddplaunch_agent_stderr_XXXXXX";
-    const int capture = ::mkstemp(templ);
-    const int saved = ::dup(STDERR_FILENO);
-    ::dup2(capture, STDERR_FILENO);
-    int code = f.run(2, 0, [](const auto& env) -> std::optional<ExitStatus> {
-      if (env.at("LOCAL_RANK") == "0") return exited(1);
-      return std::nullopt;
+    int code = -1;
+    const std::string err = capture_stderr([&] {
+      code = f.run(2, 0, [](const auto& env) -> std::optional<ExitStatus> {
+        if (env.at("LOCAL_RANK") == "0") return exited(1);
+        return std::nullopt;
+      });
     });
-    OutputQueue::console().flush(std::chrono::seconds(10));
-    ::dup2(saved, STDERR_FILENO);
-    ::close(saved);
-    ::close(capture);
-    std::ifstream in(templ);
-    const std::string err((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    ::unlink(templ);
     CHECK(code == static_cast<int>(ddp::ExitCode::kJobFailed));
     CHECK(std::count(f.signals_sent.begin(), f.signals_sent.end(), std::make_pair(1001, SIGTERM)) == 1);
     CHECK(std::count(f.signals_sent.begin(), f.signals_sent.end(), std::make_pair(1001, SIGKILL)) >= 1);
     CHECK(err.find("worker 1 (pid 1001) has not exited") != std::string::npos);
     CHECK(err.find("giving up on it") != std::string::npos);
+  }
+
+  TEST_CASE("a worker killed by a signal is the root cause over a peer reaped with it that exited 1") {
+    Fixture f;
+    // Both exits are reaped in one batch, the peer's first: the signal is still the cause.
+    int code = -1;
+    const std::string err = capture_stderr([&] {
+      code = f.run(2, 0, [](const auto& env) -> std::optional<ExitStatus> {
+        if (env.at("LOCAL_RANK") == "0") return exited(1);
+        ExitStatus killed;
+        killed.signal = SIGKILL;
+        return killed;
+      });
+    });
+    CHECK(code == static_cast<int>(ddp::ExitCode::kJobFailed));
+    const auto root = err.find("Root Cause");
+    REQUIRE(root != std::string::npos);
+    CHECK(err.find("rank      : 1 (local_rank: 1)", root) != std::string::npos);
+    CHECK(err.find("signal    : 9 (SIGKILL)", root) != std::string::npos);
+    // The peer is listed among the other failures.
+    CHECK(err.substr(0, root).find("rank      : 0 (local_rank: 0)") != std::string::npos);
+    CHECK(err.find("worker 1 (local rank 1, pid 1001) was killed by SIGKILL") != std::string::npos);
   }
 }
