@@ -31,6 +31,7 @@ sleep 777 & echo $! > "$out.bg"
 ( sleep 778 & echo $! > "$out.nested"; wait ) &
 setsid sleep 779 & echo $! > "$out.setsid"
 ( setsid sleep 780 & echo $! > "$out.orphan" )
+while [ ! -s "$out.nested" ]; do sleep 0.01; done  # the subshell writes it in its own time
 echo $$ > "$out.worker"
 cat /proc/self/cgroup > "$out.cgroup"
 echo ready > "$out.tmp" && mv "$out.tmp" "$out.ready"
