@@ -10,9 +10,11 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <fstream>
+#include <random>
 #include <sstream>
 
 #include "agent/fds.h"
@@ -29,6 +31,71 @@ struct Message {
   int pgid;
 };
 static_assert(sizeof(Message) == 8);
+
+// ---- async-signal-safe helpers: they run in the sentinel (a child of a threaded process) ----
+
+struct Dirent64 {  // the kernel's struct linux_dirent64
+  unsigned long long d_ino;
+  long long d_off;
+  unsigned short d_reclen;
+  unsigned char d_type;
+  char d_name[];
+};
+
+char g_dents[32768];
+char g_environ[1 << 20];  // a process's environment is at most ARG_MAX-ish; bigger ones are cut
+
+// Kills every process but this one whose environment holds the entry `entry` ("NAME=value").
+// Raw syscalls and static buffers only. Returns how many it signalled.
+int kill_marked(const char* entry) {
+  const std::size_t entry_len = std::strlen(entry);
+  const int dir = ::open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir < 0) return 0;
+  const pid_t self = ::getpid();
+  int killed = 0;
+  for (;;) {
+    const long n = ::syscall(SYS_getdents64, dir, g_dents, sizeof g_dents);
+    if (n <= 0) break;
+    for (long off = 0; off < n;) {
+      const auto* d = reinterpret_cast<const Dirent64*>(g_dents + off);
+      off += d->d_reclen;
+      pid_t pid = 0;
+      const char* c = d->d_name;
+      for (; *c >= '0' && *c <= '9'; ++c) pid = pid * 10 + (*c - '0');
+      if (*c != '\0' || pid <= 0 || pid == self) continue;
+      char path[64] = "/proc/";
+      std::size_t len = 6;
+      for (const char* q = d->d_name; *q != '\0' && len < 40; ++q) path[len++] = *q;
+      std::memcpy(path + len, "/environ", 9);
+      const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+      if (fd < 0) continue;
+      std::size_t have = 0;
+      for (ssize_t r; have < sizeof g_environ && (r = ::read(fd, g_environ + have, sizeof g_environ - have)) > 0;) {
+        have += static_cast<std::size_t>(r);
+      }
+      ::close(fd);
+      for (std::size_t pos = 0; pos + entry_len <= have;) {
+        if (std::memcmp(g_environ + pos, entry, entry_len) == 0 &&
+            (pos + entry_len == have || g_environ[pos + entry_len] == '\0')) {
+          ::kill(pid, SIGKILL);
+          ++killed;
+          break;
+        }
+        const void* next = std::memchr(g_environ + pos, '\0', have - pos);
+        if (next == nullptr) break;
+        pos = static_cast<std::size_t>(static_cast<const char*>(next) - g_environ) + 1;
+      }
+    }
+  }
+  ::close(dir);
+  return killed;
+}
+
+// Kills the marked processes; again while some were found (one may have forked meanwhile).
+void kill_all_marked(const char* entry) {
+  for (int round = 0; round < 5 && kill_marked(entry) > 0; ++round) {
+  }
+}
 
 // ---- the sentinel: runs in the forked child; async-signal-safe calls only, no allocation ----
 
@@ -60,10 +127,14 @@ void sentinel_detach_from_agent(int keep_fd) {
   close_fds_from(3, keep_fd);
 }
 
-void sentinel_kill_everything(const char* cgroup_kill, const char* cgroup_events, const char* cgroup_dir) {
+void sentinel_kill_everything(const char* cgroup_kill, const char* cgroup_events, const char* cgroup_dir,
+                              const char* marker) {
   for (int i = 0; i < g_group_count; ++i) ::kill(-g_groups[i], SIGKILL);
   g_group_count = 0;
-  if (cgroup_kill[0] == '\0') return;
+  if (cgroup_kill[0] == '\0') {
+    kill_all_marked(marker);  // no cgroup: what left its group is found by its environment
+    return;
+  }
   const int kfd = ::open(cgroup_kill, O_WRONLY | O_CLOEXEC);
   if (kfd >= 0) {
     (void)!::write(kfd, "1", 1);
@@ -88,7 +159,7 @@ void sentinel_kill_everything(const char* cgroup_kill, const char* cgroup_events
 }
 
 [[noreturn]] void sentinel_main(int read_fd, const char* cgroup_kill, const char* cgroup_events,
-                                const char* cgroup_dir) {
+                                const char* cgroup_dir, const char* marker) {
   sentinel_detach_from_agent(read_fd);
   char buf[512];
   std::size_t have = 0;
@@ -107,7 +178,7 @@ void sentinel_kill_everything(const char* cgroup_kill, const char* cgroup_events
     std::memmove(buf, buf + off, have - off);
     have -= off;
   }
-  sentinel_kill_everything(cgroup_kill, cgroup_events, cgroup_dir);
+  sentinel_kill_everything(cgroup_kill, cgroup_events, cgroup_dir, marker);
   ::_exit(0);
 }
 
@@ -152,6 +223,9 @@ std::string own_cgroup_dir(std::string& problem) {
 }
 
 Containment::Containment() {
+  std::random_device random;
+  marker_value_ = std::to_string(::getpid()) + "." + std::to_string(random()) + std::to_string(random());
+  marker_entry_ = std::string(kMarkerVariable) + "=" + marker_value_;
   create_cgroup();
   start_sentinel();
 }
@@ -169,6 +243,11 @@ Containment::~Containment() {
 }
 
 void Containment::create_cgroup() {
+  const char* off = std::getenv("DDPLAUNCH_NO_CGROUP");
+  if (off != nullptr && *off != '\0' && std::strcmp(off, "0") != 0) {
+    cgroup_problem_ = "DDPLAUNCH_NO_CGROUP is set";
+    return;
+  }
   std::string problem;
   const std::string parent = own_cgroup_dir(problem);
   if (parent.empty()) {
@@ -207,7 +286,9 @@ void Containment::start_sentinel() {
   const std::string kill_path = cgroup_dir_.empty() ? "" : cgroup_dir_ + "/cgroup.kill";
   const std::string events_path = cgroup_dir_.empty() ? "" : cgroup_dir_ + "/cgroup.events";
   const pid_t pid = ::fork();
-  if (pid == 0) sentinel_main(fds[0], kill_path.c_str(), events_path.c_str(), cgroup_dir_.c_str());
+  if (pid == 0) {
+    sentinel_main(fds[0], kill_path.c_str(), events_path.c_str(), cgroup_dir_.c_str(), marker_entry_.c_str());
+  }
   ::close(fds[0]);
   if (pid < 0) {
     ::close(fds[1]);
@@ -235,7 +316,11 @@ void Containment::kill_all() {
   for (int pgid : groups_) ::kill(-pgid, SIGKILL);
   groups_.clear();
   send('c', 0);
-  if (kill_fd_ >= 0) (void)!::write(kill_fd_, "1", 1);
+  if (kill_fd_ >= 0) {
+    (void)!::write(kill_fd_, "1", 1);
+  } else {
+    kill_all_marked(marker_entry_.c_str());
+  }
 }
 
 }  // namespace ddp::agent

@@ -9,8 +9,11 @@
 // - A cgroup v2 of the worker group's own, <agent's cgroup>/ddplaunch-<agent pid>, when the
 //   machine allows it (a cgroup2 mount, our cgroup writable, cgroup.kill: Linux >= 5.14).
 //   Workers join it between fork and exec; `cgroup.kill` then ends processes that left their
-//   process group too (setsid, double fork). Without it such processes can escape: that limit
-//   is documented in docs/agent.md.
+//   process group too (setsid, double fork). DDPLAUNCH_NO_CGROUP=1 turns it off.
+// - Without a cgroup, a marker: every worker gets DDPLAUNCH_SUPERVISOR=<agent pid>.<random> in
+//   its environment, which its descendants inherit; the sentinel (and kill_all()) kill every
+//   process whose /proc/<pid>/environ holds it. A process that clears its environment escapes:
+//   that limit is documented in docs/agent.md.
 //
 // Owned by PosixProcesses; lives for the agent run. Not thread-safe: called from the agent's
 // io_context thread only. The sentinel is forked in the constructor and does only
@@ -40,10 +43,14 @@ class Containment {
   bool sentinel_running() const { return sentinel_pid_ > 0; }
   int sentinel_pid() const { return sentinel_pid_; }
 
+  // The environment variable every worker gets (kMarkerVariable=marker_value()).
+  static constexpr const char* kMarkerVariable = "DDPLAUNCH_SUPERVISOR";
+  const std::string& marker_value() const { return marker_value_; }
+
   // Tells the sentinel about a process group to kill if the agent dies.
   void watch_group(int pgid);
-  // SIGKILLs every watched process group and everything in the cgroup, then forgets the
-  // groups. REQUIRES: the group leaders have been reaped (so their ids cannot be reused while
+  // SIGKILLs every watched process group and everything in the cgroup (without one: every
+  // marked process), then forgets the groups. REQUIRES: the group leaders have been reaped (so their ids cannot be reused while
   // the sentinel still holds them).
   void kill_all();
 
@@ -52,6 +59,7 @@ class Containment {
   void start_sentinel();
   void send(char op, int pgid);
 
+  std::string marker_value_, marker_entry_;
   std::string cgroup_dir_;
   std::string cgroup_problem_;
   int procs_fd_ = -1;

@@ -42,6 +42,7 @@ class PosixProcesses final : public Processes {
     }
     bp::environment env;
     for (const auto& [k, v] : request.env) env[k] = v;
+    env[Containment::kMarkerVariable] = containment_.marker_value();
     const pid_t parent = ::getpid();
     const int out_fd = request.stdout_fd, err_fd = request.stderr_fd;
     const int cgroup_procs = containment_.cgroup_procs_fd();

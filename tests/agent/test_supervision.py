@@ -2,8 +2,8 @@
 
 - an agent SIGKILLed under workers that start grandchildren (a background child, a nested
   subshell's child, a `setsid` child, a double-forked `setsid` orphan) leaves no process behind;
-  processes that left their process group are caught by the worker group's cgroup, checked where
-  the machine gives us one (skipped with the reason otherwise);
+  processes that left their process group are caught by the worker group's cgroup where the
+  machine gives us one, and by the environment marker without one (DDPLAUNCH_NO_CGROUP=1);
 - a job that ends normally leaves nothing behind either;
 - a worker holds no descriptor of the agent's: only 0, 1 and 2 (--standalone, the embedded
   rendezvous, and a multi-node job on a loopback daemon);
@@ -40,7 +40,7 @@ wait
 """
 
 KINDS_IN_GROUP = ("worker", "bg", "nested")
-KINDS_OUTSIDE_GROUP = ("setsid", "orphan")  # only a cgroup can catch these
+KINDS_OUTSIDE_GROUP = ("setsid", "orphan")  # a cgroup or the environment marker catch these
 
 
 def read(path):
@@ -100,23 +100,27 @@ class NothingLeftBehind(LaunchTestCase):
 
     def check_all_gone(self, pids, cgroups, extra=()):
         in_cgroup = all(self.cgroup_dir(c) for c in cgroups)
-        must_die = [p for (r, kind), p in pids.items() if kind in KINDS_IN_GROUP or in_cgroup] + list(extra)
+        must_die = list(pids.values()) + list(extra)
         try:
             wait_for(lambda: not any(pid_alive(p) for p in must_die), 15, "every process of the job to die")
         except TimeoutError:
             alive = {k: p for k, p in pids.items() if pid_alive(p)}
             self.fail("survivors: %s" % alive)
-        if in_cgroup:
-            for c in cgroups:
-                d = self.cgroup_dir(c)
-                wait_for(lambda: not os.path.exists(d), 15, "the cgroup %s to be removed" % d)
-        else:
-            print("\nSKIPPED part: the workers ran in no cgroup of their own on this machine (%s), so "
-                  "processes that left their process group (setsid) are not checked; see docs/agent.md"
-                  % cgroups[0].strip().replace("\n", " | "))
+        for c in cgroups if in_cgroup else ():
+            d = self.cgroup_dir(c)
+            wait_for(lambda: not os.path.exists(d), 15, "the cgroup %s to be removed" % d)
 
     def test_sigkilled_agent_leaves_no_grandchild_behind(self):
         proc, pids, cgroups = self.start_forkers()
+        sentinels = children_named(proc.pid, "ddp-sentinel")
+        self.assertEqual(len(sentinels), 1, "ddplaunch should have one sentinel child")
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        self.check_all_gone(pids, cgroups, extra=sentinels)
+
+    def test_sigkilled_agent_without_a_cgroup_leaves_no_grandchild_behind(self):
+        proc, pids, cgroups = self.start_forkers(env={"DDPLAUNCH_NO_CGROUP": "1"})
+        self.assertFalse([c for c in cgroups if self.cgroup_dir(c)], "DDPLAUNCH_NO_CGROUP=1 still made a cgroup")
         sentinels = children_named(proc.pid, "ddp-sentinel")
         self.assertEqual(len(sentinels), 1, "ddplaunch should have one sentinel child")
         os.kill(proc.pid, signal.SIGKILL)
@@ -135,6 +139,11 @@ class NothingLeftBehind(LaunchTestCase):
 
     def test_a_job_that_ends_normally_leaves_nothing_behind(self):
         proc, pids, cgroups = self.start_forkers(env={"EXIT_AT_ONCE": "1"})
+        self.assertEqual(proc.wait(timeout=60), 0, proc.describe())
+        self.check_all_gone(pids, cgroups)
+
+    def test_a_job_that_ends_normally_without_a_cgroup_leaves_nothing_behind(self):
+        proc, pids, cgroups = self.start_forkers(env={"EXIT_AT_ONCE": "1", "DDPLAUNCH_NO_CGROUP": "1"})
         self.assertEqual(proc.wait(timeout=60), 0, proc.describe())
         self.check_all_gone(pids, cgroups)
 
