@@ -102,6 +102,7 @@ void kill_all_marked(const char* entry) {
 constexpr int kMaxGroups = 8192;
 int g_groups[kMaxGroups];
 int g_group_count = 0;
+bool g_cgroup_failed = false;  // the agent found a worker outside the cgroup: use the marker
 
 void sentinel_detach_from_agent(int keep_fd) {
   ::setpgid(0, 0);  // a kill of the agent's process group must not take the sentinel with it
@@ -131,7 +132,7 @@ void sentinel_kill_everything(const char* cgroup_kill, const char* cgroup_events
                               const char* marker) {
   for (int i = 0; i < g_group_count; ++i) ::kill(-g_groups[i], SIGKILL);
   g_group_count = 0;
-  if (cgroup_kill[0] == '\0') {
+  if (cgroup_kill[0] == '\0' || g_cgroup_failed) {
     kill_all_marked(marker);  // no cgroup: what left its group is found by its environment
     return;
   }
@@ -174,6 +175,7 @@ void sentinel_kill_everything(const char* cgroup_kill, const char* cgroup_events
       std::memcpy(&m, buf + off, sizeof m);
       if (m.op == '+' && m.pgid > 0 && g_group_count < kMaxGroups) g_groups[g_group_count++] = m.pgid;
       if (m.op == 'c') g_group_count = 0;
+      if (m.op == 'n') g_cgroup_failed = true;
     }
     std::memmove(buf, buf + off, have - off);
     have -= off;
@@ -310,6 +312,25 @@ void Containment::send(char op, int pgid) {
 void Containment::watch_group(int pgid) {
   groups_.push_back(pgid);
   send('+', pgid);
+}
+
+void Containment::check_member(int pid) {
+  if (cgroup_dir_.empty() || checked_) return;
+  checked_ = true;
+  std::ifstream in("/proc/" + std::to_string(pid) + "/cgroup");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("0::", 0) == 0 && line.size() > 3 &&
+        cgroup_dir_.size() >= line.size() - 3 &&
+        cgroup_dir_.compare(cgroup_dir_.size() - (line.size() - 3), std::string::npos, line.substr(3)) == 0) {
+      return;  // our cgroup's path ends with the worker's: it joined
+    }
+  }
+  // The worker could not join (its write to cgroup.procs failed): fall back to the marker.
+  cgroup_problem_ = "worker " + std::to_string(pid) + " did not join cgroup " + cgroup_dir_;
+  send('n', 0);
+  ::close(procs_fd_);
+  ::close(kill_fd_);
+  procs_fd_ = kill_fd_ = -1;
 }
 
 void Containment::kill_all() {

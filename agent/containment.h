@@ -49,6 +49,9 @@ class Containment {
 
   // Tells the sentinel about a process group to kill if the agent dies.
   void watch_group(int pgid);
+  // Checks (once, on the first worker) that `pid` joined the cgroup; when it did not, the
+  // cgroup is abandoned for the marker, here and in the sentinel.
+  void check_member(int pid);
   // SIGKILLs every watched process group and everything in the cgroup (without one: every
   // marked process), then forgets the groups. REQUIRES: the group leaders have been reaped (so their ids cannot be reused while
   // the sentinel still holds them).
@@ -66,6 +69,7 @@ class Containment {
   int kill_fd_ = -1;
   int pipe_fd_ = -1;  // write end; the sentinel reads the other end
   int sentinel_pid_ = -1;
+  bool checked_ = false;
   std::vector<int> groups_;
 };
 

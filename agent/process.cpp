@@ -77,6 +77,7 @@ class PosixProcesses final : public Processes {
     // Close the window where the parent signals the group before the child ran setpgid.
     ::setpgid(pid, pid);
     containment_.watch_group(pid);
+    containment_.check_member(pid);
     return pid;
   }
 
