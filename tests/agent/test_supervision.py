@@ -148,6 +148,29 @@ class NothingLeftBehind(LaunchTestCase):
         self.check_all_gone(pids, cgroups)
 
 
+class FailureSummaryTail(LaunchTestCase):
+    """Issue 9, part 3 (agent side): no error file, so the summary shows the stderr tail."""
+
+    def test_a_redirected_worker_without_an_error_file_is_summarised_with_its_stderr_tail(self):
+        logs = os.path.join(self.tmp, "logs")
+        result = self.launch(["--nproc_per_node=1", "--redirects=3", "--log_dir", logs, "--rdzv_id=tail",
+                              "--no_python", "/bin/sh", "-c", "echo first >&2; echo the real cause >&2; exit 3"])
+        self.assertEqual(result.returncode, 1, result.describe())
+        stderr_log = os.path.join(logs, "tail", "attempt_0", "0", "stderr.log")
+        self.assertIn("the last lines of its stderr (%s):" % stderr_log, result.stderr)
+        self.assertIn("    the real cause", result.stderr)
+        self.assertIn("  log_file  : %s" % stderr_log, result.stderr)
+
+    def test_a_worker_killed_by_a_signal_is_reported_as_killed_by_it(self):
+        result = self.launch(["--nproc_per_node=2", "--tee=2", "--no_python", "/bin/sh", "-c",
+                              'if [ "$LOCAL_RANK" = 1 ]; then echo dying >&2; kill -9 $$; fi; sleep 30'])
+        self.assertEqual(result.returncode, 1, result.describe())
+        root = result.stderr.split("Root Cause")[1]
+        self.assertIn("rank      : 1 (local_rank: 1)", root)
+        self.assertIn("signal    : 9 (SIGKILL)", root)
+        self.assertIn("    dying", root)
+
+
 # A worker that records every descriptor it holds, and what each one is.
 FD_LISTER = """
 import json, os, sys
