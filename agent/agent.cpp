@@ -71,7 +71,7 @@ class TeePipe : public std::enable_shared_from_this<TeePipe> {
   // a grandchild may keep the pipe open, so we do not wait for end of file.
   void drain_and_close() {
     if (closed_) return;
-    read_available();
+    read_available(64);  // bounded: a grandchild may write forever
     close();
   }
 
@@ -86,10 +86,12 @@ class TeePipe : public std::enable_shared_from_this<TeePipe> {
                      });
   }
 
-  // Reads until the pipe is empty. Returns false at end of file (and closes).
-  bool read_available() {
+  // Reads until the pipe is empty, or at most `max_reads` buffers: a worker that writes without
+  // pause must not keep the event loop (heartbeats) from its other work; the next wait fires at
+  // once for the rest. Returns false at end of file (and closes).
+  bool read_available(int max_reads = 16) {
     const int fd = pipe_.native_handle();
-    for (;;) {
+    for (int reads = 0; reads < max_reads; ++reads) {
       ssize_t n = ::read(fd, buffer_.data(), buffer_.size());
       if (n > 0) {
         consume(static_cast<std::size_t>(n));
@@ -100,6 +102,7 @@ class TeePipe : public std::enable_shared_from_this<TeePipe> {
       close();  // end of file, or an error we cannot recover from
       return false;
     }
+    return true;
   }
 
   void consume(std::size_t n) {
