@@ -1,11 +1,13 @@
 #include "agent/fds.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <climits>
+#include <cstdlib>
 
 #ifndef CLOSE_RANGE_CLOEXEC
 #define CLOSE_RANGE_CLOEXEC (1U << 2)
@@ -41,6 +43,22 @@ void cloexec_fds_from(int first) {
     const int flags = ::fcntl(fd, F_GETFD);
     if (flags >= 0 && !(flags & FD_CLOEXEC)) ::fcntl(fd, F_SETFD, flags | FD_CLOEXEC);
   }
+}
+
+void mark_open_fds_cloexec() {
+  DIR* dir = ::opendir("/proc/self/fd");
+  if (dir == nullptr) {
+    cloexec_fds_from(3);
+    return;
+  }
+  const int own = ::dirfd(dir);
+  while (const dirent* e = ::readdir(dir)) {
+    const int fd = std::atoi(e->d_name);
+    if (fd < 3 || fd == own) continue;
+    const int flags = ::fcntl(fd, F_GETFD);
+    if (flags >= 0 && !(flags & FD_CLOEXEC)) ::fcntl(fd, F_SETFD, flags | FD_CLOEXEC);
+  }
+  ::closedir(dir);
 }
 
 void close_fds_from(int first, int keep) {

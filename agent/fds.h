@@ -12,4 +12,9 @@ void cloexec_fds_from(int first);
 // Closes every descriptor >= `first` except `keep` (-1: none).
 void close_fds_from(int first, int keep);
 
+// In the agent itself (not async-signal-safe): marks every open descriptor >= 3 close-on-exec,
+// so that none leaks into anything the agent process executes, whoever opened it (Asio opens
+// sockets without SOCK_CLOEXEC; ddplaunch may have inherited descriptors from its parent).
+void mark_open_fds_cloexec();
+
 }  // namespace ddp::agent

@@ -40,6 +40,8 @@ class PosixProcesses final : public Processes {
       if (found.empty()) throw SpawnError("cannot start " + exe + ": not found in PATH");
       exe = found.string();
     }
+    // Whatever was opened since the last spawn (a rendezvous socket) becomes close-on-exec.
+    mark_open_fds_cloexec();
     bp::environment env;
     for (const auto& [k, v] : request.env) env[k] = v;
     env[Containment::kMarkerVariable] = containment_.marker_value();

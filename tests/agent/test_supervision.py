@@ -187,6 +187,12 @@ with open(os.path.join(sys.argv[1], "fds-%s.json" % os.environ["RANK"]), "w") as
     json.dump(fds, f)
 """
 
+WAIT_FOR_STOP = """
+import time
+while not os.path.exists(os.path.join(sys.argv[1], "stop")):
+    time.sleep(0.1)
+"""
+
 
 class NoDescriptorLeaks(MultiNodeTestCase):
     def check_fds(self, world):
@@ -200,6 +206,29 @@ class NoDescriptorLeaks(MultiNodeTestCase):
         script = self.script("fds.py", FD_LISTER)
         result = self.launch(["--standalone", "--nproc_per_node=2", "--tee=3", "--python", PYTHON, script, self.out])
         self.assertEqual(result.returncode, 0, result.describe())
+        self.check_fds(2)
+
+    def test_every_descriptor_of_a_standalone_agent_is_close_on_exec(self):
+        script = self.script("fds.py", FD_LISTER + WAIT_FOR_STOP)
+        proc = self.spawn_launch(["--standalone", "--nproc_per_node=2", "--tee=3", "--python", PYTHON, script, self.out])
+        wait_for(lambda: len([n for n in os.listdir(self.out) if n.startswith("fds-")]) == 2 or proc.poll() is not None,
+                 60, "the workers to list their descriptors")
+        self.assertIsNone(proc.poll(), proc.describe())
+        inheritable = {}
+        for name in os.listdir("/proc/%d/fd" % proc.pid):
+            if int(name) < 3:
+                continue
+            try:
+                with open("/proc/%d/fdinfo/%s" % (proc.pid, name)) as f:
+                    flags = int([l for l in f if l.startswith("flags:")][0].split()[1], 8)
+                target = os.readlink("/proc/%d/fd/%s" % (proc.pid, name))
+            except OSError:
+                continue  # closed meanwhile
+            if not flags & os.O_CLOEXEC:
+                inheritable[name] = target
+        self.stop_workers()
+        self.assertEqual(proc.wait(timeout=60), 0, proc.describe())
+        self.assertEqual(inheritable, {}, "descriptors of ddplaunch without close-on-exec")
         self.check_fds(2)
 
     def test_a_single_node_worker_holds_only_stdin_stdout_and_stderr(self):
