@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <functional>
 #include <map>
+#include <sstream>
 
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/post.hpp>
@@ -30,6 +31,13 @@ namespace {
 double now_seconds() {
   using namespace std::chrono;
   return duration<double>(system_clock::now().time_since_epoch()).count();
+}
+
+// "30", "0.5": a duration in seconds as a person writes it (not std::to_string's "30.000000").
+std::string seconds_text(double seconds) {
+  std::ostringstream os;
+  os << seconds;
+  return os.str();
 }
 
 int open_log(const std::string& path) {
@@ -515,7 +523,7 @@ struct Agent::Impl {
       for (auto& w : workers) {
         if (!w.alive) continue;
         say("worker " + std::to_string(w.rank) + " (pid " + std::to_string(w.pid) + ") still runs " +
-            std::to_string(options.shutdown_timeout) + " s after it was asked to stop; sending SIGKILL");
+            seconds_text(options.shutdown_timeout) + " s after it was asked to stop; sending SIGKILL");
       }
       kill_now();
     });
@@ -535,7 +543,7 @@ struct Agent::Impl {
       for (auto& w : workers) {
         if (!w.alive) continue;
         say("worker " + std::to_string(w.rank) + " (pid " + std::to_string(w.pid) + ") has not exited " +
-            std::to_string(options.kill_timeout) +
+            seconds_text(options.kill_timeout) +
             " s after SIGKILL; it is probably stuck in the kernel (see /proc/" + std::to_string(w.pid) +
             "/stack and its state in /proc/" + std::to_string(w.pid) +
             "/status); giving up on it. It may still hold resources such as GPU memory.");
