@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <functional>
 #include <map>
+#include <sstream>
 
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/post.hpp>
@@ -32,32 +33,38 @@ double now_seconds() {
   return duration<double>(system_clock::now().time_since_epoch()).count();
 }
 
-void write_all(int fd, std::string_view data) {
-  while (!data.empty()) {
-    ssize_t n = ::write(fd, data.data(), data.size());
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return;  // console gone (EPIPE, closed): nothing sensible to do with the output
-    }
-    data.remove_prefix(static_cast<std::size_t>(n));
-  }
+// "30", "0.5": a duration in seconds as a person writes it (not std::to_string's "30.000000").
+std::string seconds_text(double seconds) {
+  std::ostringstream os;
+  os << seconds;
+  return os.str();
 }
-
-void say(const std::string& line) { write_all(STDERR_FILENO, "ddplaunch: " + line + "\n"); }
 
 int open_log(const std::string& path) {
   return ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
 }
 
+// Where the lines of one tee'd stream go besides its log file. Shared with the TeePipe, so it
+// stays valid however long the pipe outlives the agent's state.
+struct LineSinks {
+  int console_fd = -1;                 // STDOUT/STDERR, or -1 when not shown (--local_ranks_filter)
+  std::string prefix;                  // of console lines and of filtered lines
+  int filtered_fd = -1;                // <attempt dir>/filtered_<stream>.log, or -1
+  std::vector<std::string> filters;    // --duplicate-<stream>-filters
+  std::shared_ptr<LineTail> tail;      // the stderr tail of the failure summary, or null
+};
+
 // One tee'd stream of one worker: raw bytes to its log file, whole prefixed lines to the
-// console. Shared by the pending read (which keeps it alive) and the worker that owns it.
+// console (both through bounded queues: a stalled destination never blocks the event loop),
+// matching lines to the filtered file, the last lines to the tail. Shared by the pending read
+// (which keeps it alive) and the worker that owns it.
 class TeePipe : public std::enable_shared_from_this<TeePipe> {
  public:
-  TeePipe(asio::io_context& io, int read_fd, int file_fd, int console_fd, std::string prefix)
+  TeePipe(asio::io_context& io, int read_fd, int file_fd, std::shared_ptr<OutputQueue> files, LineSinks sinks)
       : pipe_(io, read_fd),
         file_fd_(file_fd),
-        console_fd_(console_fd),
-        prefix_(std::move(prefix)),
+        files_(std::move(files)),
+        sinks_(std::move(sinks)),
         splitter_([this](std::string_view line) { emit_line(line); }) {}
   ~TeePipe() { close(); }
 
@@ -72,7 +79,7 @@ class TeePipe : public std::enable_shared_from_this<TeePipe> {
   // a grandchild may keep the pipe open, so we do not wait for end of file.
   void drain_and_close() {
     if (closed_) return;
-    read_available();
+    read_available(64);  // bounded: a grandchild may write forever
     close();
   }
 
@@ -87,10 +94,12 @@ class TeePipe : public std::enable_shared_from_this<TeePipe> {
                      });
   }
 
-  // Reads until the pipe is empty. Returns false at end of file (and closes).
-  bool read_available() {
+  // Reads until the pipe is empty, or at most `max_reads` buffers: a worker that writes without
+  // pause must not keep the event loop (heartbeats) from its other work; the next wait fires at
+  // once for the rest. Returns false at end of file (and closes).
+  bool read_available(int max_reads = 16) {
     const int fd = pipe_.native_handle();
-    for (;;) {
+    for (int reads = 0; reads < max_reads; ++reads) {
       ssize_t n = ::read(fd, buffer_.data(), buffer_.size());
       if (n > 0) {
         consume(static_cast<std::size_t>(n));
@@ -101,20 +110,25 @@ class TeePipe : public std::enable_shared_from_this<TeePipe> {
       close();  // end of file, or an error we cannot recover from
       return false;
     }
+    return true;
   }
 
   void consume(std::size_t n) {
-    if (file_fd_ >= 0) write_all(file_fd_, std::string_view(buffer_.data(), n));
+    if (file_fd_ >= 0) files_->write(file_fd_, std::string(buffer_.data(), n));
     splitter_.feed(std::string_view(buffer_.data(), n));
   }
 
   void emit_line(std::string_view line) {
+    if (sinks_.tail) sinks_.tail->add(line);
+    if (sinks_.console_fd < 0 && sinks_.filtered_fd < 0) return;
     std::string out;
-    out.reserve(prefix_.size() + line.size() + 1);
-    out += prefix_;
+    out.reserve(sinks_.prefix.size() + line.size() + 1);
+    out += sinks_.prefix;
     out += line;
     if (out.back() != '\n') out += '\n';
-    write_all(console_fd_, out);  // one write per line: lines never interleave mid-line
+    if (sinks_.filtered_fd >= 0 && matches_any(line, sinks_.filters)) files_->write(sinks_.filtered_fd, out);
+    // One write per line: lines never interleave mid-line.
+    if (sinks_.console_fd >= 0) OutputQueue::console().write(sinks_.console_fd, std::move(out));
   }
 
   void close() {
@@ -123,14 +137,14 @@ class TeePipe : public std::enable_shared_from_this<TeePipe> {
     splitter_.finish();
     boost::system::error_code ignored;
     pipe_.close(ignored);
-    if (file_fd_ >= 0) ::close(file_fd_);
+    if (file_fd_ >= 0) files_->close_after(file_fd_);
     file_fd_ = -1;
   }
 
   asio::posix::stream_descriptor pipe_;
   int file_fd_;
-  int console_fd_;
-  std::string prefix_;
+  std::shared_ptr<OutputQueue> files_;
+  LineSinks sinks_;
   LineSplitter splitter_;
   std::array<char, 32768> buffer_{};
   bool closed_ = false;
@@ -144,6 +158,9 @@ struct Worker {
   ExitStatus status;
   std::string error_file;
   std::vector<std::shared_ptr<TeePipe>> pipes;
+  std::shared_ptr<LineTail> stderr_tail;  // when stderr passes through the agent (tee)
+  std::string stdout_log, stderr_log;     // paths, when redirected or tee'd to a file
+  bool given_up = false;                  // did not exit after SIGKILL (stuck in the kernel)
 };
 
 int std_bits(const std::vector<int>& per_rank, int local_rank) {
@@ -163,6 +180,7 @@ struct Agent::Impl {
         processes(processes ? std::move(processes) : make_posix_processes(io)),
         signals(io),
         kill_timer(io),
+        give_up_timer(io),
         inherited(current_environment()) {}
 
   asio::io_context& io;
@@ -171,6 +189,13 @@ struct Agent::Impl {
   std::unique_ptr<Processes> processes;
   asio::signal_set signals;
   asio::steady_timer kill_timer;
+  asio::steady_timer give_up_timer;
+  // Tee'd output into log files: its own queue and thread, so a stalled console does not
+  // hold up the files, nor a hung file system the console. 64 MiB before bytes are dropped.
+  std::shared_ptr<OutputQueue> files = std::make_shared<OutputQueue>("the log file system", 64 << 20);
+  // <attempt dir>/filtered_{stdout,stderr}.log of the current attempt ([0] stdout, [1] stderr).
+  int filtered_fds[2] = {-1, -1};
+  int filtered_attempt = -1;
   std::map<std::string, std::string> inherited;
   std::vector<Worker> workers;
   std::vector<LocalFailure> failures;  // of the current round, in the order observed
@@ -201,7 +226,52 @@ struct Agent::Impl {
     wait_for_signal();
     join_round();
     io.run();
+    flush_output();
     return exit_code;
+  }
+
+  // Gives the queued output (the failure summary among it) a bounded time to reach the console
+  // and the log files: a console nobody reads must not keep ddplaunch from exiting.
+  void flush_output() {
+    close_filtered_files();
+    const auto deadline = std::chrono::seconds(10);
+    if (!files->flush(deadline)) say("log files: gave up waiting for the file system to take the last output");
+    if (files->dropped() > 0) {
+      say("log files: " + std::to_string(files->dropped()) +
+          " chunk(s) of worker output were dropped because the file system did not keep up");
+    }
+    if (OutputQueue::console().dropped() > 0) {
+      say(std::to_string(OutputQueue::console().dropped()) +
+          " line(s) of output were dropped in all because the console did not keep up");
+    }
+    OutputQueue::console().flush(deadline);
+  }
+
+  void close_filtered_files() {
+    for (int& fd : filtered_fds) {
+      if (fd >= 0) files->close_after(fd);
+      fd = -1;
+    }
+  }
+
+  // The filtered file of `stream` (0 stdout, 1 stderr) for `attempt`, opened on first use;
+  // -1 when that stream has no filters.
+  int filtered_fd(int stream, int attempt) {
+    const auto& filters = stream == 0 ? options.duplicate_stdout_filters : options.duplicate_stderr_filters;
+    if (filters.empty()) return -1;
+    if (attempt != filtered_attempt) {
+      close_filtered_files();
+      filtered_attempt = attempt;
+    }
+    if (filtered_fds[stream] < 0) {
+      const std::string dir = boost::filesystem::path(worker_log_dir(options.log_dir, options.run_id, attempt, 0))
+                                  .parent_path()
+                                  .string();
+      const std::string path = dir + (stream == 0 ? "/filtered_stdout.log" : "/filtered_stderr.log");
+      filtered_fds[stream] = open_log(path);
+      if (filtered_fds[stream] < 0) throw std::runtime_error("open log file " + path + ": " + std::strerror(errno));
+    }
+    return filtered_fds[stream];
   }
 
   // ---- rounds ----------------------------------------------------------------------------
@@ -279,11 +349,14 @@ struct Agent::Impl {
     const int tee = shown ? std_bits(options.tee, local_rank) : kStdNone;
     std::vector<int> close_after_spawn;
     const std::string prefix =
-        line_prefix(options.line_prefix_template, options.role, w.rank, local_rank);
+        line_prefix(options.line_prefix_template, options.role, w.rank, local_rank, options.node.host);
+    const int attempt = round.assignment.restart_count;
 
     auto setup_stream = [&](int bit, const char* name, int console_fd, int& child_fd) {
       if (redirect & bit) {
         std::string path = dir + "/" + name;
+        (bit == kStdOut ? w.stdout_log : w.stderr_log) = path;
+        const int filtered = (tee & bit) ? filtered_fd(bit == kStdOut ? 0 : 1, attempt) : -1;
         int file_fd = open_log(path);
         if (file_fd < 0) throw std::runtime_error("open log file " + path + ": " + std::strerror(errno));
         if (tee & bit) {
@@ -292,7 +365,13 @@ struct Agent::Impl {
             ::close(file_fd);
             throw std::runtime_error(std::string("pipe for worker output: ") + std::strerror(errno));
           }
-          w.pipes.push_back(std::make_shared<TeePipe>(io, fds[0], file_fd, console_fd, prefix));
+          LineSinks sinks;
+          sinks.console_fd = console_fd;
+          sinks.prefix = prefix;
+          sinks.filtered_fd = filtered;
+          sinks.filters = bit == kStdOut ? options.duplicate_stdout_filters : options.duplicate_stderr_filters;
+          if (bit == kStdErr) sinks.tail = w.stderr_tail = std::make_shared<LineTail>();
+          w.pipes.push_back(std::make_shared<TeePipe>(io, fds[0], file_fd, files, std::move(sinks)));
           child_fd = fds[1];
         } else {
           child_fd = file_fd;
@@ -326,21 +405,26 @@ struct Agent::Impl {
     it->status = st;
     const bool all_exited = std::none_of(workers.begin(), workers.end(), [](const Worker& w) { return w.alive; });
     if (state == State::kStopping && failure_report_pending && !st.success()) {
-      record_failure(*it);  // reaped in the same batch as the first failure: a candidate cause
+      // Reaped in the same batch as the first failure: a candidate cause.
+      for (auto& p : it->pipes) p->drain_and_close();
+      record_failure(*it);
     }
     if (state == State::kRunning) {
       if (!st.success()) {
-        // Reported at once, not after the other workers stopped: stopping can take up to
-        // --shutdown_timeout (workers save checkpoints on SIGTERM). Posted, so that workers
-        // reaped in the same batch (dead at about the same time; waitpid returns the oldest
-        // first) are candidates too. The decision (restart or job failure) waits for the stop.
+        // Its last output may still sit in its pipes: read it before the tail is taken.
+        for (auto& p : it->pipes) p->drain_and_close();
         record_failure(*it);
-        stop_workers(SIGTERM, nullptr);
+        // Reported at once, not after the other workers stopped: stopping can take up to
+        // --shutdown_timeout (workers save checkpoints on SIGTERM). Posted, so that the exits
+        // reaped in the same batch are recorded first: a worker killed by a signal and the peer
+        // that exited 1 because of it can be reaped together, in either order (report_failure
+        // picks the cause). Posted before the stop, so the report always precedes the rejoin.
         failure_report_pending = true;
         asio::post(io, [this] { report_failure(); });
+        stop_workers(SIGTERM, nullptr);
         return;
       }
-      if (all_exited) {
+      if (all_exited && failures.empty()) {
         drain_pipes();
         state = State::kIdle;
         rendezvous->report_success();
@@ -359,7 +443,8 @@ struct Agent::Impl {
     f.exit_code = w.status.exit_code;
     f.signal = w.status.signal;
     f.pid = w.pid;
-    f.timestamp = now_seconds();
+    // Exits reaped in one batch happened in an order we cannot know: they share a time.
+    f.timestamp = failure_report_pending && !failures.empty() ? failures.front().failure.timestamp : now_seconds();
     ErrorFileContent content = read_error_file(w.error_file);
     if (content.present) {
       lf.error_file = w.error_file;
@@ -368,8 +453,33 @@ struct Agent::Impl {
     } else if (!content.problem.empty()) {
       lf.error_file = w.error_file;
       f.error_file_message = content.problem;
+    } else {
+      f.error_file_message = stderr_tail_message(w);
+    }
+    for (const auto& path : {w.stdout_log, w.stderr_log}) {
+      if (!path.empty()) lf.log_files.push_back(path);
     }
     failures.push_back(std::move(lf));
+  }
+
+  // When a worker wrote no error file, the last lines of its stderr stand in for the traceback
+  // (pytorch#113546): from its pipe when tee'd, from stderr.log when redirected. Empty when its
+  // stderr went straight to the console, where the user already sees it.
+  static std::string stderr_tail_message(const Worker& w) {
+    std::string tail;
+    std::string where;
+    if (w.stderr_tail) {
+      tail = w.stderr_tail->text();
+    } else if (!w.stderr_log.empty()) {
+      tail = tail_of_file(w.stderr_log);
+      where = " (" + w.stderr_log + ")";
+    }
+    if (tail.empty()) return {};
+    const std::string head = w.status.signal != 0 ? "Signal " + std::to_string(w.status.signal) + " (" +
+                                                        signal_name(w.status.signal) + ") received by PID " +
+                                                        std::to_string(w.pid)
+                                                  : "the worker wrote no error file";
+    return head + "; the last lines of its stderr" + where + ":\n" + tail;
   }
 
   // Tells the rendezvous about the failure that explains this round's others (rdzv::explains: a
@@ -394,6 +504,9 @@ struct Agent::Impl {
   // stopped already (after a local failure), waits for that stop instead of signalling again
   // (a second SIGTERM could cut a checkpoint short, and would restart the kill deadline).
   void when_stopped(std::function<void()> then) {
+    // A worker that died before this decision arrived is a failure of its round, not a worker
+    // we stopped: hear of it first (it is recorded and reported like any failure).
+    if (state == State::kRunning) processes->reap_exited();
     if (state == State::kStopping) {
       after_stop = std::move(then);
       return;
@@ -425,16 +538,46 @@ struct Agent::Impl {
       for (auto& w : workers) {
         if (!w.alive) continue;
         say("worker " + std::to_string(w.rank) + " (pid " + std::to_string(w.pid) + ") still runs " +
-            std::to_string(options.shutdown_timeout) + " s after it was asked to stop; sending SIGKILL");
-        processes->signal_group(w.pid, SIGKILL);
+            seconds_text(options.shutdown_timeout) + " s after it was asked to stop; sending SIGKILL");
       }
+      kill_now();
+    });
+  }
+
+  // SIGKILLs every live worker's group, and gives up on those that still have not exited
+  // --kill_timeout later: a process stuck in the kernel (state D) cannot be killed, and must
+  // not hang the agent (and with it the job) forever.
+  void kill_now() {
+    for (auto& w : workers) {
+      if (w.alive) processes->signal_group(w.pid, SIGKILL);
+    }
+    give_up_timer.expires_after(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+        std::chrono::duration<double>(options.kill_timeout)));
+    give_up_timer.async_wait([this](const boost::system::error_code& ec) {
+      if (ec || state != State::kStopping) return;
+      for (auto& w : workers) {
+        if (!w.alive) continue;
+        say("worker " + std::to_string(w.rank) + " (pid " + std::to_string(w.pid) + ") has not exited " +
+            seconds_text(options.kill_timeout) +
+            " s after SIGKILL; it is probably stuck in the kernel (see /proc/" + std::to_string(w.pid) +
+            "/stack and its state in /proc/" + std::to_string(w.pid) +
+            "/status); giving up on it. It may still hold resources such as GPU memory.");
+        w.alive = false;
+        w.given_up = true;
+      }
+      stop_done();
     });
   }
 
   void stop_done() {
     kill_timer.cancel();
-    // Leftovers in the workers' process groups (their own children) go with them.
-    for (auto& w : workers) processes->signal_group(w.pid, SIGKILL);
+    give_up_timer.cancel();
+    // Leftovers in the workers' process groups (their own children) go with them, and with a
+    // cgroup, also those that left their group (setsid).
+    for (auto& w : workers) {
+      if (!w.given_up) processes->signal_group(w.pid, SIGKILL);
+    }
+    processes->kill_leftovers();
     drain_pipes();
     state = State::kIdle;
     auto then = std::move(after_stop);
@@ -461,16 +604,19 @@ struct Agent::Impl {
     if (state == State::kDone) return;
     when_stopped([this, first, summary] {
       std::string error_file;
+      std::vector<std::string> log_files;
       std::vector<LocalFailure> others;
       for (const auto& lf : last_failures) {
         const auto& f = lf.failure;
         if (f.host == first.host && f.pid == first.pid && f.rank == first.rank) {
           error_file = lf.error_file;
+          log_files = lf.log_files;
         } else {
           others.push_back(lf);
         }
       }
-      write_all(STDERR_FILENO, format_failure_summary(options.command.program, first, error_file, others));
+      OutputQueue::console().write(
+          STDERR_FILENO, format_failure_summary(options.command.program, first, error_file, others, log_files));
       if (!summary.empty()) say("job failed: " + summary);
       finish(static_cast<int>(ExitCode::kJobFailed));
     });
@@ -497,9 +643,7 @@ struct Agent::Impl {
     if (handled_signal) {
       // A second signal while stopping: do not wait for the grace period.
       say("got " + signal_name(signo) + " again; killing the workers now");
-      for (auto& w : workers) {
-        if (w.alive) processes->signal_group(w.pid, SIGKILL);
-      }
+      if (state == State::kStopping) kill_now();
       return;
     }
     handled_signal = signo;
@@ -518,6 +662,7 @@ struct Agent::Impl {
     boost::system::error_code ignored;
     signals.cancel(ignored);
     kill_timer.cancel();
+    give_up_timer.cancel();
     io.stop();
   }
 };

@@ -39,6 +39,13 @@ struct AgentOptions {
   std::vector<int> local_ranks_filter;  // only these ranks reach the console; empty = all
   std::string line_prefix_template;   // TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE; empty = [role0]:
   double shutdown_timeout = 30.0;     // seconds between SIGTERM and SIGKILL
+  // Seconds after SIGKILL before a worker that still has not exited (stuck in the kernel) is
+  // given up on, with a message naming its pid, so that the agent goes on. Default 30.
+  double kill_timeout = 30.0;
+  // torchrun 2.x --duplicate-stdout-filters / --duplicate-stderr-filters: tee'd lines that
+  // contain any of these strings are also written, prefixed, to
+  // <log_dir>/<run_id>/attempt_<n>/filtered_stdout.log / filtered_stderr.log. Default none.
+  std::vector<std::string> duplicate_stdout_filters, duplicate_stderr_filters;
   std::vector<int> signals = {SIGTERM, SIGINT, SIGHUP, SIGQUIT};  // forwarded to the workers
   // Pick a free port (pick_free_port(master_port_bind_addr)) into node.master_port before each
   // join(). Default on: single-node jobs get a fresh MASTER_PORT every round.

@@ -46,7 +46,7 @@ std::string indent_continuation(const std::string& text, const std::string& pad)
 }
 
 void append_failure(std::ostringstream& os, int idx, const rdzv::WorkerFailure& f,
-                    const std::string& error_file) {
+                    const std::string& error_file, const std::vector<std::string>& log_files) {
   os << "[" << idx << "]:\n";
   os << "  time      : " << format_time(f.timestamp) << "\n";
   os << "  host      : " << f.host << "\n";
@@ -58,6 +58,7 @@ void append_failure(std::ostringstream& os, int idx, const rdzv::WorkerFailure& 
     os << "  exitcode  : " << f.exit_code << " (pid: " << f.pid << ")\n";
   }
   os << "  error_file: " << (error_file.empty() ? "<N/A>" : error_file) << "\n";
+  for (const auto& path : log_files) os << "  log_file  : " << path << "\n";
   std::string message = f.error_file_message;
   if (message.empty()) {
     message = f.signal != 0 ? "Signal " + std::to_string(f.signal) + " (" + signal_name(f.signal) +
@@ -119,15 +120,16 @@ std::string summarise_error_file(const ErrorFileContent& content) {
 
 std::string format_failure_summary(const std::string& title, const rdzv::WorkerFailure& root,
                                    const std::string& root_error_file,
-                                   const std::vector<LocalFailure>& others) {
+                                   const std::vector<LocalFailure>& others,
+                                   const std::vector<std::string>& root_log_files) {
   const std::string border(60, '='), section(60, '-');
   std::ostringstream os;
   os << border << "\n" << title << " FAILED\n" << section << "\nFailures:\n";
   if (others.empty()) os << "  <NO_OTHER_FAILURES>\n";
   int idx = 1;
-  for (const auto& other : others) append_failure(os, idx++, other.failure, other.error_file);
+  for (const auto& other : others) append_failure(os, idx++, other.failure, other.error_file, other.log_files);
   os << section << "\nRoot Cause (first observed failure):\n";
-  append_failure(os, 0, root, root_error_file);
+  append_failure(os, 0, root, root_error_file, root_log_files);
   os << border << "\n";
   return os.str();
 }

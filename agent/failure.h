@@ -31,12 +31,14 @@ std::string signal_name(int signo);
 struct LocalFailure {
   rdzv::WorkerFailure failure;
   std::string error_file;  // path, empty when the worker wrote none
+  std::vector<std::string> log_files;  // its stdout.log / stderr.log under --redirects or --tee
 };
 
 // Root cause first, then the others, as torchrun prints them. `title` names the program.
 std::string format_failure_summary(const std::string& title, const rdzv::WorkerFailure& root,
                                    const std::string& root_error_file,
-                                   const std::vector<LocalFailure>& others);
+                                   const std::vector<LocalFailure>& others,
+                                   const std::vector<std::string>& root_log_files = {});
 
 // WorkerFailure.error_file_message from an error file's content: the message, then the
 // traceback when there is one.

@@ -1,5 +1,8 @@
 #include "agent/process.h"
 
+#include "agent/containment.h"
+#include "agent/fds.h"
+
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -37,17 +40,26 @@ class PosixProcesses final : public Processes {
       if (found.empty()) throw SpawnError("cannot start " + exe + ": not found in PATH");
       exe = found.string();
     }
+    // Whatever was opened since the last spawn (a rendezvous socket) becomes close-on-exec.
+    mark_open_fds_cloexec();
     bp::environment env;
     for (const auto& [k, v] : request.env) env[k] = v;
+    env[Containment::kMarkerVariable] = containment_.marker_value();
     const pid_t parent = ::getpid();
     const int out_fd = request.stdout_fd, err_fd = request.stderr_fd;
-    auto setup = [parent, out_fd, err_fd](auto& /*executor*/) {
+    const int cgroup_procs = containment_.cgroup_procs_fd();
+    auto setup = [parent, out_fd, err_fd, cgroup_procs](auto& /*executor*/) {
       // Runs in the child between fork and exec: only async-signal-safe calls.
       ::setpgid(0, 0);
+      // Into the worker group's cgroup, which cgroup.kill ends whole (docs/agent.md).
+      if (cgroup_procs >= 0) (void)!::write(cgroup_procs, "0", 1);
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (::getppid() != parent) ::_exit(137);  // the agent died before prctl took effect
       if (out_fd >= 0) ::dup2(out_fd, STDOUT_FILENO);
       if (err_fd >= 0) ::dup2(err_fd, STDERR_FILENO);
+      // A worker gets 0, 1 and 2 and nothing else of the agent's (torchrun's close_fds=True),
+      // whether or not each descriptor was opened close-on-exec.
+      cloexec_fds_from(3);
       // The agent's signal handlers are reset by exec; its ignored (SIGPIPE) and blocked
       // signals would not be.
       struct sigaction dfl {};
@@ -66,6 +78,8 @@ class PosixProcesses final : public Processes {
     child.detach();  // reaped by the SIGCHLD loop below
     // Close the window where the parent signals the group before the child ran setpgid.
     ::setpgid(pid, pid);
+    containment_.watch_group(pid);
+    containment_.check_member(pid);
     return pid;
   }
 
@@ -73,7 +87,14 @@ class PosixProcesses final : public Processes {
     if (pgid > 0) ::kill(-pgid, signo);
   }
 
+  void kill_leftovers() override { containment_.kill_all(); }
+
+  void reap_exited() override {
+    if (!closed_) reap();
+  }
+
   void close() override {
+    containment_.kill_all();
     closed_ = true;
     boost::system::error_code ignored;
     sigchld_.cancel(ignored);
@@ -108,6 +129,7 @@ class PosixProcesses final : public Processes {
   boost::asio::signal_set sigchld_;
   ExitHandler on_exit_;
   bool closed_ = false;
+  Containment containment_;  // its destructor ends the sentinel, which removes the cgroup
 };
 
 }  // namespace

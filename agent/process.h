@@ -43,12 +43,23 @@ class Processes {
   virtual ~Processes() = default;
   // REQUIRES: called once, before spawn(). `on_exit` fires once per spawned process.
   virtual void set_exit_handler(ExitHandler on_exit) = 0;
-  // Starts a process in a new process group (its pid is the group id) that dies with the agent.
+  // Starts a process in a new process group (its pid is the group id) that dies with the agent,
+  // and so does everything it starts (a sentinel process and a cgroup: agent/containment.h).
+  // The process inherits descriptors 0, 1 and 2 only.
   // Returns its pid. Throws SpawnError.
   virtual int spawn(const SpawnRequest& request) = 0;
   // Sends `signo` to the process group `pgid`; a group that is gone is not an error.
   virtual void signal_group(int pgid, int signo) = 0;
-  // Stops listening for exits (the agent is done).
+  // SIGKILLs whatever is left of the worker group after its workers were reaped: the members of
+  // their process groups and, where the machine has a cgroup for them, everything in it
+  // (processes that called setsid). The fake of the tests has nothing to clean up.
+  virtual void kill_leftovers() {}
+  // Delivers now, through the exit handler, the exits of processes that have already ended,
+  // whose SIGCHLD may still wait behind other events (an agent that was descheduled or stopped
+  // sees a socket message and a SIGCHLD at once, in no defined order). The fake delivers its
+  // exits itself.
+  virtual void reap_exited() {}
+  // Kills what is left (kill_leftovers()) and stops listening for exits (the agent is done).
   virtual void close() = 0;
 };
 

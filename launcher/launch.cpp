@@ -139,6 +139,8 @@ std::unique_ptr<agent::RendezvousHandler> make_rendezvous(boost::asio::io_contex
     remote.token = read_token(config);
     remote.connect_timeout = config.timeouts.join_timeout;
     remote.standalone = config.standalone;
+    // Through the agent's bounded console queue: a stalled console must not stop heartbeats.
+    remote.log = [](const std::string& line) { agent::OutputQueue::console().write(STDERR_FILENO, "[ddplaunch] " + line + "\n"); };
     auto host = config.rdzv_conf.find("is_host");
     if (host != config.rdzv_conf.end()) {
       const std::string& v = host->second;

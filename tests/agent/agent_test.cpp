@@ -4,9 +4,13 @@
 
 #include <signal.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <boost/asio/post.hpp>
 #include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <iterator>
 #include <functional>
 #include <optional>
 #include <map>
@@ -16,6 +20,7 @@
 #include "agent/agent.h"
 #include "agent/exit_codes.h"
 #include "agent/local_rendezvous.h"
+#include "agent/logs.h"
 
 using namespace ddp::agent;
 namespace asio = boost::asio;
@@ -35,6 +40,8 @@ class FakeProcesses final : public Processes {
   };
   std::map<int, Record>* records = nullptr;  // owned by the test
   std::vector<std::pair<int, int>>* signals_sent = nullptr;
+  // Workers for which this is true ignore every signal, SIGKILL included (stuck in the kernel).
+  std::function<bool(const std::map<std::string, std::string>& env)> unkillable;
 
   void set_exit_handler(ExitHandler on_exit) override { on_exit_ = std::move(on_exit); }
   int spawn(const SpawnRequest& req) override {
@@ -46,6 +53,7 @@ class FakeProcesses final : public Processes {
   void signal_group(int pgid, int signo) override {
     signals_sent->push_back({pgid, signo});
     auto it = records->find(pgid);
+    if (it != records->end() && unkillable && unkillable(it->second.env)) return;
     if (it != records->end() && it->second.alive) {
       ExitStatus st;
       st.signal = signo;
@@ -77,6 +85,9 @@ struct Fixture {
   }
   ~Fixture() { std::system(("rm -rf '" + log_dir + "'").c_str()); }
 
+  std::function<bool(const std::map<std::string, std::string>& env)> unkillable;
+  std::function<void(AgentOptions&)> tweak;
+
   int run(int nproc, int max_restarts, FakeProcesses::Behaviour behaviour) {
     AgentOptions o;
     o.node.local_world_size = nproc;
@@ -86,11 +97,13 @@ struct Fixture {
     o.log_dir = log_dir;
     o.signals = {};
     o.shutdown_timeout = 5;
+    if (tweak) tweak(o);
     LocalRendezvousOptions ro;
     ro.max_restarts = max_restarts;
     auto procs = std::make_unique<FakeProcesses>(io, std::move(behaviour));
     procs->records = &records;
     procs->signals_sent = &signals_sent;
+    procs->unkillable = unkillable;
     Agent agent(io, o, std::make_unique<LocalRendezvous>(io, ro), std::move(procs));
     return agent.run();
   }
@@ -101,6 +114,23 @@ struct Fixture {
     return out;
   }
 };
+
+// Runs `body` with this process's stderr sent to a file; returns what was written to it.
+std::string capture_stderr(const std::function<void()>& body) {
+  char templ[] = "/tmp/ddplaunch_agent_stderr_XXXXXX";
+  const int capture = ::mkstemp(templ);
+  const int saved = ::dup(STDERR_FILENO);
+  ::dup2(capture, STDERR_FILENO);
+  body();
+  OutputQueue::console().flush(std::chrono::seconds(10));
+  ::dup2(saved, STDERR_FILENO);
+  ::close(saved);
+  ::close(capture);
+  std::ifstream in(templ);
+  std::string err((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ::unlink(templ);
+  return err;
+}
 
 ExitStatus exited(int code) {
   ExitStatus s;
@@ -158,5 +188,49 @@ TEST_SUITE("the agent supervises its worker group") {
     });
     CHECK(code == 0);
     for (const auto& port : f.values_of("MASTER_PORT")) CHECK(std::stoi(port) > 0);
+  }
+
+  TEST_CASE("a worker that survives SIGKILL is given up on after the kill timeout, naming its pid") {
+    Fixture f;
+    // Local rank 0 fails; local rank 1 cannot be killed. The agent must still end the job.
+    f.unkillable = [](const auto& env) { return env.at("LOCAL_RANK") == "1"; };
+    f.tweak = [](AgentOptions& o) {
+      o.shutdown_timeout = 0.01;
+      o.kill_timeout = 0.01;
+    };
+    int code = -1;
+    const std::string err = capture_stderr([&] {
+      code = f.run(2, 0, [](const auto& env) -> std::optional<ExitStatus> {
+        if (env.at("LOCAL_RANK") == "0") return exited(1);
+        return std::nullopt;
+      });
+    });
+    CHECK(code == static_cast<int>(ddp::ExitCode::kJobFailed));
+    CHECK(std::count(f.signals_sent.begin(), f.signals_sent.end(), std::make_pair(1001, SIGTERM)) == 1);
+    CHECK(std::count(f.signals_sent.begin(), f.signals_sent.end(), std::make_pair(1001, SIGKILL)) >= 1);
+    CHECK(err.find("worker 1 (pid 1001) has not exited") != std::string::npos);
+    CHECK(err.find("giving up on it") != std::string::npos);
+  }
+
+  TEST_CASE("a worker killed by a signal is the root cause over a peer reaped with it that exited 1") {
+    Fixture f;
+    // Both exits are reaped in one batch, the peer's first: the signal is still the cause.
+    int code = -1;
+    const std::string err = capture_stderr([&] {
+      code = f.run(2, 0, [](const auto& env) -> std::optional<ExitStatus> {
+        if (env.at("LOCAL_RANK") == "0") return exited(1);
+        ExitStatus killed;
+        killed.signal = SIGKILL;
+        return killed;
+      });
+    });
+    CHECK(code == static_cast<int>(ddp::ExitCode::kJobFailed));
+    const auto root = err.find("Root Cause");
+    REQUIRE(root != std::string::npos);
+    CHECK(err.find("rank      : 1 (local_rank: 1)", root) != std::string::npos);
+    CHECK(err.find("signal    : 9 (SIGKILL)", root) != std::string::npos);
+    // The peer is listed among the other failures.
+    CHECK(err.substr(0, root).find("rank      : 0 (local_rank: 0)") != std::string::npos);
+    CHECK(err.find("worker 1 (local rank 1, pid 1001) was killed by SIGKILL") != std::string::npos);
   }
 }

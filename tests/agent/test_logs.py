@@ -4,6 +4,7 @@ whole, with a prefix; --local_ranks_filter limits which ranks reach the console.
 
 import os
 import re
+import socket
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -84,6 +85,14 @@ class WorkerLogs(LaunchTestCase):
         # Rank 0 was not tee'd: its output reaches the console unprefixed, and has no log file.
         self.assertRegex(result.stdout, r"(?m)^0-2-0+$")
         self.assertFalse(os.path.exists(self.worker_file("pjob", 0, 0, "stdout.log")))
+
+    def test_the_prefix_template_can_name_the_host(self):
+        result = self.launch(["--nproc_per_node=2", "--tee=3", "--log_dir", self.logs(), "--no_python", "/bin/echo", "hi"],
+                             env={"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[${hostname}:${rank}]:"})
+        self.assertEqual(result.returncode, 0, result.describe())
+        host = socket.gethostname()
+        self.assertEqual(sorted(l for l in result.stdout.splitlines() if l.endswith("hi")),
+                         ["[%s:0]:hi" % host, "[%s:1]:hi" % host])
 
     def test_local_ranks_filter_limits_the_console_to_those_ranks(self):
         script = self.script("pieces.py", PIECES)

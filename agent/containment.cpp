@@ -1,0 +1,347 @@
+#include "agent/containment.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include "agent/fds.h"
+
+namespace ddp::agent {
+
+namespace {
+
+// One message from the agent to the sentinel: op '+' watches `pgid`, 'c' forgets every group.
+// 8 bytes, so every write is atomic (< PIPE_BUF) and reads see whole messages.
+struct Message {
+  char op;
+  char pad[3];
+  int pgid;
+};
+static_assert(sizeof(Message) == 8);
+
+// ---- async-signal-safe helpers: they run in the sentinel (a child of a threaded process) ----
+
+struct Dirent64 {  // the kernel's struct linux_dirent64
+  unsigned long long d_ino;
+  long long d_off;
+  unsigned short d_reclen;
+  unsigned char d_type;
+  char d_name[];
+};
+
+char g_dents[32768];
+char g_environ[1 << 20];  // a process's environment is at most ARG_MAX-ish; bigger ones are cut
+
+// Kills every process but this one whose environment holds the entry `entry` ("NAME=value").
+// Raw syscalls and static buffers only. Returns how many it signalled.
+int kill_marked(const char* entry) {
+  const std::size_t entry_len = std::strlen(entry);
+  const int dir = ::open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir < 0) return 0;
+  const pid_t self = ::getpid();
+  int killed = 0;
+  for (;;) {
+    const long n = ::syscall(SYS_getdents64, dir, g_dents, sizeof g_dents);
+    if (n <= 0) break;
+    for (long off = 0; off < n;) {
+      const auto* d = reinterpret_cast<const Dirent64*>(g_dents + off);
+      off += d->d_reclen;
+      pid_t pid = 0;
+      const char* c = d->d_name;
+      for (; *c >= '0' && *c <= '9'; ++c) pid = pid * 10 + (*c - '0');
+      if (*c != '\0' || pid <= 0 || pid == self) continue;
+      char path[64] = "/proc/";
+      std::size_t len = 6;
+      for (const char* q = d->d_name; *q != '\0' && len < 40; ++q) path[len++] = *q;
+      std::memcpy(path + len, "/environ", 9);
+      const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+      if (fd < 0) continue;
+      std::size_t have = 0;
+      for (ssize_t r; have < sizeof g_environ && (r = ::read(fd, g_environ + have, sizeof g_environ - have)) > 0;) {
+        have += static_cast<std::size_t>(r);
+      }
+      ::close(fd);
+      for (std::size_t pos = 0; pos + entry_len <= have;) {
+        if (std::memcmp(g_environ + pos, entry, entry_len) == 0 &&
+            (pos + entry_len == have || g_environ[pos + entry_len] == '\0')) {
+          ::kill(pid, SIGKILL);
+          ++killed;
+          break;
+        }
+        const void* next = std::memchr(g_environ + pos, '\0', have - pos);
+        if (next == nullptr) break;
+        pos = static_cast<std::size_t>(static_cast<const char*>(next) - g_environ) + 1;
+      }
+    }
+  }
+  ::close(dir);
+  return killed;
+}
+
+// Kills the marked processes; again while some were found (one may have forked meanwhile).
+void kill_all_marked(const char* entry) {
+  for (int round = 0; round < 5 && kill_marked(entry) > 0; ++round) {
+  }
+}
+
+// ---- the sentinel: runs in the forked child; async-signal-safe calls only, no allocation ----
+
+constexpr int kMaxGroups = 8192;
+int g_groups[kMaxGroups];
+int g_group_count = 0;
+bool g_cgroup_failed = false;  // the agent found a worker outside the cgroup: use the marker
+
+void sentinel_detach_from_agent(int keep_fd) {
+  ::setpgid(0, 0);  // a kill of the agent's process group must not take the sentinel with it
+  struct sigaction sa {};
+  for (int s = 1; s < NSIG; ++s) {
+    const bool ignore = s == SIGINT || s == SIGTERM || s == SIGHUP || s == SIGQUIT || s == SIGPIPE ||
+                        s == SIGTSTP || s == SIGTTIN || s == SIGTTOU;
+    sa.sa_handler = ignore ? SIG_IGN : SIG_DFL;
+    ::sigaction(s, &sa, nullptr);  // fails harmlessly for SIGKILL, SIGSTOP
+  }
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  ::prctl(PR_SET_NAME, "ddp-sentinel", 0, 0, 0);
+  const int null_fd = ::open("/dev/null", O_RDWR);
+  if (null_fd >= 0) {
+    ::dup2(null_fd, 0);
+    ::dup2(null_fd, 1);
+    ::dup2(null_fd, 2);
+  }
+  // Hold nothing of the agent's: its sockets, its console pipes (a reader waiting for end of
+  // file must not wait for us), the pipe's write end (or end of file would never come).
+  close_fds_from(3, keep_fd);
+}
+
+void sentinel_kill_everything(const char* cgroup_kill, const char* cgroup_events, const char* cgroup_dir,
+                              const char* marker) {
+  for (int i = 0; i < g_group_count; ++i) ::kill(-g_groups[i], SIGKILL);
+  g_group_count = 0;
+  if (cgroup_kill[0] == '\0' || g_cgroup_failed) {
+    kill_all_marked(marker);  // no cgroup: what left its group is found by its environment
+    return;
+  }
+  const int kfd = ::open(cgroup_kill, O_WRONLY | O_CLOEXEC);
+  if (kfd >= 0) {
+    (void)!::write(kfd, "1", 1);
+    ::close(kfd);
+  }
+  // Wait (at most 5 s) until the cgroup is empty, so that it can be removed.
+  const int efd = ::open(cgroup_events, O_RDONLY | O_CLOEXEC);
+  if (efd >= 0) {
+    for (int waited_ms = 0; waited_ms < 5000;) {
+      char buf[256];
+      const ssize_t n = ::pread(efd, buf, sizeof buf - 1, 0);
+      if (n <= 0) break;
+      buf[n] = '\0';
+      if (std::strstr(buf, "populated 0") != nullptr) break;
+      struct pollfd p {efd, POLLPRI, 0};
+      ::poll(&p, 1, 100);  // cgroup.events signals a change with POLLPRI
+      waited_ms += 100;
+    }
+    ::close(efd);
+  }
+  ::rmdir(cgroup_dir);
+}
+
+[[noreturn]] void sentinel_main(int read_fd, const char* cgroup_kill, const char* cgroup_events,
+                                const char* cgroup_dir, const char* marker) {
+  sentinel_detach_from_agent(read_fd);
+  char buf[512];
+  std::size_t have = 0;
+  for (;;) {
+    const ssize_t n = ::read(read_fd, buf + have, sizeof buf - have);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;  // the agent is gone (or closed the pipe on its way out)
+    have += static_cast<std::size_t>(n);
+    std::size_t off = 0;
+    for (; have - off >= sizeof(Message); off += sizeof(Message)) {
+      Message m;
+      std::memcpy(&m, buf + off, sizeof m);
+      if (m.op == '+' && m.pgid > 0 && g_group_count < kMaxGroups) g_groups[g_group_count++] = m.pgid;
+      if (m.op == 'c') g_group_count = 0;
+      if (m.op == 'n') g_cgroup_failed = true;
+    }
+    std::memmove(buf, buf + off, have - off);
+    have -= off;
+  }
+  sentinel_kill_everything(cgroup_kill, cgroup_events, cgroup_dir, marker);
+  ::_exit(0);
+}
+
+std::string read_file(const char* path) {
+  std::ifstream in(path);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+std::string own_cgroup_dir(std::string& problem) {
+  // /proc/self/mountinfo: "36 25 0:31 / /sys/fs/cgroup rw,... - cgroup2 cgroup2 rw"
+  std::string mount_root, mount_point;
+  std::istringstream mounts(read_file("/proc/self/mountinfo"));
+  for (std::string line; std::getline(mounts, line);) {
+    const auto dash = line.find(" - ");
+    if (dash == std::string::npos || line.compare(dash + 3, 8, "cgroup2 ") != 0) continue;
+    std::istringstream fields(line.substr(0, dash));
+    std::string id, parent, dev;
+    fields >> id >> parent >> dev >> mount_root >> mount_point;
+    break;
+  }
+  if (mount_point.empty()) {
+    problem = "no cgroup2 file system is mounted";
+    return {};
+  }
+  // /proc/self/cgroup: "0::/user.slice/..." is our place in the unified hierarchy.
+  std::string path;
+  std::istringstream groups(read_file("/proc/self/cgroup"));
+  for (std::string line; std::getline(groups, line);) {
+    if (line.rfind("0::", 0) == 0) path = line.substr(3);
+  }
+  if (path.empty()) {
+    problem = "this process has no cgroup v2 (no \"0::\" line in /proc/self/cgroup)";
+    return {};
+  }
+  if (mount_root != "/" && path.rfind(mount_root, 0) == 0) path = path.substr(mount_root.size());
+  if (path == "/") path.clear();
+  return mount_point + path;
+}
+
+Containment::Containment() {
+  std::random_device random;
+  marker_value_ = std::to_string(::getpid()) + "." + std::to_string(random()) + std::to_string(random());
+  marker_entry_ = std::string(kMarkerVariable) + "=" + marker_value_;
+  create_cgroup();
+  start_sentinel();
+}
+
+Containment::~Containment() {
+  if (pipe_fd_ >= 0) ::close(pipe_fd_);  // the sentinel wakes up, cleans up, and exits
+  if (sentinel_pid_ > 0) {
+    // Bounded: the sentinel waits at most 5 s for the cgroup to empty. Waiting here means
+    // nothing of the job is left when ddplaunch exits. ECHILD: the SIGCHLD reaper got it.
+    while (::waitpid(sentinel_pid_, nullptr, 0) < 0 && errno == EINTR) {
+    }
+  }
+  if (procs_fd_ >= 0) ::close(procs_fd_);
+  if (kill_fd_ >= 0) ::close(kill_fd_);
+}
+
+void Containment::create_cgroup() {
+  const char* off = std::getenv("DDPLAUNCH_NO_CGROUP");
+  if (off != nullptr && *off != '\0' && std::strcmp(off, "0") != 0) {
+    cgroup_problem_ = "DDPLAUNCH_NO_CGROUP is set";
+    return;
+  }
+  std::string problem;
+  const std::string parent = own_cgroup_dir(problem);
+  if (parent.empty()) {
+    cgroup_problem_ = problem;
+    return;
+  }
+  const std::string dir = parent + "/ddplaunch-" + std::to_string(::getpid());
+  if (::mkdir(dir.c_str(), 0755) != 0) {
+    // A leftover of an earlier agent with our pid (it and its sentinel were both killed).
+    if (errno != EEXIST || ::rmdir(dir.c_str()) != 0 || ::mkdir(dir.c_str(), 0755) != 0) {
+      cgroup_problem_ = "cannot create cgroup " + dir + ": " + std::strerror(errno);
+      return;
+    }
+  }
+  kill_fd_ = ::open((dir + "/cgroup.kill").c_str(), O_WRONLY | O_CLOEXEC);
+  if (kill_fd_ < 0) {
+    cgroup_problem_ = "cgroup " + dir + " has no cgroup.kill (it needs Linux 5.14 or later): " + std::strerror(errno);
+    ::rmdir(dir.c_str());
+    return;
+  }
+  procs_fd_ = ::open((dir + "/cgroup.procs").c_str(), O_WRONLY | O_CLOEXEC);
+  if (procs_fd_ < 0) {
+    cgroup_problem_ = "cannot open " + dir + "/cgroup.procs: " + std::strerror(errno);
+    ::close(kill_fd_);
+    kill_fd_ = -1;
+    ::rmdir(dir.c_str());
+    return;
+  }
+  cgroup_dir_ = dir;
+}
+
+void Containment::start_sentinel() {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) return;
+  // Prepared before fork: the child must not allocate.
+  const std::string kill_path = cgroup_dir_.empty() ? "" : cgroup_dir_ + "/cgroup.kill";
+  const std::string events_path = cgroup_dir_.empty() ? "" : cgroup_dir_ + "/cgroup.events";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    sentinel_main(fds[0], kill_path.c_str(), events_path.c_str(), cgroup_dir_.c_str(), marker_entry_.c_str());
+  }
+  ::close(fds[0]);
+  if (pid < 0) {
+    ::close(fds[1]);
+    return;
+  }
+  sentinel_pid_ = pid;
+  pipe_fd_ = fds[1];
+}
+
+void Containment::send(char op, int pgid) {
+  if (pipe_fd_ < 0) return;
+  Message m{};
+  m.op = op;
+  m.pgid = pgid;
+  while (::write(pipe_fd_, &m, sizeof m) < 0 && errno == EINTR) {
+  }
+}
+
+void Containment::watch_group(int pgid) {
+  groups_.push_back(pgid);
+  send('+', pgid);
+}
+
+void Containment::check_member(int pid) {
+  if (cgroup_dir_.empty() || checked_) return;
+  checked_ = true;
+  std::ifstream in("/proc/" + std::to_string(pid) + "/cgroup");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("0::", 0) == 0 && line.size() > 3 &&
+        cgroup_dir_.size() >= line.size() - 3 &&
+        cgroup_dir_.compare(cgroup_dir_.size() - (line.size() - 3), std::string::npos, line.substr(3)) == 0) {
+      return;  // our cgroup's path ends with the worker's: it joined
+    }
+  }
+  // The worker could not join (its write to cgroup.procs failed): fall back to the marker.
+  cgroup_problem_ = "worker " + std::to_string(pid) + " did not join cgroup " + cgroup_dir_;
+  send('n', 0);
+  ::close(procs_fd_);
+  ::close(kill_fd_);
+  procs_fd_ = kill_fd_ = -1;
+}
+
+void Containment::kill_all() {
+  for (int pgid : groups_) ::kill(-pgid, SIGKILL);
+  groups_.clear();
+  send('c', 0);
+  if (kill_fd_ >= 0) {
+    (void)!::write(kill_fd_, "1", 1);
+  } else {
+    kill_all_marked(marker_entry_.c_str());
+  }
+}
+
+}  // namespace ddp::agent

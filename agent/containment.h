@@ -1,0 +1,80 @@
+// Keeps everything a worker group starts killable as a whole, even when the agent itself is
+// SIGKILLed. Two mechanisms, both owned here:
+//
+// - A sentinel: a tiny process forked from the agent that blocks reading a pipe whose only
+//   write end the agent holds (close-on-exec, so no worker inherits it). When the agent dies,
+//   for whatever reason, the read returns end of file and the sentinel SIGKILLs every process
+//   group the agent told it about (each worker leads one) and the cgroup below, then exits.
+//   The parent-death signal alone reaches only the workers, not what they started.
+// - A cgroup v2 of the worker group's own, <agent's cgroup>/ddplaunch-<agent pid>, when the
+//   machine allows it (a cgroup2 mount, our cgroup writable, cgroup.kill: Linux >= 5.14).
+//   Workers join it between fork and exec; `cgroup.kill` then ends processes that left their
+//   process group too (setsid, double fork). DDPLAUNCH_NO_CGROUP=1 turns it off.
+// - Without a cgroup, a marker: every worker gets DDPLAUNCH_SUPERVISOR=<agent pid>.<random> in
+//   its environment, which its descendants inherit; the sentinel (and kill_all()) kill every
+//   process whose /proc/<pid>/environ holds it. A process that clears its environment escapes:
+//   that limit is documented in docs/agent.md.
+//
+// Owned by PosixProcesses; lives for the agent run. Not thread-safe: called from the agent's
+// io_context thread only. The sentinel is forked in the constructor and does only
+// async-signal-safe work (the agent may already run threads).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace ddp::agent {
+
+class Containment {
+ public:
+  Containment();
+  ~Containment();  // the sentinel kills what is left, removes the cgroup, and exits
+  Containment(const Containment&) = delete;
+  Containment& operator=(const Containment&) = delete;
+
+  // The worker group's cgroup directory, empty when there is none (see cgroup_problem()).
+  const std::string& cgroup_dir() const { return cgroup_dir_; }
+  // Why there is no cgroup ("no cgroup2 file system is mounted", ...); empty when there is one.
+  const std::string& cgroup_problem() const { return cgroup_problem_; }
+  // An open (close-on-exec) descriptor of the cgroup's cgroup.procs, or -1: a child joins the
+  // cgroup by writing "0" to it between fork and exec.
+  int cgroup_procs_fd() const { return procs_fd_; }
+  // Whether the sentinel runs (it cannot when fork fails; the agent then warns once).
+  bool sentinel_running() const { return sentinel_pid_ > 0; }
+  int sentinel_pid() const { return sentinel_pid_; }
+
+  // The environment variable every worker gets (kMarkerVariable=marker_value()).
+  static constexpr const char* kMarkerVariable = "DDPLAUNCH_SUPERVISOR";
+  const std::string& marker_value() const { return marker_value_; }
+
+  // Tells the sentinel about a process group to kill if the agent dies.
+  void watch_group(int pgid);
+  // Checks (once, on the first worker) that `pid` joined the cgroup; when it did not, the
+  // cgroup is abandoned for the marker, here and in the sentinel.
+  void check_member(int pid);
+  // SIGKILLs every watched process group and everything in the cgroup (without one: every
+  // marked process), then forgets the groups. REQUIRES: the group leaders have been reaped (so their ids cannot be reused while
+  // the sentinel still holds them).
+  void kill_all();
+
+ private:
+  void create_cgroup();
+  void start_sentinel();
+  void send(char op, int pgid);
+
+  std::string marker_value_, marker_entry_;
+  std::string cgroup_dir_;
+  std::string cgroup_problem_;
+  int procs_fd_ = -1;
+  int kill_fd_ = -1;
+  int pipe_fd_ = -1;  // write end; the sentinel reads the other end
+  int sentinel_pid_ = -1;
+  bool checked_ = false;
+  std::vector<int> groups_;
+};
+
+// Where this process's cgroup v2 lives in the file system ("/sys/fs/cgroup/user.slice/..."),
+// or empty with `problem` set. Reads /proc/self/mountinfo and /proc/self/cgroup.
+std::string own_cgroup_dir(std::string& problem);
+
+}  // namespace ddp::agent
