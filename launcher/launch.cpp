@@ -40,28 +40,6 @@ std::string random_run_id() {
   return buf;
 }
 
-bool is_executable_file(const std::string& path) {
-  struct stat st {};
-  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0;
-}
-
-// The path of `name` as execvp would find it; empty when not found.
-std::string find_in_path(const std::string& name) {
-  if (name.find('/') != std::string::npos) return is_executable_file(name) ? name : "";
-  const char* path = std::getenv("PATH");
-  std::string dirs = path ? path : "/usr/local/bin:/usr/bin:/bin";
-  std::size_t start = 0;
-  while (start <= dirs.size()) {
-    std::size_t end = dirs.find(':', start);
-    if (end == std::string::npos) end = dirs.size();
-    std::string dir = dirs.substr(start, end - start);
-    std::string candidate = (dir.empty() ? "." : dir) + "/" + name;
-    if (is_executable_file(candidate)) return candidate;
-    start = end + 1;
-  }
-  return "";
-}
-
 std::vector<int> per_rank_bits(const StdSpec& spec, int nproc) {
   std::vector<int> bits(nproc);
   for (int lr = 0; lr < nproc; ++lr) bits[lr] = spec.for_rank(lr);
@@ -112,19 +90,20 @@ std::string read_token(const LaunchConfig& config) {
   return token;
 }
 
-agent::FingerprintOptions fingerprint_options(const LaunchConfig& config) {
+agent::FingerprintOptions fingerprint_options(const LaunchConfig& config,
+                                              const ResolvedProgram& program) {
   agent::FingerprintOptions o;
-  o.program = config.program;
-  o.python = !config.no_python;
-  o.module = config.module;
+  o.program = program.path;
+  o.python = program.run_as != RunAs::kExecutable;
+  o.module = program.run_as == RunAs::kModule;
   o.python_exec = config.python;
   o.env_lock = config.env_lock;
   return o;
 }
 
-nlohmann::json node_fingerprint(const LaunchConfig& config) {
+nlohmann::json node_fingerprint(const LaunchConfig& config, const ResolvedProgram& program) {
   try {
-    return agent::compute_fingerprint(fingerprint_options(config));
+    return agent::compute_fingerprint(fingerprint_options(config, program));
   } catch (const agent::FingerprintError& e) {
     throw UsageError(std::string("ddplaunch: --env_lock: ") + e.what());
   }
@@ -179,8 +158,8 @@ std::unique_ptr<agent::RendezvousHandler> make_rendezvous(boost::asio::io_contex
   return std::make_unique<agent::LocalRendezvous>(io, opts);
 }
 
-agent::AgentOptions make_agent_options(const LaunchConfig& config, const std::string& log_dir,
-                                       const std::string& run_id) {
+agent::AgentOptions make_agent_options(const LaunchConfig& config, const ResolvedProgram& program,
+                                       const std::string& log_dir, const std::string& run_id) {
   agent::AgentOptions o;
   o.node.job_id = run_id;
   o.node.host = hostname();
@@ -194,10 +173,10 @@ agent::AgentOptions make_agent_options(const LaunchConfig& config, const std::st
   o.node.timeouts = config.timeouts;
   o.node.timeouts.shutdown_timeout = config.shutdown_timeout;
   o.command.python = config.python;
-  o.command.no_python = config.no_python;
-  o.command.module = config.module;
-  o.command.run_path = config.run_path;
-  o.command.program = config.program;
+  o.command.no_python = program.run_as == RunAs::kExecutable;
+  o.command.module = program.run_as == RunAs::kModule;
+  o.command.run_path = program.run_as == RunAs::kRunPath;
+  o.command.program = program.path;
   o.command.args = config.program_args;
   o.role = config.role;
   o.run_id = run_id;
@@ -216,36 +195,30 @@ agent::AgentOptions make_agent_options(const LaunchConfig& config, const std::st
   return o;
 }
 
-void check_program(const LaunchConfig& config) {
-  if (config.program.empty()) {
-    throw UsageError("ddplaunch: no training program given; usage: ddplaunch [options] "
-                     "TRAINING_SCRIPT [ARGS...] (see --help)");
-  }
-  if (config.no_python) {
-    if (find_in_path(config.program).empty()) {
-      throw UsageError("ddplaunch: --no_python program " + config.program +
-                       (config.program.find('/') == std::string::npos ? " was not found in PATH"
-                                                                       : " does not exist or is not executable") +
-                       "; give a path to an executable file");
-    }
-    return;
-  }
-  if (find_in_path(config.python).empty()) {
-    throw UsageError("ddplaunch: Python interpreter " + config.python +
-                     " was not found; set --python or $PYTHON_EXEC to an interpreter path, or use --no_python");
-  }
-  if (!config.module) {
-    struct stat st {};
-    if (::stat(config.program.c_str(), &st) != 0 || S_ISDIR(st.st_mode)) {
-      throw UsageError("ddplaunch: training script " + config.program +
-                       " does not exist; give the path of a Python file, -m MODULE for a module, "
-                       "or --no_python for an executable");
-    }
-  }
+ProgramRequest program_request(const LaunchConfig& config) {
+  ProgramRequest r;
+  r.program = config.program;
+  r.module = config.module;
+  r.no_python = config.no_python;
+  r.run_path = config.run_path;
+  r.python = config.python;
+  return r;
 }
 
 int check_env(const LaunchConfig& config) {
-  nlohmann::json mine = node_fingerprint(config);
+  // --check_env needs no PROGRAM; given one, it is hashed as the workers would run it.
+  // A PROGRAM that cannot start is not this command's concern: it is recorded as given.
+  ResolvedProgram program{config.no_python ? RunAs::kExecutable
+                          : config.module  ? RunAs::kModule
+                                           : RunAs::kPython,
+                          config.program, ""};
+  if (!config.program.empty()) {
+    try {
+      program = resolve_program(program_request(config));
+    } catch (const UsageError&) {
+    }
+  }
+  nlohmann::json mine = node_fingerprint(config, program);
   std::fputs(agent::render_fingerprint_table(mine).c_str(), stdout);
   if (config.rdzv_endpoint.empty() || config.rdzv_id.empty() || config.rdzv_id == "none") {
     return static_cast<int>(ExitCode::kSuccess);
@@ -290,18 +263,19 @@ int check_env(const LaunchConfig& config) {
 
 int launch(const LaunchConfig& config) {
   if (config.check_env) return check_env(config);
-  check_program(config);
+  const ResolvedProgram program = resolve_program(program_request(config));
+  if (!program.note.empty()) std::fprintf(stderr, "ddplaunch: %s\n", program.note.c_str());
   boost::asio::io_context io(1);
   auto rendezvous = make_rendezvous(io, config);
   std::string run_id = config.rdzv_id;
   if (config.standalone && (run_id.empty() || run_id == "none")) run_id = random_run_id();
   if (run_id.empty()) run_id = "none";
   const std::string log_dir = resolve_log_dir(config);
-  agent::AgentOptions options = make_agent_options(config, log_dir, run_id);
+  agent::AgentOptions options = make_agent_options(config, program, log_dir, run_id);
   // The fingerprint is computed before the agent reaps children (its probe waits on its own
   // child) and only where a rendezvous compares nodes.
   if (!uses_local_rendezvous(config) && config.env_check != "off" && !config.standalone) {
-    options.node.fingerprint = node_fingerprint(config);
+    options.node.fingerprint = node_fingerprint(config, program);
   }
   agent::Agent agent(io, std::move(options), std::move(rendezvous));
   return agent.run();
