@@ -226,6 +226,7 @@ struct Agent::Impl {
     round.local_world_size = options.node.local_world_size;
     round.role = options.role;
     round.run_id = options.run_id;
+    round.virtual_local_rank = options.virtual_local_rank;
     round.set_omp_num_threads = should_set_omp_num_threads(round.local_world_size, inherited);
     if (a.group_world_size > 1 && inherited.count("GLOO_SOCKET_IFNAME") == 0) {
       round.gloo_socket_ifname = interface_towards(a.master_addr);
@@ -269,6 +270,9 @@ struct Agent::Impl {
     req.argv = argv;
     req.env = inherited;
     for (auto& [k, v] : worker_env(round, local_rank, w.error_file, inherited)) req.env[k] = v;
+    if (local_rank < static_cast<int>(options.numa_bindings.size())) {
+      req.numa = prepare_binding(options.numa_bindings[local_rank]);
+    }
 
     const bool shown = options.local_ranks_filter.empty() ||
                        std::count(options.local_ranks_filter.begin(), options.local_ranks_filter.end(), local_rank) > 0;

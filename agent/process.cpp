@@ -41,7 +41,8 @@ class PosixProcesses final : public Processes {
     for (const auto& [k, v] : request.env) env[k] = v;
     const pid_t parent = ::getpid();
     const int out_fd = request.stdout_fd, err_fd = request.stderr_fd;
-    auto setup = [parent, out_fd, err_fd](auto& /*executor*/) {
+    const PreparedBinding numa = request.numa;
+    auto setup = [parent, out_fd, err_fd, numa](auto& /*executor*/) {
       // Runs in the child between fork and exec: only async-signal-safe calls.
       ::setpgid(0, 0);
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -56,6 +57,7 @@ class PosixProcesses final : public Processes {
       sigset_t none;
       sigemptyset(&none);
       ::sigprocmask(SIG_SETMASK, &none, nullptr);
+      apply_numa_binding(numa);
     };
     std::vector<std::string> args(request.argv.begin() + 1, request.argv.end());
     std::error_code ec;

@@ -33,6 +33,10 @@ bool uses_local_rendezvous(const LaunchConfig& config);
 std::unique_ptr<agent::RendezvousHandler> make_rendezvous(boost::asio::io_context& io,
                                                           const LaunchConfig& config);
 
+// The CPUs and memory node of each local rank for --numa_binding, from this machine's sysfs.
+// Throws UsageError (exit 2) when the mode cannot be satisfied here.
+std::vector<agent::NumaBinding> numa_plan(const LaunchConfig& config);
+
 // What resolve_program() needs from the command line (launcher/program.h).
 ProgramRequest program_request(const LaunchConfig& config);
 

@@ -9,7 +9,7 @@
 #include <sstream>
 #include <vector>
 
-#include "launcher/config.h"
+#include "launcher/values.h"
 
 namespace ddp::launcher {
 namespace {
