@@ -227,9 +227,12 @@ std::string help_text() {
             "--rdzv_endpoint it joins the other nodes of job --rdzv_id at a ddp-rendezvous "
             "daemon.", 4);
   h += "\n";
-  h += wrap("PROGRAM is a Python script run as 'python3 -u PROGRAM ARGS', a module with -m, or "
-            "any executable with --no_python. Everything after PROGRAM belongs to it, flags "
-            "included. Every option has two spellings (--nproc_per_node, --nproc-per-node) and "
+  h += wrap("PROGRAM is a Python script run as 'python3 -u PROGRAM ARGS' (a .py or .pyc file, "
+            "or a #! line naming python), a module with -m, or an executable run directly: an "
+            "ELF binary or a script whose #! names another interpreter, or anything with "
+            "--no_python. A bare name not in the current directory is looked up on PATH. "
+            "Everything after PROGRAM belongs to it, flags included. Unique prefixes of long "
+            "options are accepted (--nnode 2), as argparse does. Every option has two spellings (--nproc_per_node, --nproc-per-node) and "
             "can also be set as PET_<NAME> in the environment (PET_NPROC_PER_NODE=4); the "
             "command line wins. For a flag, PET_<NAME>=1 turns it on.", 4);
   h += "\nOPTIONS\n";
@@ -271,6 +274,9 @@ std::string help_text() {
        "    TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE\n"
        "        Prefix of tee'd console lines; ${role_name}, ${rank} and\n"
        "        ${local_rank} are replaced. Default: [${role_name}${local_rank}]:\n"
+       "    TORCH_ELASTIC_SHUTDOWN_TIMEOUT\n"
+       "        SIGTERM-to-SIGKILL grace when --shutdown_timeout and the --rdzv_conf\n"
+       "        key shutdown_timeout are not given (else 30 seconds).\n"
        "    OMP_NUM_THREADS\n"
        "        Set to 1 for the workers when unset and more than one worker runs\n"
        "        per node.\n";
@@ -287,8 +293,9 @@ std::string help_text() {
        "    Two nodes without a daemon (static), run on each node with its rank:\n"
        "        ddplaunch --nnodes=2 --node_rank=0 --master_addr=10.0.0.1 \\\n"
        "                  --master_port=29500 --nproc_per_node=4 train.py\n"
-       "    A C++ program, logs of rank 0 only on the console, all in files:\n"
-       "        ddplaunch --nproc_per_node=4 --no_python --tee=3 --log_dir=logs \\\n"
+       "    A C++ program (run directly), logs of rank 0 only on the console,\n"
+       "    all in files:\n"
+       "        ddplaunch --nproc_per_node=4 --tee=3 --log_dir=logs \\\n"
        "                  --local_ranks_filter=0 ./train\n"
        "\nSEE ALSO\n"
        "    ddp-rendezvous(1), docs/cli.md, docs/exit-codes.md\n";
