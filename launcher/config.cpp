@@ -368,7 +368,8 @@ void resolve_rules(const RawValues& raw, LaunchConfig& config, std::ostream& err
            ") on each node, or use --rdzv_backend=c10d --rdzv_endpoint=HOST:PORT");
   }
   if (config.node_rank < 0) config.node_rank = 0;
-  if (config.rdzv_endpoint) {
+  // --check_env compares this node with the job's nodes at the daemon --rdzv_endpoint names.
+  if (config.rdzv_endpoint && !config.check_env) {
     const Given* g = raw.find("rdzv_endpoint");
     const Endpoint master = parse_endpoint(*g, -1);
     if (master.port < 0) refuse(g->shown() + ": the static backend needs a port: HOST:PORT");

@@ -39,7 +39,8 @@ struct LaunchConfig {
   int nproc_per_node = 1;
   RendezvousBackend rdzv_backend = RendezvousBackend::kStatic;
   // --rdzv_endpoint, port 29400 when it names none (c10d). With the static backend it becomes
-  // master_addr/master_port instead and stays empty. Empty with --standalone.
+  // master_addr/master_port instead and stays empty (except with --check_env, which queries the
+  // daemon there). Empty with --standalone.
   std::optional<Endpoint> rdzv_endpoint;
   std::string rdzv_id = "none";        // run id; a random UUID with --standalone
   // The deadlines of --rdzv_conf (join_timeout, last_call_timeout, heartbeat_interval,

@@ -368,6 +368,10 @@ TEST_SUITE("everything after the program belongs to the program") {
     const LaunchConfig c = parse({"--check_env"}).config;
     CHECK(c.check_env);
     CHECK(c.program.empty());
+    // The endpoint is the daemon to compare with, whatever the backend.
+    const LaunchConfig d = parse({"--check_env", "--rdzv_endpoint=h:5", "--rdzv_id=j"}).config;
+    REQUIRE(d.rdzv_endpoint);
+    CHECK(d.rdzv_endpoint->text() == "h:5");
   }
 }
 
