@@ -181,6 +181,11 @@ class ProgramResolution(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.describe())
         self.assertIn("train is an ELF executable: running it directly", r.stderr)
         self.assertNotIn("SyntaxError", r.stderr)
+        # `train` installed on PATH, run from elsewhere.
+        r = run([DDPLAUNCH, "--nproc_per_node=1", "train", "--help"], timeout=120,
+                env=clean_env(TMPDIR=self.tmp, PATH=BIN + ":/usr/bin:/bin"), cwd=self.tmp)
+        self.assertEqual(r.returncode, 0, r.describe())
+        self.assertIn("train (found on PATH at %s/train) is an ELF executable" % BIN, r.stderr)
 
 
 if __name__ == "__main__":
