@@ -297,6 +297,7 @@ struct Agent::Impl {
     round.local_world_size = options.node.local_world_size;
     round.role = options.role;
     round.run_id = options.run_id;
+    round.virtual_local_rank = options.virtual_local_rank;
     round.set_omp_num_threads = should_set_omp_num_threads(round.local_world_size, inherited);
     if (a.group_world_size > 1 && inherited.count("GLOO_SOCKET_IFNAME") == 0) {
       round.gloo_socket_ifname = interface_towards(a.master_addr);
@@ -340,6 +341,9 @@ struct Agent::Impl {
     req.argv = argv;
     req.env = inherited;
     for (auto& [k, v] : worker_env(round, local_rank, w.error_file, inherited)) req.env[k] = v;
+    if (local_rank < static_cast<int>(options.numa_bindings.size())) {
+      req.numa = prepare_binding(options.numa_bindings[local_rank]);
+    }
 
     const bool shown = options.local_ranks_filter.empty() ||
                        std::count(options.local_ranks_filter.begin(), options.local_ranks_filter.end(), local_rank) > 0;
@@ -404,11 +408,6 @@ struct Agent::Impl {
     it->alive = false;
     it->status = st;
     const bool all_exited = std::none_of(workers.begin(), workers.end(), [](const Worker& w) { return w.alive; });
-    if (state == State::kStopping && failure_report_pending && !st.success()) {
-      // Reaped in the same batch as the first failure: a candidate cause.
-      for (auto& p : it->pipes) p->drain_and_close();
-      record_failure(*it);
-    }
     if (state == State::kRunning) {
       if (!st.success()) {
         // Its last output may still sit in its pipes: read it before the tail is taken.
@@ -418,10 +417,15 @@ struct Agent::Impl {
         // --shutdown_timeout (workers save checkpoints on SIGTERM). Posted, so that the exits
         // reaped in the same batch are recorded first: a worker killed by a signal and the peer
         // that exited 1 because of it can be reaped together, in either order (report_failure
-        // picks the cause). Posted before the stop, so the report always precedes the rejoin.
-        failure_report_pending = true;
-        asio::post(io, [this] { report_failure(); });
-        stop_workers(SIGTERM, nullptr);
+        // picks the cause). The stop comes after the report, so the report precedes the rejoin
+        // and no worker we stopped is taken for a candidate.
+        if (!failure_report_pending) {
+          failure_report_pending = true;
+          asio::post(io, [this] {
+            report_failure();
+            if (state == State::kRunning) stop_workers(SIGTERM, nullptr);
+          });
+        }
         return;
       }
       if (all_exited && failures.empty()) {

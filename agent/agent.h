@@ -17,6 +17,7 @@
 
 #include <boost/asio/io_context.hpp>
 
+#include "agent/numa.h"
 #include "agent/process.h"
 #include "agent/rendezvous_handler.h"
 #include "agent/worker_env.h"
@@ -51,6 +52,10 @@ struct AgentOptions {
   // join(). Default on: single-node jobs get a fresh MASTER_PORT every round.
   bool pick_master_port = true;
   std::string master_port_bind_addr = "127.0.0.1";
+  // --virtual_local_rank (RoundEnv::virtual_local_rank). Default off.
+  bool virtual_local_rank = false;
+  // --numa_binding: the binding of each local rank (agent/numa.h); empty = none (default).
+  std::vector<NumaBinding> numa_bindings;
 };
 
 class Agent {

@@ -48,7 +48,8 @@ class PosixProcesses final : public Processes {
     const pid_t parent = ::getpid();
     const int out_fd = request.stdout_fd, err_fd = request.stderr_fd;
     const int cgroup_procs = containment_.cgroup_procs_fd();
-    auto setup = [parent, out_fd, err_fd, cgroup_procs](auto& /*executor*/) {
+    const PreparedBinding numa = request.numa;
+    auto setup = [parent, out_fd, err_fd, cgroup_procs, numa](auto& /*executor*/) {
       // Runs in the child between fork and exec: only async-signal-safe calls.
       ::setpgid(0, 0);
       // Into the worker group's cgroup, which cgroup.kill ends whole (docs/agent.md).
@@ -68,6 +69,7 @@ class PosixProcesses final : public Processes {
       sigset_t none;
       sigemptyset(&none);
       ::sigprocmask(SIG_SETMASK, &none, nullptr);
+      apply_numa_binding(numa);
     };
     std::vector<std::string> args(request.argv.begin() + 1, request.argv.end());
     std::error_code ec;

@@ -15,6 +15,8 @@
 
 #include <boost/asio/io_context.hpp>
 
+#include "agent/numa.h"
+
 namespace ddp::agent {
 
 struct SpawnRequest {
@@ -22,6 +24,7 @@ struct SpawnRequest {
   std::map<std::string, std::string> env;     // the complete environment
   int stdout_fd = -1;                         // -1: inherit the agent's stdout
   int stderr_fd = -1;                         // -1: inherit the agent's stderr
+  PreparedBinding numa;                       // --numa_binding; default: not bound
 };
 
 // How a process ended: exactly one of exit_code (signal == 0) or signal (> 0).

@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <stdexcept>
 #include <system_error>
 
 extern char** environ;
@@ -19,6 +20,36 @@ namespace {
 // worker process of its own rather than inside the launcher.
 constexpr const char* kRunPathBootstrap =
     "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')";
+// torchrun 2.x's virtual local rank (LocalElasticAgent._set_local_rank_env).
+void narrow_to_own_device(int local_rank, const std::map<std::string, std::string>& inherited,
+                          std::map<std::string, std::string>& env) {
+  env["LOCAL_RANK"] = "0";
+  // HIP_VISIBLE_DEVICES wins over CUDA_VISIBLE_DEVICES on ROCm, so it is the source when set.
+  const auto hip = inherited.find("HIP_VISIBLE_DEVICES");
+  const bool use_hip = hip != inherited.end() && !hip->second.empty();
+  const auto source = use_hip ? hip : inherited.find("CUDA_VISIBLE_DEVICES");
+  std::string device = std::to_string(local_rank);
+  if (source != inherited.end()) {
+    std::vector<std::string> devices;
+    std::string::size_type start = 0;
+    for (;;) {
+      const auto comma = source->second.find(',', start);
+      devices.push_back(source->second.substr(start, comma == std::string::npos ? comma : comma - start));
+      if (comma == std::string::npos) break;
+      start = comma + 1;
+    }
+    if (local_rank >= static_cast<int>(devices.size())) {
+      throw std::invalid_argument("--virtual_local_rank: local rank " + std::to_string(local_rank) +
+                                  " has no device in " + source->first + "=" + source->second);
+    }
+    device = devices[local_rank];
+    const auto first = device.find_first_not_of(" \t");
+    device = first == std::string::npos ? "" : device.substr(first, device.find_last_not_of(" \t") - first + 1);
+  }
+  env["CUDA_VISIBLE_DEVICES"] = device;
+  if (use_hip) env["HIP_VISIBLE_DEVICES"] = device;
+}
+
 }  // namespace
 
 std::vector<std::string> worker_argv(const WorkerCommand& command) {
@@ -71,6 +102,7 @@ std::map<std::string, std::string> worker_env(const RoundEnv& round, int local_r
   if (round.set_omp_num_threads) env["OMP_NUM_THREADS"] = "1";
   env["DDPLAUNCH_GENERATION"] = std::to_string(a.generation);
   if (!round.gloo_socket_ifname.empty()) env["GLOO_SOCKET_IFNAME"] = round.gloo_socket_ifname;
+  if (round.virtual_local_rank) narrow_to_own_device(local_rank, inherited, env);
   return env;
 }
 

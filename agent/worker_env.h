@@ -34,6 +34,10 @@ struct RoundEnv {
   // the user set none and the job spans nodes. Empty = leave it alone. Gloo otherwise binds to
   // the address of the hostname, which Debian maps to 127.0.1.1 and namespaces to 127.0.0.1.
   std::string gloo_socket_ifname;
+  // --virtual_local_rank: every worker sees LOCAL_RANK=0 and only its own device
+  // (CUDA_VISIBLE_DEVICES, and HIP_VISIBLE_DEVICES when set, narrowed to entry LOCAL_RANK of
+  // the agent's list, or to "LOCAL_RANK" when the agent's is unset), as torchrun 2.x does.
+  bool virtual_local_rank = false;
 };
 
 // The name of the interface whose address this host uses to reach `addr` (a routing lookup
@@ -43,6 +47,8 @@ std::string interface_towards(const std::string& addr);
 
 // The variables the agent adds to (or overrides in) its own environment for one worker.
 // `inherited` is the agent's environment; NCCL error-handling variables keep a value set there.
+// Throws std::invalid_argument with virtual_local_rank when the inherited device list has no
+// entry for `local_rank`.
 std::map<std::string, std::string> worker_env(const RoundEnv& round, int local_rank,
                                               const std::string& error_file,
                                               const std::map<std::string, std::string>& inherited);

@@ -40,28 +40,6 @@ std::string random_run_id() {
   return buf;
 }
 
-bool is_executable_file(const std::string& path) {
-  struct stat st {};
-  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0;
-}
-
-// The path of `name` as execvp would find it; empty when not found.
-std::string find_in_path(const std::string& name) {
-  if (name.find('/') != std::string::npos) return is_executable_file(name) ? name : "";
-  const char* path = std::getenv("PATH");
-  std::string dirs = path ? path : "/usr/local/bin:/usr/bin:/bin";
-  std::size_t start = 0;
-  while (start <= dirs.size()) {
-    std::size_t end = dirs.find(':', start);
-    if (end == std::string::npos) end = dirs.size();
-    std::string dir = dirs.substr(start, end - start);
-    std::string candidate = (dir.empty() ? "." : dir) + "/" + name;
-    if (is_executable_file(candidate)) return candidate;
-    start = end + 1;
-  }
-  return "";
-}
-
 std::vector<int> per_rank_bits(const StdSpec& spec, int nproc) {
   std::vector<int> bits(nproc);
   for (int lr = 0; lr < nproc; ++lr) bits[lr] = spec.for_rank(lr);
@@ -90,15 +68,16 @@ bool uses_local_rendezvous(const LaunchConfig& config) {
   // --standalone hosts a real rendezvous server on a free loopback port (as torchrun does), so
   // `ddp-rendezvous status` can look at it; no rdzv flags at all needs no server.
   if (config.standalone) return false;
-  return config.rdzv_backend == "static" || (config.max_nodes == 1 && config.rdzv_endpoint.empty());
+  return config.rdzv_backend == RendezvousBackend::kStatic ||
+         (config.max_nodes == 1 && !config.rdzv_endpoint);
 }
 
 std::string read_token(const LaunchConfig& config) {
-  auto it = config.rdzv_conf.find("token_file");
-  if (it == config.rdzv_conf.end() || it->second.empty()) return "";
-  std::ifstream in(it->second);
+  const std::string& path = config.token_file;
+  if (path.empty()) return "";
+  std::ifstream in(path);
   if (!in) {
-    throw UsageError("ddplaunch: --rdzv_conf token_file=" + it->second + ": cannot read it: " +
+    throw UsageError("ddplaunch: --rdzv_conf token_file=" + path + ": cannot read it: " +
                      std::strerror(errno) + "; give a readable file holding the job's shared token");
   }
   std::string token((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -106,25 +85,26 @@ std::string read_token(const LaunchConfig& config) {
     token.pop_back();
   }
   if (token.empty()) {
-    throw UsageError("ddplaunch: --rdzv_conf token_file=" + it->second +
+    throw UsageError("ddplaunch: --rdzv_conf token_file=" + path +
                      " is empty; write the job's shared token into it");
   }
   return token;
 }
 
-agent::FingerprintOptions fingerprint_options(const LaunchConfig& config) {
+agent::FingerprintOptions fingerprint_options(const LaunchConfig& config,
+                                              const ResolvedProgram& program) {
   agent::FingerprintOptions o;
-  o.program = config.program;
-  o.python = !config.no_python;
-  o.module = config.module;
+  o.program = program.path;
+  o.python = program.run_as != RunAs::kExecutable;
+  o.module = program.run_as == RunAs::kModule;
   o.python_exec = config.python;
   o.env_lock = config.env_lock;
   return o;
 }
 
-nlohmann::json node_fingerprint(const LaunchConfig& config) {
+nlohmann::json node_fingerprint(const LaunchConfig& config, const ResolvedProgram& program) {
   try {
-    return agent::compute_fingerprint(fingerprint_options(config));
+    return agent::compute_fingerprint(fingerprint_options(config, program));
   } catch (const agent::FingerprintError& e) {
     throw UsageError(std::string("ddplaunch: --env_lock: ") + e.what());
   }
@@ -134,55 +114,41 @@ std::unique_ptr<agent::RendezvousHandler> make_rendezvous(boost::asio::io_contex
                                                           const LaunchConfig& config) {
   if (!uses_local_rendezvous(config)) {
     agent::RemoteRendezvousOptions remote;
-    remote.endpoint = config.rdzv_endpoint;
+    remote.endpoint = config.rdzv_endpoint ? config.rdzv_endpoint->text() : "";
     remote.job_id = config.rdzv_id;
     remote.token = read_token(config);
     remote.connect_timeout = config.timeouts.join_timeout;
     remote.standalone = config.standalone;
     // Through the agent's bounded console queue: a stalled console must not stop heartbeats.
     remote.log = [](const std::string& line) { agent::OutputQueue::console().write(STDERR_FILENO, "[ddplaunch] " + line + "\n"); };
-    auto host = config.rdzv_conf.find("is_host");
-    if (host != config.rdzv_conf.end()) {
-      const std::string& v = host->second;
-      remote.host_if_local = v == "1" || v == "true" || v == "True" || v == "yes" || v == "on";
-    }
+    if (config.is_host) remote.host_if_local = *config.is_host;
     try {
       return std::make_unique<agent::RemoteRendezvous>(io, remote);
     } catch (const std::invalid_argument& e) {
-      throw UsageError("ddplaunch: --rdzv_endpoint=" + config.rdzv_endpoint + ": " + e.what() +
+      throw UsageError("ddplaunch: --rdzv_endpoint=" + remote.endpoint + ": " + e.what() +
                        "; expected HOST:PORT");
     }
   }
   agent::LocalRendezvousOptions opts;
   opts.max_restarts = config.max_restarts;
   const bool multi_node_static = !config.standalone && config.max_nodes > 1;
+  // resolve_rules() (config.cpp) has checked the static backend's node count and rank.
   if (multi_node_static) {
-    if (config.min_nodes != config.max_nodes) {
-      throw UsageError("ddplaunch: --nnodes=" + std::to_string(config.min_nodes) + ":" +
-                       std::to_string(config.max_nodes) +
-                       " is elastic, but the static backend needs a fixed node count: give "
-                       "--nnodes=N, or use --rdzv_backend=c10d with --rdzv_endpoint");
-    }
-    if (config.node_rank >= config.max_nodes) {
-      throw UsageError("ddplaunch: --node_rank=" + std::to_string(config.node_rank) +
-                       " is out of range for --nnodes=" + std::to_string(config.max_nodes) +
-                       "; it must be 0.." + std::to_string(config.max_nodes - 1));
-    }
     opts.nnodes = config.max_nodes;
     opts.node_rank = std::max(config.node_rank, 0);
     opts.master_addr = config.master_addr;
-    opts.master_port = config.master_port;
+    opts.master_port = config.master_port.value_or(29500);
   } else {
     opts.nnodes = 1;
     opts.node_rank = 0;
     opts.master_addr = config.master_addr.empty() ? "127.0.0.1" : config.master_addr;
-    opts.master_port = config.master_port_given ? config.master_port : 0;  // 0: a fresh one per round
+    opts.master_port = config.master_port.value_or(0);  // 0: a fresh one per round
   }
   return std::make_unique<agent::LocalRendezvous>(io, opts);
 }
 
-agent::AgentOptions make_agent_options(const LaunchConfig& config, const std::string& log_dir,
-                                       const std::string& run_id) {
+agent::AgentOptions make_agent_options(const LaunchConfig& config, const ResolvedProgram& program,
+                                       const std::string& log_dir, const std::string& run_id) {
   agent::AgentOptions o;
   o.node.job_id = run_id;
   o.node.host = hostname();
@@ -192,14 +158,13 @@ agent::AgentOptions make_agent_options(const LaunchConfig& config, const std::st
   o.node.min_nodes = config.min_nodes;
   o.node.max_nodes = config.max_nodes;
   o.node.max_restarts = config.max_restarts;
-  o.node.env_check = config.env_check;
+  o.node.env_check = env_check_name(config.env_check);
   o.node.timeouts = config.timeouts;
-  o.node.timeouts.shutdown_timeout = config.shutdown_timeout;
   o.command.python = config.python;
-  o.command.no_python = config.no_python;
-  o.command.module = config.module;
-  o.command.run_path = config.run_path;
-  o.command.program = config.program;
+  o.command.no_python = program.run_as == RunAs::kExecutable;
+  o.command.module = program.run_as == RunAs::kModule;
+  o.command.run_path = program.run_as == RunAs::kRunPath;
+  o.command.program = program.path;
   o.command.args = config.program_args;
   o.role = config.role;
   o.run_id = run_id;
@@ -208,52 +173,65 @@ agent::AgentOptions make_agent_options(const LaunchConfig& config, const std::st
   o.tee = per_rank_bits(config.tee, config.nproc_per_node);
   o.local_ranks_filter = config.local_ranks_filter;
   if (const char* t = std::getenv("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE")) o.line_prefix_template = t;
-  o.shutdown_timeout = config.shutdown_timeout;
+  o.shutdown_timeout = config.timeouts.shutdown_timeout;
+  o.virtual_local_rank = config.virtual_local_rank;
+  o.duplicate_stdout_filters = config.duplicate_stdout_filters;
+  o.duplicate_stderr_filters = config.duplicate_stderr_filters;
   if (!config.signals_to_handle.empty()) o.signals = config.signals_to_handle;
   // A single node picks a fresh MASTER_PORT per round unless --master_port was given; the
   // static backend across nodes uses --master_port on every node.
   const bool single_node = config.standalone || config.max_nodes == 1;
-  o.pick_master_port = single_node ? !config.master_port_given : !uses_local_rendezvous(config);
+  o.pick_master_port = single_node ? !config.master_port : !uses_local_rendezvous(config);
   o.master_port_bind_addr = uses_local_rendezvous(config) ? "127.0.0.1" : "0.0.0.0";
   return o;
 }
 
-void check_program(const LaunchConfig& config) {
-  if (config.program.empty()) {
-    throw UsageError("ddplaunch: no training program given; usage: ddplaunch [options] "
-                     "TRAINING_SCRIPT [ARGS...] (see --help)");
-  }
-  if (config.no_python) {
-    if (find_in_path(config.program).empty()) {
-      throw UsageError("ddplaunch: --no_python program " + config.program +
-                       (config.program.find('/') == std::string::npos ? " was not found in PATH"
-                                                                       : " does not exist or is not executable") +
-                       "; give a path to an executable file");
+std::vector<agent::NumaBinding> numa_plan(const LaunchConfig& config) {
+  const char* mode = agent::numa_mode_name(*config.numa_binding);
+  try {
+    auto plan = agent::plan_numa_bindings(agent::read_topology(), *config.numa_binding,
+                                          config.nproc_per_node);
+    for (std::size_t rank = 0; rank < plan.size(); ++rank) {
+      std::fprintf(stderr, "ddplaunch: --numa_binding=%s: local rank %zu on CPUs %s, memory node %d\n",
+                   mode, rank, agent::cpu_list_string(plan[rank].cpus).c_str(), plan[rank].memory_node);
     }
-    return;
-  }
-  if (find_in_path(config.python).empty()) {
-    throw UsageError("ddplaunch: Python interpreter " + config.python +
-                     " was not found; set --python or $PYTHON_EXEC to an interpreter path, or use --no_python");
-  }
-  if (!config.module) {
-    struct stat st {};
-    if (::stat(config.program.c_str(), &st) != 0 || S_ISDIR(st.st_mode)) {
-      throw UsageError("ddplaunch: training script " + config.program +
-                       " does not exist; give the path of a Python file, -m MODULE for a module, "
-                       "or --no_python for an executable");
-    }
+    return plan;
+  } catch (const agent::NumaError& e) {
+    throw UsageError(std::string("ddplaunch: --numa_binding=") + mode + ": " + e.what());
   }
 }
 
+ProgramRequest program_request(const LaunchConfig& config) {
+  ProgramRequest r;
+  r.program = config.program;
+  r.module = config.module;
+  r.no_python = config.no_python;
+  r.run_path = config.run_path;
+  r.python = config.python;
+  return r;
+}
+
 int check_env(const LaunchConfig& config) {
-  nlohmann::json mine = node_fingerprint(config);
+  // --check_env needs no PROGRAM; given one, it is hashed as the workers would run it.
+  // A PROGRAM that cannot start is not this command's concern: it is recorded as given.
+  ResolvedProgram program{config.no_python ? RunAs::kExecutable
+                          : config.module  ? RunAs::kModule
+                                           : RunAs::kPython,
+                          config.program, ""};
+  if (!config.program.empty()) {
+    try {
+      program = resolve_program(program_request(config));
+    } catch (const UsageError&) {
+    }
+  }
+  nlohmann::json mine = node_fingerprint(config, program);
   std::fputs(agent::render_fingerprint_table(mine).c_str(), stdout);
-  if (config.rdzv_endpoint.empty() || config.rdzv_id.empty() || config.rdzv_id == "none") {
+  if (!config.rdzv_endpoint || config.rdzv_id.empty() || config.rdzv_id == "none") {
     return static_cast<int>(ExitCode::kSuccess);
   }
   // Compare against the nodes already in that job, as the rendezvous would.
-  auto result = rdzv::query_status(config.rdzv_endpoint, read_token(config), 10.0);
+  const std::string endpoint = config.rdzv_endpoint->text();
+  auto result = rdzv::query_status(endpoint, read_token(config), 10.0);
   if (!result.error.empty()) {
     std::fprintf(stderr, "ddplaunch: --check_env: %s\n", result.error.c_str());
     return static_cast<int>(ExitCode::kRendezvousFailed);
@@ -277,7 +255,7 @@ int check_env(const LaunchConfig& config) {
   }
   if (nodes.size() == 1) {
     std::printf("\nno node of job %s is known to %s yet: nothing to compare\n", config.rdzv_id.c_str(),
-                config.rdzv_endpoint.c_str());
+                endpoint.c_str());
     return static_cast<int>(ExitCode::kSuccess);
   }
   auto cmp = rdzv::compare_fingerprints(nodes);
@@ -292,18 +270,20 @@ int check_env(const LaunchConfig& config) {
 
 int launch(const LaunchConfig& config) {
   if (config.check_env) return check_env(config);
-  check_program(config);
+  const ResolvedProgram program = resolve_program(program_request(config));
+  if (!program.note.empty()) std::fprintf(stderr, "ddplaunch: %s\n", program.note.c_str());
   boost::asio::io_context io(1);
   auto rendezvous = make_rendezvous(io, config);
   std::string run_id = config.rdzv_id;
   if (config.standalone && (run_id.empty() || run_id == "none")) run_id = random_run_id();
   if (run_id.empty()) run_id = "none";
   const std::string log_dir = resolve_log_dir(config);
-  agent::AgentOptions options = make_agent_options(config, log_dir, run_id);
+  agent::AgentOptions options = make_agent_options(config, program, log_dir, run_id);
+  if (config.numa_binding) options.numa_bindings = numa_plan(config);
   // The fingerprint is computed before the agent reaps children (its probe waits on its own
   // child) and only where a rendezvous compares nodes.
-  if (!uses_local_rendezvous(config) && config.env_check != "off" && !config.standalone) {
-    options.node.fingerprint = node_fingerprint(config);
+  if (!uses_local_rendezvous(config) && config.env_check != EnvCheckMode::kOff && !config.standalone) {
+    options.node.fingerprint = node_fingerprint(config, program);
   }
   agent::Agent agent(io, std::move(options), std::move(rendezvous));
   return agent.run();

@@ -11,6 +11,7 @@
 #include "agent/agent.h"
 #include "agent/rendezvous_handler.h"
 #include "launcher/config.h"
+#include "launcher/program.h"
 
 namespace ddp::launcher {
 
@@ -20,8 +21,8 @@ namespace ddp::launcher {
 int launch(const LaunchConfig& config);
 
 // The agent options for `config`, with the log root already resolved. Exposed for tests.
-agent::AgentOptions make_agent_options(const LaunchConfig& config, const std::string& log_dir,
-                                       const std::string& run_id);
+agent::AgentOptions make_agent_options(const LaunchConfig& config, const ResolvedProgram& program,
+                                       const std::string& log_dir, const std::string& run_id);
 
 // True when this node's job needs no rendezvous daemon: --standalone, one node, or the static
 // backend (torchrun's default, with --master_addr/--master_port/--node_rank).
@@ -32,9 +33,11 @@ bool uses_local_rendezvous(const LaunchConfig& config);
 std::unique_ptr<agent::RendezvousHandler> make_rendezvous(boost::asio::io_context& io,
                                                           const LaunchConfig& config);
 
-// Refuses (UsageError, exit 2) a program that cannot be started: a --no_python executable that
-// is not found or not executable, a Python script that does not exist, an interpreter that is
-// not found. Modules (-m) are left to Python.
-void check_program(const LaunchConfig& config);
+// The CPUs and memory node of each local rank for --numa_binding, from this machine's sysfs.
+// Throws UsageError (exit 2) when the mode cannot be satisfied here.
+std::vector<agent::NumaBinding> numa_plan(const LaunchConfig& config);
+
+// What resolve_program() needs from the command line (launcher/program.h).
+ProgramRequest program_request(const LaunchConfig& config);
 
 }  // namespace ddp::launcher

@@ -11,8 +11,10 @@ FAIL_UNTIL_SECOND_RESTART = """
 import json, os, sys, time
 restart = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
 rank = os.environ["RANK"]
-with open(os.path.join(os.environ["OUT_DIR"], "run_%d_%s.json" % (restart, rank)), "w") as f:
+path = os.path.join(os.environ["OUT_DIR"], "run_%d_%s.json" % (restart, rank))
+with open(path + ".tmp", "w") as f:
     json.dump({"restart": restart, "generation": os.environ["DDPLAUNCH_GENERATION"]}, f)
+os.replace(path + ".tmp", path)  # stopped mid-write, it leaves no torn record behind
 if restart < 2 and rank == "1":
     sys.exit(3)
 if restart < 2:

@@ -3,6 +3,7 @@
 
 #include <signal.h>
 
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -105,6 +106,30 @@ TEST_SUITE("the worker environment follows DESIGN.md") {
     int port = pick_free_port("127.0.0.1");
     CHECK(port > 0);
     CHECK(port < 65536);
+  }
+
+  TEST_CASE("--virtual_local_rank: LOCAL_RANK 0 and only the worker's own device, as torchrun 2.x") {
+    RoundEnv round;
+    round.assignment.rank_offset = 4;
+    round.local_world_size = 2;
+    round.virtual_local_rank = true;
+    auto env = worker_env(round, 1, "/e", {{"CUDA_VISIBLE_DEVICES", "4, 6"}});
+    CHECK(env["LOCAL_RANK"] == "0");
+    CHECK(env["RANK"] == "5");  // ranks keep the real local rank
+    CHECK(env["CUDA_VISIBLE_DEVICES"] == "6");
+    CHECK(env.count("HIP_VISIBLE_DEVICES") == 0);
+    env = worker_env(round, 1, "/e", {});
+    CHECK(env["CUDA_VISIBLE_DEVICES"] == "1");
+    // ROCm: HIP_VISIBLE_DEVICES is the source when set, and both get the device.
+    env = worker_env(round, 0, "/e", {{"HIP_VISIBLE_DEVICES", "2,3"}, {"CUDA_VISIBLE_DEVICES", "0,1"}});
+    CHECK(env["CUDA_VISIBLE_DEVICES"] == "2");
+    CHECK(env["HIP_VISIBLE_DEVICES"] == "2");
+    CHECK_THROWS_AS(worker_env(round, 1, "/e", {{"CUDA_VISIBLE_DEVICES", "4"}}), std::invalid_argument);
+    // Off: the real local rank, the agent's list left alone (inherited, not overridden).
+    round.virtual_local_rank = false;
+    env = worker_env(round, 1, "/e", {{"CUDA_VISIBLE_DEVICES", "4,6"}});
+    CHECK(env["LOCAL_RANK"] == "1");
+    CHECK(env.count("CUDA_VISIBLE_DEVICES") == 0);
   }
 }
 

@@ -1,6 +1,8 @@
 // Unit tests of ddplaunch's command line: launcher/config.cpp.
 #include "launcher/config.h"
 
+#include "agent/devices.h"
+
 #include <doctest/doctest.h>
 
 #include <unistd.h>
@@ -18,7 +20,10 @@
 namespace {
 
 using ddp::ExitCode;
+using ddp::launcher::EnvCheckMode;
 using ddp::launcher::LaunchConfig;
+using ddp::launcher::RendezvousBackend;
+using ddp::launcher::StartMethod;
 using ddp::launcher::ParseContext;
 using ddp::launcher::UsageError;
 
@@ -29,7 +34,9 @@ const char* const kAllVariables[] = {
     "PET_RDZV_CONF", "PET_STANDALONE", "PET_MAX_RESTARTS", "PET_MONITOR_INTERVAL",
     "PET_SHUTDOWN_TIMEOUT", "PET_SIGNALS_TO_HANDLE", "PET_LOG_DIR", "PET_REDIRECTS", "PET_TEE",
     "PET_LOCAL_RANKS_FILTER", "PET_ENV_CHECK", "PET_ENV_LOCK", "PET_CHECK_ENV", "PYTHON_EXEC",
-    "CUDA_VISIBLE_DEVICES"};
+    "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "PET_VIRTUAL_LOCAL_RANK", "PET_NUMA_BINDING",
+    "PET_DUPLICATE_STDOUT_FILTERS", "PET_DUPLICATE_STDERR_FILTERS", "PET_LOGS_SPECS",
+    "PET_EVENT_LOG_HANDLER", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"};
 
 // Sets and unsets environment variables for one test and restores them afterwards. Starts by
 // unsetting every variable the parser reads, so the caller's environment cannot leak in.
@@ -125,22 +132,23 @@ const std::vector<FlagCase>& flag_cases() {
       {"run_path", nullptr, [](const LaunchConfig& c) { CHECK(c.run_path); }},
       {"python", "/opt/py/bin/python3.11", [](const LaunchConfig& c) { CHECK(c.python == "/opt/py/bin/python3.11"); }},
       {"role", "trainer", [](const LaunchConfig& c) { CHECK(c.role == "trainer"); }},
-      {"start_method", "fork", [](const LaunchConfig& c) { CHECK(c.start_method == "fork"); }},
+      {"start_method", "fork", [](const LaunchConfig& c) { CHECK(c.start_method == StartMethod::kFork); }},
       {"master_addr", "10.1.2.3", [](const LaunchConfig& c) { CHECK(c.master_addr == "10.1.2.3"); }},
-      {"master_port", "31000", [](const LaunchConfig& c) { CHECK(c.master_port == 31000); CHECK(c.master_port_given); }},
+      {"master_port", "31000", [](const LaunchConfig& c) { CHECK(c.master_port == 31000); }},
       {"local_addr", "10.9.9.9", [](const LaunchConfig& c) { CHECK(c.local_addr == "10.9.9.9"); }},
-      {"rdzv_backend", "c10d", [](const LaunchConfig& c) { CHECK(c.rdzv_backend == "c10d"); }},
+      {"rdzv_backend", "c10d", [](const LaunchConfig& c) { CHECK(c.rdzv_backend == RendezvousBackend::kC10d); }},
       {"rdzv_endpoint", "head:29401", [](const LaunchConfig& c) {
-         CHECK(c.rdzv_endpoint == "head:29401"); CHECK(c.rdzv_host == "head"); CHECK(c.rdzv_port == 29401); }},
+         REQUIRE(c.rdzv_endpoint); CHECK(c.rdzv_endpoint->text() == "head:29401");
+         CHECK(c.rdzv_endpoint->host == "head"); CHECK(c.rdzv_endpoint->port == 29401); }},
       {"rdzv_id", "job42", [](const LaunchConfig& c) { CHECK(c.rdzv_id == "job42"); }},
       {"rdzv_conf", "join_timeout=12,last_call_timeout=3", [](const LaunchConfig& c) {
-         CHECK(c.rdzv_conf.at("join_timeout") == "12"); CHECK(c.timeouts.join_timeout == 12.0);
+         CHECK(c.timeouts.join_timeout == 12.0);
          CHECK(c.timeouts.last_call_timeout == 3.0); }},
-      {"standalone", nullptr, [](const LaunchConfig& c) { CHECK(c.standalone); CHECK(c.rdzv_backend == "c10d"); }},
+      {"standalone", nullptr, [](const LaunchConfig& c) { CHECK(c.standalone); CHECK(c.rdzv_backend == RendezvousBackend::kC10d); }},
       {"max_restarts", "5", [](const LaunchConfig& c) { CHECK(c.max_restarts == 5); }},
       {"monitor_interval", "2.5", [](const LaunchConfig& c) { CHECK(c.monitor_interval == 2.5); }},
       {"shutdown_timeout", "7", [](const LaunchConfig& c) {
-         CHECK(c.shutdown_timeout == 7.0); CHECK(c.timeouts.shutdown_timeout == 7.0); }},
+         CHECK(c.timeouts.shutdown_timeout == 7.0); }},
       {"signals_to_handle", "SIGUSR1,SIGTERM", [](const LaunchConfig& c) {
          CHECK(c.signals_to_handle == std::vector<int>{SIGUSR1, SIGTERM}); }},
       {"log_dir", "/tmp/logs", [](const LaunchConfig& c) { CHECK(c.log_dir == "/tmp/logs"); }},
@@ -148,9 +156,19 @@ const std::vector<FlagCase>& flag_cases() {
       {"tee", "0:1,1:2", [](const LaunchConfig& c) {
          CHECK(c.tee.for_rank(0) == 1); CHECK(c.tee.for_rank(1) == 2); CHECK(c.tee.for_rank(2) == 0); }},
       {"local_ranks_filter", "2,0", [](const LaunchConfig& c) { CHECK(c.local_ranks_filter == std::vector<int>{0, 2}); }},
-      {"env_check", "warn", [](const LaunchConfig& c) { CHECK(c.env_check == "warn"); }},
+      {"env_check", "warn", [](const LaunchConfig& c) { CHECK(c.env_check == EnvCheckMode::kWarn); }},
       {"env_lock", "requirements.txt", [](const LaunchConfig& c) { CHECK(c.env_lock == "requirements.txt"); }},
       {"check_env", nullptr, [](const LaunchConfig& c) { CHECK(c.check_env); }},
+      // torchrun 2.x (issue 9).
+      {"virtual_local_rank", nullptr, [](const LaunchConfig& c) { CHECK(c.virtual_local_rank); }},
+      {"numa_binding", "exclusive", [](const LaunchConfig& c) {
+         CHECK(c.numa_binding == ddp::agent::NumaMode::kExclusive); }},
+      {"duplicate_stdout_filters", "loss,,acc,epoch", [](const LaunchConfig& c) {
+         CHECK(c.duplicate_stdout_filters == std::vector<std::string>{"loss,acc", "epoch"}); }},
+      {"duplicate_stderr_filters", "Traceback", [](const LaunchConfig& c) {
+         CHECK(c.duplicate_stderr_filters == std::vector<std::string>{"Traceback"}); }},
+      {"logs_specs", "DefaultLogsSpecs", [](const LaunchConfig& c) { CHECK(c.program == "train.py"); }},
+      {"event_log_handler", "null", [](const LaunchConfig& c) { CHECK(c.program == "train.py"); }},
   };
   return cases;
 }
@@ -169,6 +187,7 @@ std::string upper(std::string name) {
 std::vector<std::string> context_args(const std::string& name) {
   if (name == "node_rank") return {"--nnodes=2"};
   if (name == "nnodes") return {"--rdzv_backend=c10d", "--rdzv_endpoint=head"};
+  if (name == "rdzv_endpoint") return {"--rdzv_backend=c10d"};  // static: it is the master
   return {};
 }
 
@@ -237,17 +256,20 @@ TEST_SUITE("the command line wins over PET_ variables and defaults") {
     CHECK(c.min_nodes == 1);
     CHECK(c.max_nodes == 1);
     CHECK(c.nproc_per_node == 1);
-    CHECK(c.rdzv_backend == "static");
+    CHECK(c.rdzv_backend == RendezvousBackend::kStatic);
     CHECK(c.rdzv_id == "none");
     CHECK(c.node_rank == 0);
     CHECK(c.max_restarts == 0);
     CHECK(c.master_addr == "127.0.0.1");
-    CHECK(c.master_port == 29500);
-    CHECK_FALSE(c.master_port_given);
+    CHECK_FALSE(c.master_port);  // 29500 on several nodes, a fresh port per round on one
     CHECK(c.role == "default");
     CHECK(c.python == "python3");
-    CHECK(c.env_check == "strict");
-    CHECK(c.shutdown_timeout == 30.0);
+    CHECK(c.env_check == EnvCheckMode::kStrict);
+    CHECK(c.timeouts.shutdown_timeout == 30.0);
+    CHECK_FALSE(c.virtual_local_rank);
+    CHECK_FALSE(c.numa_binding);
+    CHECK(c.duplicate_stdout_filters.empty());
+    CHECK(c.duplicate_stderr_filters.empty());
     CHECK(c.timeouts.join_timeout == 600.0);
     CHECK(c.signals_to_handle == std::vector<int>{SIGTERM, SIGINT, SIGHUP, SIGQUIT});
     CHECK(c.redirects.default_value == 0);
@@ -266,8 +288,8 @@ TEST_SUITE("the command line wins over PET_ variables and defaults") {
                "train.py"}).config;
     CHECK(c.nproc_per_node == 2);
     CHECK(c.max_restarts == 1);
-    CHECK(c.rdzv_host == "cli");
-    CHECK(c.rdzv_port == 2);
+    CHECK(c.rdzv_endpoint->host == "cli");
+    CHECK(c.rdzv_endpoint->port == 2);
   }
 
   TEST_CASE("a PET_ variable overrides the default, an empty one counts as unset") {
@@ -346,6 +368,10 @@ TEST_SUITE("everything after the program belongs to the program") {
     const LaunchConfig c = parse({"--check_env"}).config;
     CHECK(c.check_env);
     CHECK(c.program.empty());
+    // The endpoint is the daemon to compare with, whatever the backend.
+    const LaunchConfig d = parse({"--check_env", "--rdzv_endpoint=h:5", "--rdzv_id=j"}).config;
+    REQUIRE(d.rdzv_endpoint);
+    CHECK(d.rdzv_endpoint->text() == "h:5");
   }
 }
 
@@ -410,8 +436,14 @@ TEST_SUITE("bad values exit 2 naming the flag and the accepted forms") {
         {{"--nproc_per_node=2"}, {"missing PROGRAM"}},
         {{"--bogus", "t.py"}, {"unknown option '--bogus'"}},
         {{"--bogus=3", "t.py"}, {"unknown option '--bogus'"}},
-        {{"--numa-binding=node", "t.py"}, {"--numa-binding is a torchrun option that ddplaunch does not support"}},
-        {{"--logs_specs", "x", "t.py"}, {"--logs_specs is a torchrun option"}},
+        {{"--numa-binding=nodes", "t.py"}, {"--numa_binding=nodes", "node, socket, exclusive, core-complex"}},
+        {{"--logs_specs", "x", "t.py"}, {"--logs_specs=x", "torchrun.logs_specs", "DefaultLogsSpecs"}},
+        {{"--event-log-handler=console", "t.py"}, {"--event_log_handler=console", "Accepted: null"}},
+        {{"--nproc-per-node=xpu", "t.py"}, {"--nproc_per_node=xpu", "no XPU is visible"}},
+        {{"--n=2", "t.py"}, {"ambiguous option: --n could match", "--nnodes", "--nproc_per_node", "--node_rank", "--no_python"}},
+        {{"--rdzv", "x", "t.py"}, {"ambiguous option: --rdzv could match", "--rdzv_backend", "--rdzv_conf"}},
+        {{"--rdzv_conf=keep_alive_max_attempt=1", "t.py"}, {"keep_alive_max_attempt=1", "at least 2"}},
+        {{"--rdzv_conf=keep_alive_interval=0", "t.py"}, {"keep_alive_interval=0", "greater than 0"}},
         {{"--nnodes"}, {"--nnodes needs a value: --nnodes=N|MIN:MAX"}},
         {{"-r"}, {"-r needs a value"}},
         {{"-mx", "t.py"}, {"unknown option '-mx'"}},
@@ -450,8 +482,8 @@ TEST_SUITE("rendezvous settings resolve like torchrun") {
     const Result a = parse({"--standalone", "train.py"});
     const Result b = parse({"--standalone", "train.py"});
     CHECK(a.config.standalone);
-    CHECK(a.config.rdzv_backend == "c10d");
-    CHECK(a.config.rdzv_endpoint.empty());
+    CHECK(a.config.rdzv_backend == RendezvousBackend::kC10d);
+    CHECK_FALSE(a.config.rdzv_endpoint);
     CHECK(a.config.rdzv_id.size() == 36);
     CHECK(a.config.rdzv_id[14] == '4');
     CHECK(a.config.rdzv_id != b.config.rdzv_id);
@@ -462,7 +494,7 @@ TEST_SUITE("rendezvous settings resolve like torchrun") {
     ScopedEnv env;
     const Result r = parse({"--standalone", "--rdzv_id=mine", "--rdzv_endpoint=h:1", "train.py"});
     CHECK(r.config.rdzv_id != "mine");
-    CHECK(r.config.rdzv_endpoint.empty());
+    CHECK_FALSE(r.config.rdzv_endpoint);
     CHECK(contains(r.err, "--standalone ignores --rdzv_id=mine"));
     CHECK(contains(r.err, "--standalone ignores --rdzv_endpoint=h:1"));
   }
@@ -471,7 +503,7 @@ TEST_SUITE("rendezvous settings resolve like torchrun") {
     ScopedEnv env;
     const LaunchConfig c =
         parse({"--nnodes=3", "--node_rank=2", "--master_addr=10.0.0.1", "--master_port=1234", "t.py"}).config;
-    CHECK(c.rdzv_backend == "static");
+    CHECK(c.rdzv_backend == RendezvousBackend::kStatic);
     CHECK(c.node_rank == 2);
     CHECK(c.master_addr == "10.0.0.1");
     CHECK(c.master_port == 1234);
@@ -479,41 +511,151 @@ TEST_SUITE("rendezvous settings resolve like torchrun") {
     const LaunchConfig d = parse({"--nnodes=2", "--node_rank=1", "--rdzv_endpoint=[fe80::1]:4321", "t.py"}).config;
     CHECK(d.master_addr == "fe80::1");
     CHECK(d.master_port == 4321);
-    CHECK(d.master_port_given);
+    CHECK_FALSE(d.rdzv_endpoint);  // the static backend's endpoint is the master's
   }
 
   TEST_CASE("c10d endpoints default to port 29400 and accept IPv6") {
     ScopedEnv env;
     const LaunchConfig c = parse({"--rdzv_backend=c10d", "--rdzv_endpoint=head", "--nnodes=1:4", "t.py"}).config;
-    CHECK(c.rdzv_host == "head");
-    CHECK(c.rdzv_port == 29400);
+    CHECK(c.rdzv_endpoint->host == "head");
+    CHECK(c.rdzv_endpoint->port == 29400);
     CHECK(c.node_rank == -1);
     const LaunchConfig d = parse({"--rdzv_backend=ddp", "--rdzv_endpoint=[::1]:5000", "t.py"}).config;
-    CHECK(d.rdzv_host == "::1");
-    CHECK(d.rdzv_port == 5000);
+    CHECK(d.rdzv_endpoint->host == "::1");
+    CHECK(d.rdzv_endpoint->port == 5000);
+    CHECK(d.rdzv_endpoint->text() == "[::1]:5000");
   }
 
   TEST_CASE("unknown --rdzv_conf keys are kept and warned about") {
     ScopedEnv env;
-    const Result r = parse({"--rdzv_conf=keep_alive_interval=5,token_file=/s/token,is_host=false", "t.py"});
-    CHECK(r.config.rdzv_conf.at("keep_alive_interval") == "5");
-    CHECK(r.config.rdzv_conf.at("token_file") == "/s/token");
-    CHECK(contains(r.err, "unknown key 'keep_alive_interval' is ignored"));
+    const Result r = parse({"--rdzv_conf=close_timeout=5,token_file=/s/token,is_host=false", "t.py"});
+    CHECK(r.config.unused_rdzv_conf.at("close_timeout") == "5");
+    CHECK(r.config.token_file == "/s/token");
+    CHECK(r.config.is_host == false);
+    CHECK(contains(r.err, "unknown key 'close_timeout' is ignored"));
     CHECK_FALSE(contains(r.err, "token_file'"));
   }
 
-  TEST_CASE("--shutdown_timeout wins over the rdzv_conf key, which wins over the default") {
+  TEST_CASE("is_host is read like every boolean, whatever its case") {
     ScopedEnv env;
-    CHECK(parse({"--rdzv_conf=shutdown_timeout=4", "t.py"}).config.shutdown_timeout == 4.0);
+    for (const char* yes : {"TRUE", "True", "1", "yes", "On"}) {
+      CAPTURE(yes);
+      CHECK(parse({std::string("--rdzv_conf=is_host=") + yes, "t.py"}).config.is_host == true);
+    }
+    for (const char* no : {"FALSE", "false", "0", "No", "off"}) {
+      CAPTURE(no);
+      CHECK(parse({std::string("--rdzv_conf=is_host=") + no, "t.py"}).config.is_host == false);
+    }
+    CHECK_FALSE(parse({"t.py"}).config.is_host);
+  }
+
+  TEST_CASE("torchrun's keep_alive keys set the heartbeat: interval, and timeout = interval * attempts") {
+    ScopedEnv env;
+    const LaunchConfig c = parse({"--rdzv_conf=keep_alive_interval=2,keep_alive_max_attempt=4", "t.py"}).config;
+    CHECK(c.timeouts.heartbeat_interval == 2.0);
+    CHECK(c.timeouts.heartbeat_timeout == 8.0);
+    // Only the attempts: our interval (1 s by default) times them.
+    CHECK(parse({"--rdzv_conf=keep_alive_max_attempt=7", "t.py"}).config.timeouts.heartbeat_timeout == 7.0);
+    // Our own keys win over torchrun's when both are given.
+    const LaunchConfig d = parse({"--rdzv_conf=keep_alive_interval=2,keep_alive_max_attempt=4,"
+                                  "heartbeat_timeout=20", "t.py"}).config;
+    CHECK(d.timeouts.heartbeat_interval == 2.0);
+    CHECK(d.timeouts.heartbeat_timeout == 20.0);
+    const Result r = parse({"--rdzv_conf=keep_alive_interval=3", "t.py"});
+    CHECK_FALSE(contains(r.err, "unknown key"));
+  }
+
+  TEST_CASE("--shutdown_timeout wins over the rdzv_conf key, then TORCH_ELASTIC_SHUTDOWN_TIMEOUT, then 30") {
+    ScopedEnv env;
+    CHECK(parse({"--rdzv_conf=shutdown_timeout=4", "t.py"}).config.timeouts.shutdown_timeout == 4.0);
     const LaunchConfig c = parse({"--rdzv_conf=shutdown_timeout=4", "--shutdown_timeout=9", "t.py"}).config;
-    CHECK(c.shutdown_timeout == 9.0);
     CHECK(c.timeouts.shutdown_timeout == 9.0);
+    env.set("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "12");
+    CHECK(parse({"t.py"}).config.timeouts.shutdown_timeout == 12.0);
+    CHECK(parse({"--rdzv_conf=shutdown_timeout=4", "t.py"}).config.timeouts.shutdown_timeout == 4.0);
+    CHECK(parse({"--shutdown-timeout=5", "t.py"}).config.timeouts.shutdown_timeout == 5.0);
+    env.set("PET_SHUTDOWN_TIMEOUT", "6");
+    CHECK(parse({"t.py"}).config.timeouts.shutdown_timeout == 6.0);
+    env.unset("PET_SHUTDOWN_TIMEOUT");
+    env.set("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "soon");
+    const UsageError e = refusal({"t.py"});
+    CHECK(contains(e.what(), "TORCH_ELASTIC_SHUTDOWN_TIMEOUT=soon"));
   }
 
   TEST_CASE("signals are taken by name, short name or number") {
     ScopedEnv env;
     const LaunchConfig c = parse({"--signals_to_handle=sigint, USR2,15,SIGINT", "t.py"}).config;
     CHECK(c.signals_to_handle == std::vector<int>{SIGINT, SIGUSR2, SIGTERM});
+  }
+}
+
+TEST_SUITE("torchrun 2.x command lines are accepted") {
+  TEST_CASE("a unique prefix of a long option is that option, as argparse allows") {
+    ScopedEnv env;
+    const LaunchConfig c = parse({"--nnode", "2", "--node_r=1", "--nproc=3", "--max-re", "4",
+                                  "--rdzv_b=c10d", "--rdzv-endp", "head", "--virt", "t.py"}).config;
+    CHECK(c.max_nodes == 2);
+    CHECK(c.node_rank == 1);
+    CHECK(c.nproc_per_node == 3);
+    CHECK(c.max_restarts == 4);
+    CHECK(c.rdzv_backend == RendezvousBackend::kC10d);
+    CHECK(c.rdzv_endpoint->host == "head");
+    CHECK(c.virtual_local_rank);
+    CHECK(parse({"--stand", "t.py"}).config.standalone);
+    CHECK(parse({"--no_p", "/bin/true"}).config.no_python);
+    // An exact name wins over longer names it is a prefix of (--tee, not --tee_anything).
+    CHECK(parse({"--tee=1", "t.py"}).config.tee.default_value == 1);
+    // --he is --help.
+    std::vector<const char*> argv{"ddplaunch", "--he"};
+    std::ostringstream out;
+    ParseContext context;
+    context.out = &out;
+    CHECK_THROWS_AS(ddp::launcher::parse_command_line(2, argv.data(), context), UsageError);
+    CHECK(contains(out.str(), "SYNOPSIS"));
+  }
+
+  TEST_CASE("an ambiguous prefix names every option it could be") {
+    ScopedEnv env;
+    const UsageError e = refusal({"--no", "t.py"});
+    CHECK(contains(e.what(), "ambiguous option: --no could match --node_rank, --no_python"));
+    CHECK(e.code() == ExitCode::kUsage);
+  }
+
+  TEST_CASE("Kubeflow's PET_STANDALONE=\"\" counts as unset") {
+    ScopedEnv env;
+    env.set("PET_STANDALONE", "");
+    CHECK_FALSE(parse({"t.py"}).config.standalone);
+    env.set("PET_STANDALONE", "1");
+    CHECK(parse({"t.py"}).config.standalone);
+  }
+
+  TEST_CASE("--virtual_local_rank needs a device per local rank in CUDA_VISIBLE_DEVICES") {
+    ScopedEnv env;
+    env.set("CUDA_VISIBLE_DEVICES", "3,5");
+    CHECK(parse({"--virtual-local-rank", "--nproc_per_node=2", "t.py"}).config.virtual_local_rank);
+    const UsageError e = refusal({"--virtual_local_rank", "--nproc_per_node=3", "t.py"});
+    CHECK(contains(e.what(), "CUDA_VISIBLE_DEVICES=3,5 names fewer devices than --nproc_per_node=3"));
+    env.unset("CUDA_VISIBLE_DEVICES");
+    CHECK(parse({"--virtual_local_rank", "--nproc_per_node=3", "t.py"}).config.nproc_per_node == 3);
+  }
+
+  TEST_CASE("the Python plug-in options accept their defaults only") {
+    ScopedEnv env;
+    CHECK_NOTHROW(parse({"--logs-specs=default", "--event_log_handler", "null", "t.py"}));
+    env.set("PET_LOGS_SPECS", "my_specs");
+    CHECK(contains(refusal({"t.py"}).what(), "PET_LOGS_SPECS=my_specs"));
+    env.unset("PET_LOGS_SPECS");
+    env.set("PET_EVENT_LOG_HANDLER", "console");
+    CHECK(contains(refusal({"t.py"}).what(), "PET_EVENT_LOG_HANDLER=console"));
+  }
+
+  TEST_CASE("duplicate filters: ',,' is a comma, an empty value copies nothing") {
+    ScopedEnv env;
+    CHECK(parse({"--duplicate_stdout_filters=", "t.py"}).config.duplicate_stdout_filters.empty());
+    CHECK(parse({"--duplicate_stdout_filters=a,,b,,", "t.py"}).config.duplicate_stdout_filters ==
+          std::vector<std::string>{"a,b,"});
+    env.set("PET_DUPLICATE_STDERR_FILTERS", "x,y");
+    CHECK(parse({"t.py"}).config.duplicate_stderr_filters == std::vector<std::string>{"x", "y"});
   }
 }
 
@@ -549,11 +691,10 @@ TEST_SUITE("nproc_per_node counts GPUs honouring CUDA_VISIBLE_DEVICES") {
     CHECK(parse({"--nproc_per_node=auto", "t.py"}, 0, 6).config.nproc_per_node == 6);
     const LaunchConfig c = parse({"--nproc_per_node=cpu", "t.py"}, 8, 3).config;
     CHECK(c.nproc_per_node == 3);
-    CHECK(c.nproc_spec == "cpu");
   }
 
   TEST_CASE("CUDA_VISIBLE_DEVICES narrows the physical GPUs as the CUDA runtime does") {
-    using ddp::launcher::apply_cuda_visible_devices;
+    using ddp::agent::apply_cuda_visible_devices;
     CHECK(apply_cuda_visible_devices(4, nullptr) == 4);
     CHECK(apply_cuda_visible_devices(4, "") == 0);
     CHECK(apply_cuda_visible_devices(4, "0,2") == 2);
@@ -576,7 +717,7 @@ TEST_SUITE("nproc_per_node counts GPUs honouring CUDA_VISIBLE_DEVICES") {
     for (const char* name : {"nvidia0", "nvidia1", "nvidia2", "nvidiactl", "nvidia-uvm", "nvidia-modeset"}) {
       std::ofstream(root / "dev" / name).put('x');
     }
-    using ddp::launcher::count_visible_gpus;
+    using ddp::agent::count_visible_gpus;
     CHECK(count_visible_gpus((root / "proc").string(), (root / "dev").string(), nullptr) == 3);
     CHECK(count_visible_gpus((root / "proc").string(), (root / "dev").string(), "2") == 1);
     fs::create_directories(root / "proc" / "0000:17:00.0");
@@ -586,9 +727,17 @@ TEST_SUITE("nproc_per_node counts GPUs honouring CUDA_VISIBLE_DEVICES") {
     fs::remove_all(root);
   }
 
-  TEST_CASE("the real counters answer without a GPU driver") {
-    CHECK(ddp::launcher::count_visible_gpus() >= 0);
-    CHECK(ddp::launcher::count_usable_cpus() >= 1);
+  TEST_CASE("gpu and auto use this machine's counters when no test seam is given") {
+    // ParseContext without counters: the real probes (tests/agent/numa_test.cpp checks them
+    // against /proc and the affinity mask). CUDA_VISIBLE_DEVICES="" hides every GPU.
+    ScopedEnv env;
+    env.set("CUDA_VISIBLE_DEVICES", "");
+    std::vector<const char*> argv{"ddplaunch", "--nproc_per_node=auto", "t.py"};
+    const LaunchConfig c = ddp::launcher::parse_command_line(3, argv.data());
+    CHECK(c.nproc_per_node == ddp::agent::count_usable_cpus());
+    argv[1] = "--nproc_per_node=gpu";
+    CHECK_THROWS_WITH_AS(ddp::launcher::parse_command_line(3, argv.data()),
+                         doctest::Contains("CUDA_VISIBLE_DEVICES=)"), UsageError);
   }
 }
 

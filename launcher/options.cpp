@@ -1,0 +1,305 @@
+// The option table and --help (launcher/options.h).
+#include "launcher/options.h"
+
+#include <algorithm>
+#include <cctype>
+#include <sstream>
+
+#ifndef DDPLAUNCH_VERSION
+#define DDPLAUNCH_VERSION "unknown"
+#endif
+
+namespace ddp::launcher {
+namespace {
+
+// clang-format off
+const std::vector<OptionSpec> kOptions = {
+  // Workers
+  {"nnodes", 0, false, "N|MIN:MAX", "1",
+   Group::kWorkers, "Number of nodes, or the elastic range MIN:MAX (1 <= MIN <= MAX)."},
+  {"nproc_per_node", 0, false, "N|auto|cpu|gpu|xpu", "1",
+   Group::kWorkers, "Workers per node: a count, 'gpu' (visible GPUs, honouring "
+   "CUDA_VISIBLE_DEVICES), 'cpu' (usable CPUs), or 'auto' (GPUs when any, else CPUs). "
+   "'xpu' (Intel GPUs) is refused: ddplaunch counts NVIDIA GPUs only."},
+  {"node_rank", 0, false, "N", "0 with the static backend, else assigned by the rendezvous",
+   Group::kWorkers, "Rank of this node (0 <= N < MAX nodes). Required by the static backend "
+   "on more than one node."},
+  {"module", 'm', true, nullptr, nullptr,
+   Group::kWorkers, "Run PROGRAM as a Python module, like 'python -m'."},
+  {"no_python", 0, true, nullptr, nullptr,
+   Group::kWorkers, "Execute PROGRAM directly instead of through the Python interpreter."},
+  {"run_path", 0, true, nullptr, nullptr,
+   Group::kWorkers, "Run PROGRAM (an absolute path to a Python script) as runpy.run_path "
+   "would; takes precedence over --no_python."},
+  {"python", 0, false, "PATH", "$PYTHON_EXEC, else python3",
+   Group::kWorkers, "Interpreter that runs Python workers (as 'PATH -u PROGRAM ARGS')."},
+  {"role", 0, false, "NAME", "default",
+   Group::kWorkers, "Role of the workers (ROLE_NAME, the log prefix)."},
+  {"virtual_local_rank", 0, true, nullptr, nullptr,
+   Group::kWorkers, "Each worker sees LOCAL_RANK=0 and only its own GPU: CUDA_VISIBLE_DEVICES "
+   "narrowed to entry LOCAL_RANK of ddplaunch's own list (torchrun 2.x)."},
+  {"numa_binding", 0, false, "node|socket|exclusive|core-complex", "none",
+   Group::kWorkers, "Bind each worker's CPUs (and preferred memory) to the NUMA node of its "
+   "GPU (local rank N uses GPU N; without GPUs, local ranks go round-robin over the NUMA "
+   "nodes). 'socket': every node of that socket; 'exclusive': the node's cores split among "
+   "its workers; 'core-complex': one last-level-cache group each."},
+  {"start_method", 0, false, "spawn|fork|forkserver", "spawn",
+   Group::kWorkers, "Accepted for torchrun compatibility; workers are always new processes."},
+  {"master_addr", 0, false, "HOST", "127.0.0.1",
+   Group::kWorkers, "Address of the rank-0 node, static backend only (IPv6 as [::1])."},
+  {"master_port", 0, false, "PORT", "29500",
+   Group::kWorkers, "Port on the rank-0 node, static backend only; 0 picks a free port."},
+  {"local_addr", 0, false, "ADDR", "the address used to reach the rendezvous",
+   Group::kWorkers, "Address other nodes reach this node at (becomes MASTER_ADDR when this "
+   "node is group rank 0)."},
+  // Rendezvous
+  {"rdzv_backend", 0, false, "static|c10d|ddp", "static",
+   Group::kRendezvous, "Rendezvous backend. 'c10d' and 'ddp' both mean the ddp-rendezvous "
+   "daemon at --rdzv_endpoint; 'static' needs no daemon (fixed --nnodes and --node_rank)."},
+  {"rdzv_endpoint", 0, false, "HOST[:PORT]", "none; PORT defaults to 29400",
+   Group::kRendezvous, "Where the rendezvous daemon listens. With the static backend it "
+   "replaces --master_addr:--master_port."},
+  {"rdzv_id", 0, false, "ID", "none",
+   Group::kRendezvous, "Job id: every node of one job gives the same id."},
+  {"rdzv_conf", 0, false, "KEY=VALUE,...", "none",
+   Group::kRendezvous, "Rendezvous settings, in seconds where they are times: join_timeout "
+   "(600), last_call_timeout (30), heartbeat_interval (1), heartbeat_timeout (5), "
+   "shutdown_timeout (30), read_timeout, timeout; token_file=PATH; is_host=true|false. "
+   "Other keys are ignored with a warning."},
+  {"standalone", 0, true, nullptr, nullptr,
+   Group::kRendezvous, "Single-node job on a private local rendezvous: sets the c10d backend, "
+   "a loopback endpoint and a random run id, ignoring any --rdzv_* values given."},
+  // Fault tolerance
+  {"max_restarts", 0, false, "N", "0",
+   Group::kFaultTolerance, "Restarts of the worker group after a failure before the job fails "
+   "(counted per job across nodes)."},
+  {"monitor_interval", 0, false, "SECONDS", "0.1",
+   Group::kFaultTolerance, "Accepted for torchrun compatibility; worker exits are events, "
+   "not polled."},
+  {"shutdown_timeout", 0, false, "SECONDS", "30",
+   Group::kFaultTolerance, "Grace between SIGTERM and SIGKILL when workers are stopped."},
+  {"signals_to_handle", 0, false, "SIGNALS", "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
+   Group::kFaultTolerance, "Signals forwarded to the workers (names or numbers, comma "
+   "separated); ddplaunch then exits 128+N."},
+  // Logs
+  {"log_dir", 0, false, "DIR", "a new temporary directory when logs are written",
+   Group::kLogs, "Base directory of worker logs: DIR/RUN_ID/attempt_N/LOCAL_RANK/"
+   "{stdout,stderr}.log."},
+  {"redirects", 'r', false, "0-3|RANK:V,...", "0",
+   Group::kLogs, "Send worker streams to log files instead of the console: 0 none, 1 stdout, "
+   "2 stderr, 3 both; or per local rank, e.g. 0:3,1:1."},
+  {"tee", 't', false, "0-3|RANK:V,...", "0",
+   Group::kLogs, "Copy worker streams to log files and to the console, each console line "
+   "prefixed like [default0]: (same forms as --redirects)."},
+  {"local_ranks_filter", 0, false, "RANKS", "all local ranks",
+   Group::kLogs, "Comma list of local ranks whose output reaches the console (log files "
+   "are not filtered)."},
+  {"duplicate_stdout_filters", 0, false, "TEXT,TEXT,...", "none",
+   Group::kLogs, "Also copy worker stdout lines containing any TEXT into one combined file "
+   "(',,' is a literal comma; torchrun 2.x)."},
+  {"duplicate_stderr_filters", 0, false, "TEXT,TEXT,...", "none",
+   Group::kLogs, "The same for stderr lines."},
+  {"logs_specs", 0, false, "NAME", "DefaultLogsSpecs",
+   Group::kLogs, "torchrun's Python plug-in for the log layout; only the default layout "
+   "exists here, so only 'DefaultLogsSpecs' (or 'default') is accepted."},
+  {"event_log_handler", 0, false, "NAME", "null",
+   Group::kLogs, "torchrun's Python event handler; ddplaunch records no torchelastic "
+   "events, so only 'null' is accepted."},
+  // Environment check
+  {"env_check", 0, false, "strict|warn|off", "strict",
+   Group::kEnvCheck, "What to do when the nodes' software differs: refuse the round (exit 3), "
+   "log and go on, or skip the check."},
+  {"env_lock", 0, false, "FILE", "none",
+   Group::kEnvCheck, "A lock file (requirements.txt, environment.yml, ...) whose hash must "
+   "match on every node."},
+  {"check_env", 0, true, nullptr, nullptr,
+   Group::kEnvCheck, "Print this node's software fingerprint and exit 0; with --rdzv_endpoint "
+   "and --rdzv_id, compare it with the job's nodes. PROGRAM is not needed."},
+};
+// clang-format on
+
+const OptionSpec kHelp{"help", 'h', true, nullptr, nullptr, Group::kWorkers, "Print the help."};
+const OptionSpec kVersion{"version", 0, true, nullptr, nullptr, Group::kWorkers, "Print the version."};
+
+std::string section_title(Group group) {
+  switch (group) {
+    case Group::kWorkers: return "Workers";
+    case Group::kRendezvous: return "Rendezvous";
+    case Group::kFaultTolerance: return "Fault tolerance";
+    case Group::kLogs: return "Logs";
+    case Group::kEnvCheck: return "Environment check";
+  }
+  return "";
+}
+
+// Wraps `text` at `width` columns, each line starting with `indent` spaces.
+std::string wrap(const std::string& text, std::size_t indent, std::size_t width = 79) {
+  std::string out;
+  std::string line(indent, ' ');
+  std::istringstream words(text);
+  std::string word;
+  bool line_empty = true;
+  while (words >> word) {
+    if (!line_empty && line.size() + 1 + word.size() > width) {
+      out += line + "\n";
+      line.assign(indent, ' ');
+      line_empty = true;
+    }
+    if (!line_empty) line += ' ';
+    line += word;
+    line_empty = false;
+  }
+  if (!line_empty) out += line + "\n";
+  return out;
+}
+
+std::string option_names(const OptionSpec& spec) {
+  std::string names;
+  if (spec.short_name != 0) names += std::string("-") + spec.short_name + ", ";
+  names += std::string("--") + spec.name;
+  const std::string dashed = dash_spelling(spec.name);
+  if (dashed != spec.name) names += ", --" + dashed;
+  if (spec.value_name != nullptr) names += std::string(" ") + spec.value_name;
+  return names;
+}
+
+
+}  // namespace
+
+const std::vector<OptionSpec>& option_table() { return kOptions; }
+
+std::string dash_spelling(const std::string& name) {
+  std::string out = name;
+  std::replace(out.begin(), out.end(), '_', '-');
+  return out;
+}
+
+std::string env_name(const std::string& name) {
+  std::string out = "PET_";
+  for (char c : name) out += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return out;
+}
+
+const OptionSpec* find_long_option(const std::string& name, std::vector<std::string>& candidates) {
+  candidates.clear();
+  std::vector<const OptionSpec*> all{&kHelp, &kVersion};
+  for (const OptionSpec& spec : kOptions) all.push_back(&spec);
+  for (const OptionSpec* spec : all) {
+    if (name == spec->name || name == dash_spelling(spec->name)) return spec;
+  }
+  if (name.empty()) return nullptr;
+  std::vector<const OptionSpec*> matches;
+  for (const OptionSpec* spec : all) {
+    const std::string under = spec->name;
+    const std::string dash = dash_spelling(under);
+    if (under.compare(0, name.size(), name) == 0 || dash.compare(0, name.size(), name) == 0) {
+      matches.push_back(spec);
+    }
+  }
+  if (matches.size() == 1) return matches.front();
+  for (const OptionSpec* spec : matches) candidates.push_back(std::string("--") + spec->name);
+  return nullptr;
+}
+
+const OptionSpec* find_short_option(char letter) {
+  if (letter == kHelp.short_name) return &kHelp;
+  for (const OptionSpec& spec : kOptions) {
+    if (spec.short_name == letter) return &spec;
+  }
+  return nullptr;
+}
+
+std::string version_text() { return std::string("ddplaunch ") + DDPLAUNCH_VERSION; }
+
+std::string help_text() {
+  std::string h;
+  h += "NAME\n    ddplaunch - launch and supervise distributed PyTorch training\n\n";
+  h += "SYNOPSIS\n"
+       "    ddplaunch [OPTIONS] PROGRAM [ARGS...]\n"
+       "    ddplaunch [OPTIONS] -m MODULE [ARGS...]\n"
+       "    ddplaunch [OPTIONS] --no_python EXECUTABLE [ARGS...]\n"
+       "    ddplaunch --check_env [--rdzv_endpoint HOST:PORT --rdzv_id ID]\n\n";
+  h += "DESCRIPTION\n";
+  h += wrap("Starts --nproc_per_node workers on this node, each with the torchrun environment "
+            "(RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...), watches them, and "
+            "restarts the whole group up to --max_restarts times when one fails. With no "
+            "rendezvous flags it runs a single-node job; with --rdzv_backend=c10d and "
+            "--rdzv_endpoint it joins the other nodes of job --rdzv_id at a ddp-rendezvous "
+            "daemon.", 4);
+  h += "\n";
+  h += wrap("PROGRAM is a Python script run as 'python3 -u PROGRAM ARGS' (a .py or .pyc file, "
+            "or a #! line naming python), a module with -m, or an executable run directly: an "
+            "ELF binary or a script whose #! names another interpreter, or anything with "
+            "--no_python. A bare name not in the current directory is looked up on PATH. "
+            "Everything after PROGRAM belongs to it, flags included. Unique prefixes of long "
+            "options are accepted (--nnode 2), as argparse does. Every option has two spellings (--nproc_per_node, --nproc-per-node) and "
+            "can also be set as PET_<NAME> in the environment (PET_NPROC_PER_NODE=4); the "
+            "command line wins. For a flag, PET_<NAME>=1 turns it on.", 4);
+  h += "\nOPTIONS\n";
+  h += "    -h, --help\n        Print this help and exit 0.\n";
+  h += "    --version\n        Print the version and exit 0.\n";
+  for (Group group : {Group::kWorkers, Group::kRendezvous, Group::kFaultTolerance, Group::kLogs,
+                      Group::kEnvCheck}) {
+    h += "\n  " + section_title(group) + "\n";
+    for (const OptionSpec& spec : kOptions) {
+      if (spec.group != group) continue;
+      h += "    " + option_names(spec) + "\n";
+      std::string text = spec.help;
+      if (spec.default_text != nullptr) text += std::string(" Default: ") + spec.default_text + ".";
+      text += " Env: " + env_name(spec.name) + ".";
+      h += wrap(text, 8);
+    }
+  }
+  h += "\nEXIT STATUS\n"
+       "    0      the job succeeded on every node (also --help, --version, --check_env)\n"
+       "    1      the job failed: workers failed past the restart budget\n"
+       "           (--max_restarts)\n"
+       "    2      usage or configuration error (bad flag, bad value, missing program);\n"
+       "           nothing was started\n"
+       "    3      rendezvous failed: timeout, connection closed or refused, protocol\n"
+       "           version, token, or software mismatch between nodes (--env_check)\n"
+       "    128+N  ddplaunch received signal N (SIGINT 130, SIGTERM 143), forwarded\n"
+       "           it to the workers and stopped them\n";
+  h += "\nENVIRONMENT\n"
+       "    PET_<NAME>\n"
+       "        Default for option --<name>: PET_NNODES, PET_NPROC_PER_NODE,\n"
+       "        PET_RDZV_ENDPOINT, PET_MAX_RESTARTS, PET_STANDALONE=1, ...\n"
+       "        The command line wins; an empty variable counts as unset.\n"
+       "    PYTHON_EXEC\n"
+       "        Interpreter for Python workers when neither --python nor PET_PYTHON\n"
+       "        is given (else python3).\n"
+       "    CUDA_VISIBLE_DEVICES\n"
+       "        Limits the GPUs counted by --nproc_per_node=gpu|auto; passed on to\n"
+       "        the workers unchanged.\n"
+       "    TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE\n"
+       "        Prefix of tee'd console lines; ${role_name}, ${rank} and\n"
+       "        ${local_rank} are replaced. Default: [${role_name}${local_rank}]:\n"
+       "    TORCH_ELASTIC_SHUTDOWN_TIMEOUT\n"
+       "        SIGTERM-to-SIGKILL grace when --shutdown_timeout and the --rdzv_conf\n"
+       "        key shutdown_timeout are not given (else 30 seconds).\n"
+       "    OMP_NUM_THREADS\n"
+       "        Set to 1 for the workers when unset and more than one worker runs\n"
+       "        per node.\n";
+  h += "\nEXAMPLES\n"
+       "    One node, four workers:\n"
+       "        ddplaunch --nproc_per_node=4 train.py --epochs 3\n"
+       "    One worker per visible GPU, a module, restarts on failure:\n"
+       "        ddplaunch --standalone --nproc_per_node=gpu --max_restarts=3 \\\n"
+       "                  -m pkg.train\n"
+       "    Two to four nodes at a rendezvous daemon (on head: ddp-rendezvous\n"
+       "    --port 29400), run on every node:\n"
+       "        ddplaunch --nnodes=2:4 --nproc_per_node=8 --rdzv_backend=c10d \\\n"
+       "                  --rdzv_endpoint=head:29400 --rdzv_id=job42 train.py\n"
+       "    Two nodes without a daemon (static), run on each node with its rank:\n"
+       "        ddplaunch --nnodes=2 --node_rank=0 --master_addr=10.0.0.1 \\\n"
+       "                  --master_port=29500 --nproc_per_node=4 train.py\n"
+       "    A C++ program (run directly), logs of rank 0 only on the console,\n"
+       "    all in files:\n"
+       "        ddplaunch --nproc_per_node=4 --tee=3 --log_dir=logs \\\n"
+       "                  --local_ranks_filter=0 ./train\n"
+       "\nSEE ALSO\n"
+       "    ddp-rendezvous(1), docs/cli.md, docs/exit-codes.md\n";
+  return h;
+}
+
+}  // namespace ddp::launcher
