@@ -11,7 +11,7 @@ import tempfile
 import unittest
 
 BUILD = os.environ.get("DDPLAUNCH_BUILD_DIR", os.path.join(os.path.dirname(__file__), "..", "..", "build"))
-DDPLAUNCH = os.path.join(BUILD, "bin", "ddplaunch")
+DDPLAUNCH = os.path.abspath(os.path.join(BUILD, "bin", "ddplaunch"))
 TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")
 
 # A worker: records the variables its launcher added (those not in BASE_KEYS) and its argv.
