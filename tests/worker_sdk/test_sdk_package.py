@@ -46,14 +46,16 @@ class PackageTest(unittest.TestCase):
             self.assertIn("consumer: world size 1, trained 4 steps", out.stdout)
             # The consumer found the libtorch the SDK was built against (torch 2.x from the
             # project venv by default), not another one on the system.
-            ours, theirs = cache_value(h.BUILD, "Torch_DIR"), cache_value(build, "Torch_DIR")
+            ours, theirs = cache_value(h.BUILD, "TORCH_LIBRARY"), cache_value(build, "TORCH_LIBRARY")
             print("SDK built against %s; consumer linked against %s" % (ours, theirs))
+            self.assertIsNotNone(theirs)
             self.assertEqual(os.path.realpath(theirs), os.path.realpath(ours))
             linked = subprocess.run(["ldd", os.path.join(build, "consumer")], stdout=subprocess.PIPE,
                                     text=True).stdout
-            torch_lib = os.path.realpath(os.path.join(ours, "..", "..", "..", "lib"))
-            if os.path.isdir(torch_lib):  # a wheel's torch/lib (Debian's is the system's)
+            torch_lib = os.path.dirname(os.path.realpath(ours))
+            if "site-packages" in torch_lib:  # a wheel's torch/lib (Debian's is the system's)
                 self.assertIn(os.path.join(torch_lib, "libtorch_cpu.so"), linked)
+                self.assertNotIn("libtorch_cpu.so.1", linked, "Debian's libtorch linked too")
 
 
 if __name__ == "__main__":
