@@ -99,6 +99,9 @@ std::map<std::string, std::string> worker_env(const RoundEnv& round, int local_r
   env["TORCHELASTIC_ERROR_FILE"] = error_file;
   env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = inherited_or("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
   env["NCCL_ASYNC_ERROR_HANDLING"] = inherited_or("NCCL_ASYNC_ERROR_HANDLING", "1");
+  // torchrun 2.x's --signals_to_handle default, which its workers inherit.
+  env["TORCHELASTIC_SIGNALS_TO_HANDLE"] =
+      inherited_or("TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT");
   if (round.set_omp_num_threads) env["OMP_NUM_THREADS"] = "1";
   env["DDPLAUNCH_GENERATION"] = std::to_string(a.generation);
   if (!round.gloo_socket_ifname.empty()) env["GLOO_SOCKET_IFNAME"] = round.gloo_socket_ifname;

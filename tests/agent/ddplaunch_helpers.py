@@ -12,7 +12,7 @@ from processes import kill_group, run, spawn, wait_for  # noqa: F401  (re-export
 
 BUILD_DIR = os.environ.get("DDPLAUNCH_BUILD_DIR", os.path.join(os.path.dirname(__file__), "..", "..", "build"))
 DDPLAUNCH = os.path.join(BUILD_DIR, "bin", "ddplaunch")
-PYTHON = "/usr/bin/python3"
+PYTHON = sys.executable  # the Python ctest runs the tests on (DDPLAUNCH_PYTHON)
 
 
 class LaunchTestCase(unittest.TestCase):

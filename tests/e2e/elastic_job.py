@@ -27,6 +27,7 @@ import os
 import re
 import shutil
 import stat
+import sys
 import tempfile
 import time
 
@@ -39,7 +40,7 @@ DDPLAUNCH = os.path.join(BUILD_DIR, "bin", "ddplaunch")
 RENDEZVOUS = os.path.join(BUILD_DIR, "bin", "ddp-rendezvous")
 TRAIN = os.path.join(BUILD_DIR, "bin", "train")
 ELASTIC_DDP = os.path.join(SOURCE_DIR, "scripts", "elastic_ddp.py")
-PYTHON = "/usr/bin/python3"
+PYTHON = sys.executable  # the Python ctest runs the tests on (DDPLAUNCH_PYTHON)
 RDZV_PORT = 29400  # the head is a fresh namespace: nothing else listens there
 
 # Timeouts short enough for CI (2 cores): a lost node is noticed within 2 s of silence.

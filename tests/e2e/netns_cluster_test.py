@@ -7,7 +7,7 @@ import unittest
 from cluster import Cluster
 from processes import run, wait_for
 
-PYTHON = "/usr/bin/python3"
+PYTHON = sys.executable  # the Python ctest runs the tests on (DDPLAUNCH_PYTHON)
 PORT = 29555  # each node is a fresh namespace: nothing else listens there
 
 # A TCP echo server that answers each connection once, forever (until killed).

@@ -31,7 +31,7 @@ class PythonJobFaultToleranceTest(unittest.TestCase):
         reason = Cluster.unavailable_reason()
         if reason is None:
             try:
-                import torch  # noqa: F401  (this file runs on /usr/bin/python3, as the job does)
+                import torch  # noqa: F401  (this file runs on the Python the job does)
             except ImportError:
                 reason = "%s has no torch (install python3-torch)" % PYTHON
         if reason:

@@ -27,7 +27,7 @@ SOURCE_DIR = os.environ.get("DDPLAUNCH_SOURCE_DIR") or os.path.abspath(
 DDPLAUNCH = os.path.join(BUILD_DIR, "bin", "ddplaunch")
 RENDEZVOUS = os.path.join(BUILD_DIR, "bin", "ddp-rendezvous")
 WORKER = os.path.join(SOURCE_DIR, "tests", "agent", "mn_worker.py")
-PYTHON = "/usr/bin/python3"
+PYTHON = sys.executable  # the Python ctest runs the tests on (DDPLAUNCH_PYTHON)
 PORT = 29400  # the head is a fresh namespace: nothing else listens there
 HEARTBEAT_TIMEOUT = 2.0
 CONF = ("heartbeat_interval=0.5,heartbeat_timeout=%g,last_call_timeout=1,join_timeout=30"

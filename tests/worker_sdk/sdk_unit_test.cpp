@@ -12,6 +12,9 @@
 #undef CHECK_GE
 #include <doctest/doctest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -19,6 +22,7 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <thread>
 
 namespace fs = std::filesystem;
 
@@ -372,13 +376,72 @@ TEST_CASE("a single-process group trains without a store and averages nothing") 
   CHECK(torch::allclose(model->weight.grad(), accumulated * 2));
 }
 
-TEST_CASE("NCCL needs a GPU build") {
-#ifdef DDP_WITH_NCCL
-  MESSAGE("libtorch has CUDA; the NCCL path is exercised only with GPUs present");
-#else
-  MESSAGE("skipped: this libtorch was built without CUDA, so the NCCL path is not compiled");
+// A port nothing listens on now, for a store on loopback (as the Python tests' free_port()).
+int free_loopback_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), len) == 0);
+  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+TEST_CASE("NCCL: a CUDA build reduces on the GPUs, and says why when it cannot") {
   ddp::ProcessGroupOptions options;
   options.backend = ddp::Backend::kNccl;
+#ifdef DDP_WITH_NCCL
+  const int gpus = torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0;
+  if (gpus == 0) {
+    MESSAGE("skipped NCCL collectives: libtorch has CUDA and NCCL, but no GPU is visible here "
+            "(scripts/gpu-check runs them on a GPU machine); checking the refusal instead");
+    CHECK_THROWS_WITH_AS(ddp::ProcessGroup::create(env_of({}), options),
+                         doctest::Contains("no GPU for LOCAL_RANK 0"), ddp::UsageError);
+    options.backend = ddp::Backend::kAuto;
+    CHECK(ddp::ProcessGroup::create(env_of({}), options)->device() == torch::Device(torch::kCPU));
+    return;
+  }
+  auto single = ddp::ProcessGroup::create(env_of({}), options);
+  CHECK(single->device() == torch::Device(torch::kCUDA, 0));
+  options.backend = ddp::Backend::kAuto;
+  CHECK(ddp::ProcessGroup::create(env_of({}), options)->device() == torch::Device(torch::kCUDA, 0));
+  if (gpus < 2) {
+    MESSAGE("skipped the 2-rank NCCL allreduce: it needs 2 GPUs, 1 is visible");
+    return;
+  }
+  // Two ranks as two threads of this process, one GPU each, meeting over a store on loopback.
+  const std::string port = std::to_string(free_loopback_port());
+  std::vector<float> sums(2, -1.0f);
+  std::vector<std::string> names(2), errors(2);
+  std::vector<std::thread> ranks;
+  for (int rank = 0; rank < 2; ++rank) {
+    ranks.emplace_back([&, rank] {
+      try {
+        auto group = ddp::ProcessGroup::create(
+            env_of({{"RANK", std::to_string(rank)}, {"WORLD_SIZE", "2"},
+                    {"LOCAL_RANK", std::to_string(rank)}, {"LOCAL_WORLD_SIZE", "2"},
+                    {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", port}}),
+            {ddp::Backend::kNccl, std::chrono::seconds(60), std::chrono::seconds(60)});
+        names[rank] = group->backend_name();
+        auto t = torch::full({1024}, static_cast<float>(rank + 1), group->device());
+        group->allreduce_sum(t);
+        sums[rank] = t.sum().item<float>();
+      } catch (const std::exception& e) {
+        errors[rank] = e.what();
+      }
+    });
+  }
+  for (auto& t : ranks) t.join();
+  for (int rank = 0; rank < 2; ++rank) {
+    CAPTURE(rank);
+    CHECK(errors[rank] == "");
+    CHECK(names[rank] == "nccl");
+    CHECK(sums[rank] == 3.0f * 1024);
+  }
+#else
+  MESSAGE("skipped: this libtorch was built without CUDA, so the NCCL path is not compiled");
   CHECK_THROWS_WITH_AS(ddp::ProcessGroup::create(env_of({}), options),
                        doctest::Contains("without CUDA"), ddp::UsageError);
 #endif

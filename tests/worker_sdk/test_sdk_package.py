@@ -10,6 +10,14 @@ import sdk_harness as h
 SOURCE = os.environ.get("DDPLAUNCH_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
+def cache_value(build, name):
+    with open(os.path.join(build, "CMakeCache.txt")) as f:
+        for line in f:
+            if line.startswith(name + ":"):
+                return line.split("=", 1)[1].strip()
+    return None
+
+
 class PackageTest(unittest.TestCase):
     def run_step(self, cmd, timeout=600):
         proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -36,6 +44,18 @@ class PackageTest(unittest.TestCase):
                                  stderr=subprocess.STDOUT, text=True, env=env, timeout=60)
             self.assertEqual(out.returncode, 0, out.stdout)
             self.assertIn("consumer: world size 1, trained 4 steps", out.stdout)
+            # The consumer found the libtorch the SDK was built against (torch 2.x from the
+            # project venv by default), not another one on the system.
+            ours, theirs = cache_value(h.BUILD, "TORCH_LIBRARY"), cache_value(build, "TORCH_LIBRARY")
+            print("SDK built against %s; consumer linked against %s" % (ours, theirs))
+            self.assertIsNotNone(theirs)
+            self.assertEqual(os.path.realpath(theirs), os.path.realpath(ours))
+            linked = subprocess.run(["ldd", os.path.join(build, "consumer")], stdout=subprocess.PIPE,
+                                    text=True).stdout
+            torch_lib = os.path.dirname(os.path.realpath(ours))
+            if "site-packages" in torch_lib:  # a wheel's torch/lib (Debian's is the system's)
+                self.assertIn(os.path.join(torch_lib, "libtorch_cpu.so"), linked)
+                self.assertNotIn("libtorch_cpu.so.1", linked, "Debian's libtorch linked too")
 
 
 if __name__ == "__main__":
