@@ -80,15 +80,17 @@ const OptionSpec kOptions[] = {
   {"rdzv_backend", 0, false, "static|c10d|ddp", "static",
    Group::kRendezvous, "Rendezvous backend. 'c10d' and 'ddp' both mean the ddp-rendezvous "
    "daemon at --rdzv_endpoint; 'static' needs no daemon (fixed --nnodes and --node_rank)."},
-  {"rdzv_endpoint", 0, false, "HOST[:PORT]", "none; PORT defaults to 29400",
-   Group::kRendezvous, "Where the rendezvous daemon listens. With the static backend it "
+  {"rdzv_endpoint", 0, false, "HOST[:PORT][,HOST[:PORT]...]", "none; PORT defaults to 29400",
+   Group::kRendezvous, "Where the rendezvous daemon listens; a comma-separated list names "
+   "standby daemons, tried in order when one is lost. With the static backend it "
    "replaces --master_addr:--master_port."},
   {"rdzv_id", 0, false, "ID", "none",
    Group::kRendezvous, "Job id: every node of one job gives the same id."},
   {"rdzv_conf", 0, false, "KEY=VALUE,...", "none",
    Group::kRendezvous, "Rendezvous settings, in seconds where they are times: join_timeout "
    "(600), last_call_timeout (30), heartbeat_interval (1), heartbeat_timeout (5), "
-   "shutdown_timeout (30), read_timeout, timeout; token_file=PATH; is_host=true|false. "
+   "shutdown_timeout (30), reconnect_timeout (60: how long workers keep running while no "
+   "rendezvous answers), read_timeout, timeout; token_file=PATH; is_host=true|false. "
    "Other keys are ignored with a warning."},
   {"standalone", 0, true, nullptr, nullptr,
    Group::kRendezvous, "Single-node job on a private local rendezvous: sets the c10d backend, "
@@ -344,7 +346,7 @@ std::pair<std::string, int> parse_endpoint(const Given& g, int default_port) {
 
 const char* const kTimeoutKeys[] = {"join_timeout",     "last_call_timeout", "heartbeat_interval",
                                     "heartbeat_timeout", "shutdown_timeout",  "read_timeout",
-                                    "timeout"};
+                                    "timeout",           "reconnect_timeout"};
 
 void parse_rdzv_conf(const Given& g, LaunchConfig& config, std::ostream& err) {
   const char* accepted = "KEY=VALUE,KEY=VALUE,... e.g. join_timeout=300,last_call_timeout=10";
@@ -375,7 +377,8 @@ void parse_rdzv_conf(const Given& g, LaunchConfig& config, std::ostream& err) {
     } else if (key != "token_file") {
       err << "ddplaunch: warning: " << g.source << ": unknown key '" << key
           << "' is ignored (known: join_timeout, last_call_timeout, heartbeat_interval, "
-             "heartbeat_timeout, shutdown_timeout, read_timeout, timeout, token_file, is_host)\n";
+             "heartbeat_timeout, shutdown_timeout, read_timeout, timeout, reconnect_timeout, token_file, "
+             "is_host)\n";
     }
     config.rdzv_conf[key] = value;
   }
@@ -587,7 +590,11 @@ void resolve_rendezvous(const RawValues& raw, LaunchConfig& config, std::ostream
   if (auto g = raw.find("rdzv_endpoint")) {
     if (!trim(g->value).empty()) {
       config.rdzv_endpoint = trim(g->value);
-      std::tie(config.rdzv_host, config.rdzv_port) = parse_endpoint(*g, 29400);
+      // A list HOST:PORT,HOST:PORT (issue 10: standby daemons, tried in order): every item must
+      // parse; the first one is rdzv_host/rdzv_port.
+      const std::vector<std::string> items = split(config.rdzv_endpoint, ',');
+      for (const std::string& item : items) parse_endpoint(Given{trim(item), g->source}, 29400);
+      std::tie(config.rdzv_host, config.rdzv_port) = parse_endpoint(Given{trim(items.front()), g->source}, 29400);
     }
   }
   if (auto g = raw.find("rdzv_id")) {

@@ -138,6 +138,9 @@ std::unique_ptr<agent::RendezvousHandler> make_rendezvous(boost::asio::io_contex
     remote.job_id = config.rdzv_id;
     remote.token = read_token(config);
     remote.connect_timeout = config.timeouts.join_timeout;
+    if (auto rc = config.rdzv_conf.find("reconnect_timeout"); rc != config.rdzv_conf.end()) {
+      remote.reconnect_timeout = std::stod(rc->second);  // checked by parse_rdzv_conf (seconds >= 0)
+    }
     remote.standalone = config.standalone;
     auto host = config.rdzv_conf.find("is_host");
     if (host != config.rdzv_conf.end()) {

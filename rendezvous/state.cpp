@@ -146,8 +146,8 @@ RoundCheck make_env_round_check(std::function<void(const std::string&)> log) {
   };
 }
 
-StateMachine::StateMachine(const Clock& clock, Outbox& out, RoundCheck round_check)
-    : clock_(clock), out_(out), round_check_(std::move(round_check)) {}
+StateMachine::StateMachine(const Clock& clock, Outbox& out, RoundCheck round_check, SecretSource secrets)
+    : clock_(clock), out_(out), round_check_(std::move(round_check)), secrets_(std::move(secrets)) {}
 
 const char* StateMachine::state_name(NodeState s) {
   switch (s) {
@@ -166,6 +166,7 @@ const char* StateMachine::state_name(JobState s) {
     case JobState::Running: return "running";
     case JobState::Succeeded: return "succeeded";
     case JobState::Failed: return "failed";
+    case JobState::Restoring: return "restoring";
   }
   return "?";
 }
@@ -289,6 +290,7 @@ void StateMachine::join(ConnId conn, NodeSpec spec) {
   bool is_new = nit == job.nodes.end();
   if (is_new) {
     nit = job.nodes.emplace(conn, Node{}).first;
+    nit->second.secret = secrets_ ? secrets_() : random_secret();
     ++job.counts[static_cast<int>(NodeState::Waiting)];
     conn_job_.emplace(conn, job.id);
   } else if (nit->second.spec.requested_rank >= 0 && nit->second.spec.requested_rank != spec.requested_rank) {
@@ -435,7 +437,9 @@ void StateMachine::complete_round(Job& job) {
     a.rank_offset = offset;
     offset += node->spec.local_world_size;
     set_state(job, *node, NodeState::Running);
-    out_.send(conn_by_rank[r], encode_frame(make_round(a)));
+    nlohmann::json round = make_round(a);
+    round["secret"] = node->secret;  // proves this node in a resume (issue 10)
+    out_.send(conn_by_rank[r], encode_frame(round));
   }
   job.state = JobState::Running;
   job.round_size = n;
@@ -452,19 +456,29 @@ void StateMachine::report_failure(ConnId conn, const WorkerFailure& failure) {
   Job* job = job_of(conn);
   if (!job) return;
   Node& node = job->nodes.at(conn);
+  if (job->state == JobState::Restoring && node.state == NodeState::Running) {
+    // Happened while the rendezvous was away: counted once the restore concludes.
+    out_.log("job " + job->id + ": failure on " + describe(node) + " while restoring: " + failure_text(failure));
+    if (!job->pending_failure) job->pending_failure = failure;
+    return;
+  }
   if (job->state != JobState::Running || node.state != NodeState::Running) {
     out_.log("job " + job->id + ": ignored a failure report from " + describe(node) +
              " (its round already ended): " + failure_text(failure));
     return;
   }
   out_.log("job " + job->id + ": failure on " + describe(node) + ": " + failure_text(failure));
-  if (job->restarts_used < job->max_restarts) {
-    end_round(*job, failure_text(failure), true);
+  count_failure(*job, failure);
+}
+
+void StateMachine::count_failure(Job& job, const WorkerFailure& failure) {
+  if (job.restarts_used < job.max_restarts) {
+    end_round(job, failure_text(failure), true);
     return;
   }
-  std::string summary = "job " + job->id + " failed after " + std::to_string(job->restarts_used) + " of " +
-                        std::to_string(job->max_restarts) + " restarts; first failure: " + failure_text(failure);
-  fail_job(*job, failure, summary);
+  std::string summary = "job " + job.id + " failed after " + std::to_string(job.restarts_used) + " of " +
+                        std::to_string(job.max_restarts) + " restarts; first failure: " + failure_text(failure);
+  fail_job(job, failure, summary);
 }
 
 void StateMachine::fail_job(Job& job, const WorkerFailure& failure, const std::string& summary) {
@@ -481,6 +495,10 @@ void StateMachine::report_success(ConnId conn) {
   Job* job = job_of(conn);
   if (!job) return;
   Node& node = job->nodes.at(conn);
+  if (job->state == JobState::Restoring && node.state == NodeState::Running) {
+    node.success_pending = true;  // applied once the restore concludes
+    return;
+  }
   if (job->state != JobState::Running || node.state != NodeState::Running) {
     out_.log("job " + job->id + ": ignored a success report from " + describe(node) + " (not in a running round)");
     return;
@@ -577,6 +595,7 @@ void StateMachine::tick() {
       erase_if_empty(id);
       continue;
     }
+    if (job.state == JobState::Restoring && now >= job.restore_deadline) conclude_restore(job);
     maybe_complete(job);
     if (job.state == JobState::Gathering && count(job, NodeState::Waiting) < static_cast<std::size_t>(job.min_nodes) &&
         now - job.gather_since >= job.timeouts.join_timeout) {
@@ -641,6 +660,8 @@ nlohmann::json StateMachine::status() const {
                     {"max_nodes", job.max_nodes},
                     {"restarts_used", job.restarts_used},
                     {"max_restarts", job.max_restarts},
+                    {"rebuilt_from_resumes", job.rebuilt_at.has_value()},
+                    {"rebuilt_seconds_ago", job.rebuilt_at ? nlohmann::json(now - *job.rebuilt_at) : nlohmann::json()},
                     {"nodes", std::move(nodes)}});
   }
   return {{"jobs", std::move(jobs)}};

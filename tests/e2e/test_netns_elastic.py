@@ -30,8 +30,11 @@ WORKER = os.path.join(SOURCE_DIR, "tests", "agent", "mn_worker.py")
 PYTHON = "/usr/bin/python3"
 PORT = 29400  # the head is a fresh namespace: nothing else listens there
 HEARTBEAT_TIMEOUT = 2.0
-CONF = ("heartbeat_interval=0.5,heartbeat_timeout=%g,last_call_timeout=1,join_timeout=30"
-        % HEARTBEAT_TIMEOUT)
+# reconnect_timeout (issue 10): how long a node that lost the head keeps its workers while it
+# tries to reconnect; short here so the cut node gives up within the test's deadline.
+RECONNECT_TIMEOUT = 5.0
+CONF = ("heartbeat_interval=0.5,heartbeat_timeout=%g,last_call_timeout=1,join_timeout=30,reconnect_timeout=%g"
+        % (HEARTBEAT_TIMEOUT, RECONNECT_TIMEOUT))
 DEADLINE = 60  # seconds for any one round to form here (2 shared cores, torch imports)
 
 
@@ -143,8 +146,9 @@ class NetnsElasticTest(unittest.TestCase):
         self.check_round(rs2, [1, 2])
         self.assertEqual({r["env"]["TORCHELASTIC_RESTART_COUNT"] for r in rs2}, {"0"})
         # The cut node's agent hears nothing from the head either: it stops its workers and
-        # gives up with exit 3 (rendezvous failed) after heartbeat_timeout (docs/elastic.md).
-        code = self.wait_exit(3, timeout=HEARTBEAT_TIMEOUT + 30)
+        # gives up with exit 3 (rendezvous failed) after heartbeat_timeout + reconnect_timeout
+        # (docs/elastic.md).
+        code = self.wait_exit(3, timeout=HEARTBEAT_TIMEOUT + RECONNECT_TIMEOUT + 30)
         print("[netns] the cut node's ddplaunch exited %d (observed %.3f s after the cut)"
               % (code, time.time() - cut_at), file=sys.stderr)
         self.assertEqual(code, 3, self.nodes[3].describe())
