@@ -86,11 +86,13 @@ void Client::connect(const std::string& endpoint, double timeout_s) {
 
 void Client::try_connect() {
   if (closed_) return;
+  connect_timed_out_ = false;
   // A black-holed address would hold async_connect for minutes: the deadline cuts it short.
   retry_timer_.expires_at(deadline_);
   retry_timer_.async_wait([self = shared_from_this()](boost::system::error_code ec) {
     if (ec || self->closed_) return;
     boost::system::error_code ignored;
+    self->connect_timed_out_ = true;
     self->resolver_.cancel();
     self->socket_.cancel(ignored);
   });
@@ -114,7 +116,14 @@ void Client::try_connect() {
   });
 }
 
-void Client::retry(const std::string& error) {
+void Client::retry(const std::string& reported) {
+  // An attempt cut short by the deadline reports the error of the attempts before it.
+  std::string error = reported;
+  if (connect_timed_out_) {
+    error = last_connect_error_.empty() ? "no answer (timed out connecting)" : last_connect_error_;
+  } else {
+    last_connect_error_ = reported;
+  }
   const double left = seconds_left();
   const std::string what = "connect to rendezvous " + endpoint_text_ + ": " + error;
   if (left <= 0) {

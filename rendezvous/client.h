@@ -122,6 +122,8 @@ class Client : public std::enable_shared_from_this<Client> {
   std::optional<ResumeRequest> pending_resume_;
   std::vector<nlohmann::json> pending_reports_;  // failure/success said before the welcome
   std::string secret_;
+  bool connect_timed_out_ = false;   // the connect deadline cut the attempt in flight short
+  std::string last_connect_error_;
   unsigned char header_[kFrameHeaderBytes] = {};
   std::string body_;
   std::deque<Frame> queue_;
