@@ -71,9 +71,13 @@ std::string secs(double s) {
 
 // Seconds one endpoint of a list gets before the next is tried (a single endpoint gets all).
 constexpr double kEndpointSlice = 2.0;
-// Cap of the jittered backoff while reconnecting: every agent of a job comes back within about
-// this long of the daemon's return (bench/rendezvous_restart).
-constexpr double kReconnectMaxDelay = 0.25;
+// Cap of the jittered backoff while reconnecting. For the first kFastReconnectWindow seconds
+// after a loss (a daemon restarted by systemd is back within about a second) agents retry every
+// 25..75 ms, so every agent of a job resumes well within 100 ms of the daemon's return
+// (bench/rendezvous_restart); later they back off to about 1 s to spare a head that stays down.
+constexpr double kFastReconnectDelay = 0.05;
+constexpr double kFastReconnectWindow = 5.0;
+constexpr double kSlowReconnectDelay = 1.0;
 
 }  // namespace
 
@@ -168,7 +172,10 @@ void RemoteRendezvous::start_client() {
   rdzv::ClientOptions client_options;
   client_options.job_id = options_.job_id;
   client_options.token = options_.token;
-  if (reconnecting_) client_options.max_retry_delay = kReconnectMaxDelay;
+  if (reconnecting_) {
+    client_options.max_retry_delay =
+        since(lost_at_) < kFastReconnectWindow ? kFastReconnectDelay : kSlowReconnectDelay;
+  }
   rdzv::ClientEvents ev;
   ev.on_round = [this](const rdzv::Assignment& a) {
     joining_.reset();
@@ -204,7 +211,8 @@ void RemoteRendezvous::start_client() {
   ev.on_log = [this](const std::string& message) { log(message); };
   client_ = rdzv::Client::create(io_, std::move(client_options), std::move(ev));
   double left = std::chrono::duration<double>(deadline_ - std::chrono::steady_clock::now()).count();
-  if (endpoints_.size() > 1) left = std::min(left, kEndpointSlice);
+  // Several endpoints, or a reconnect (whose backoff cap changes with time): a slice at a time.
+  if (endpoints_.size() > 1 || reconnecting_) left = std::min(left, kEndpointSlice);
   client_->connect(endpoints_[current_], std::max(left, 0.0));
   if (round_) {
     // Give the round back: the server continues it, or tells us to restart (issue 10).

@@ -96,6 +96,23 @@ void Client::try_connect() {
     self->resolver_.cancel();
     self->socket_.cancel(ignored);
   });
+  // A numeric address needs no resolver (whose lookups run one at a time on a helper thread).
+  boost::system::error_code numeric_ec;
+  const auto numeric = asio::ip::make_address(host_, numeric_ec);
+  if (!numeric_ec) {
+    const tcp::endpoint target(numeric, static_cast<unsigned short>(std::stoi(port_)));
+    socket_.async_connect(target, [self = shared_from_this()](boost::system::error_code ec) {
+      if (self->closed_) return;
+      if (ec) {
+        boost::system::error_code ignored;
+        self->socket_.close(ignored);
+        self->retry(ec.message());
+        return;
+      }
+      self->on_connected();
+    });
+    return;
+  }
   resolver_.async_resolve(host_, port_, [self = shared_from_this()](boost::system::error_code ec,
                                                                     tcp::resolver::results_type results) {
     if (self->closed_) return;

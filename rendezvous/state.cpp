@@ -195,6 +195,10 @@ void StateMachine::remove_node(Job& job, ConnId conn) {
   auto it = job.nodes.find(conn);
   if (it == job.nodes.end()) return;
   --job.counts[static_cast<int>(it->second.state)];
+  if (!job.restore_holders.empty()) {  // issue 10: a node that resumed and then went away
+    auto ht = job.restore_holders.find(it->second.group_rank);
+    if (ht != job.restore_holders.end() && ht->second == conn) job.restore_holders.erase(ht);
+  }
   int r = it->second.spec.requested_rank;
   if (r >= 0) {
     auto rt = job.requested_ranks.find(r);

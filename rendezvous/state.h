@@ -156,6 +156,7 @@ class StateMachine {
     Assignment restore_round;          // the round the first resume of the newest generation ran
     bool restore_conflict = false;     // resumes of one generation disagree on the round
     std::optional<WorkerFailure> pending_failure;  // reported while restoring; counted after
+    std::unordered_map<int, ConnId> restore_holders;  // group rank -> node that resumed it
   };
 
   Job* job_of(ConnId conn);

@@ -94,7 +94,7 @@ void StateMachine::restore_job(ConnId conn, const ResumeRequest& r) {
            grace_text(job.timeouts.heartbeat_timeout) + " for the other " +
            std::to_string(job.round_size - 1) + " nodes of generation " + std::to_string(job.generation));
   add_resumed(job, conn, r, NodeState::Running);
-  if (count(job, NodeState::Running) == job.round_size) conclude_restore(job);
+  if (job.restore_holders.size() == job.round_size) conclude_restore(job);
 }
 
 void StateMachine::resume_restoring(Job& job, ConnId conn, const ResumeRequest& r) {
@@ -120,6 +120,7 @@ void StateMachine::resume_restoring(Job& job, ConnId conn, const ResumeRequest& 
     job.round_size = static_cast<std::size_t>(a.group_world_size);
     job.restore_round = a;
     job.restore_conflict = false;
+    job.restore_holders.clear();
   } else if (a.generation < job.generation) {
     // Its round already ended: it rejoins (the same as a node that missed a restart).
     out_.log("job " + job.id + ": " + who(r) + " resumed an older round than generation " +
@@ -130,8 +131,9 @@ void StateMachine::resume_restoring(Job& job, ConnId conn, const ResumeRequest& 
                                               false, job.restarts_used, job.max_restarts)));
     return;
   }
-  for (auto& [c, node] : job.nodes) {
-    if (node.state != NodeState::Running || node.group_rank != a.group_rank) continue;
+  if (auto ht = job.restore_holders.find(a.group_rank); ht != job.restore_holders.end()) {
+    const ConnId c = ht->second;
+    const Node& node = job.nodes.at(c);
     if (node.secret != r.secret) {
       out_.log("job " + job.id + ": refused the resume of " + who(r) + ": the rank already resumed with another secret");
       out_.drop(conn, "resume_refused", "group rank " + std::to_string(a.group_rank) + " of job " + job.id +
@@ -148,11 +150,7 @@ void StateMachine::resume_restoring(Job& job, ConnId conn, const ResumeRequest& 
     job.restore_conflict = true;
   }
   add_resumed(job, conn, r, NodeState::Running);
-  std::size_t resumed = 0;
-  for (auto& [c, node] : job.nodes) {
-    if (node.state == NodeState::Running && node.resumed_generation == job.generation) ++resumed;
-  }
-  if (resumed == job.round_size) conclude_restore(job);
+  if (job.restore_holders.size() == job.round_size) conclude_restore(job);
 }
 
 // The server knows the job: it never went away, only this node's connection did.
@@ -203,6 +201,7 @@ void StateMachine::add_resumed(Job& job, ConnId conn, const ResumeRequest& r, No
   job.nodes.emplace(conn, std::move(node));
   ++job.counts[static_cast<int>(state)];
   conn_job_[conn] = job.id;
+  if (state == NodeState::Running) job.restore_holders[r.assignment.group_rank] = conn;
 }
 
 void StateMachine::rebind(Job& job, ConnId old_conn, ConnId conn) {
@@ -216,6 +215,9 @@ void StateMachine::rebind(Job& job, ConnId old_conn, ConnId conn) {
     auto rt = job.requested_ranks.find(r);
     if (rt != job.requested_ranks.end() && rt->second == old_conn) rt->second = conn;
   }
+  if (auto ht = job.restore_holders.find(node.group_rank); ht != job.restore_holders.end() && ht->second == old_conn) {
+    ht->second = conn;
+  }
   job.nodes.emplace(conn, std::move(node));
   conn_job_[conn] = job.id;
   out_.drop(old_conn, "replaced", "this node resumed on a newer connection");
@@ -223,10 +225,8 @@ void StateMachine::rebind(Job& job, ConnId old_conn, ConnId conn) {
 
 // Every node of the round resumed, or the grace period passed.
 void StateMachine::conclude_restore(Job& job) {
-  std::size_t resumed = 0;
-  for (auto& [c, node] : job.nodes) {
-    if (node.state == NodeState::Running && node.resumed_generation == job.generation) ++resumed;
-  }
+  const std::size_t resumed = job.restore_holders.size();
+  job.restore_holders.clear();
   const bool whole = resumed == job.round_size && !job.restore_conflict;
   job.state = JobState::Running;  // the round as it was, for end_round and the reports below
   job.round_succeeded = 0;
