@@ -653,3 +653,19 @@ TEST_SUITE("help reads like a man page and exits 0") {
     CHECK(r.config.program_args == std::vector<std::string>{"--help"});
   }
 }
+
+// Issue 10: a list of rendezvous endpoints (standby daemons) and reconnect_timeout.
+TEST_CASE("--rdzv_endpoint takes a list of standby endpoints; the first is rdzv_host and a bad item is refused") {
+  ScopedEnv env;
+  const Result r = parse({"--rdzv_backend=c10d", "--nnodes=2", "--rdzv_endpoint=head:29401,standby:29402",
+                          "--rdzv_conf=reconnect_timeout=120", "t.py"});
+  CHECK(r.config.rdzv_endpoint == "head:29401,standby:29402");
+  CHECK(r.config.rdzv_host == "head");
+  CHECK(r.config.rdzv_port == 29401);
+  CHECK(r.config.rdzv_conf.at("reconnect_timeout") == "120");
+  CHECK(r.err.find("unknown key") == std::string::npos);
+  const UsageError e = refusal({"--rdzv_backend=c10d", "--nnodes=2", "--rdzv_endpoint=head:29401,standby:99999", "t.py"});
+  CHECK(std::string(e.what()).find("bad port") != std::string::npos);
+  const UsageError t = refusal({"--rdzv_backend=c10d", "--rdzv_conf=reconnect_timeout=-1", "t.py"});
+  CHECK(std::string(t.what()).find("reconnect_timeout") != std::string::npos);
+}
