@@ -15,6 +15,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -31,10 +32,10 @@ using steady = std::chrono::steady_clock;
 
 namespace {
 
-pid_t start_daemon(const std::string& path, int port) {
+pid_t start_daemon(const std::string& path, int port, const std::string& log = "/dev/null") {
   pid_t pid = fork();
   if (pid == 0) {
-    int devnull = ::open("/dev/null", O_WRONLY);
+    int devnull = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (devnull >= 0) dup2(devnull, STDOUT_FILENO);
     std::string p = std::to_string(port);
     execl(path.c_str(), path.c_str(), "--host", "127.0.0.1", "--port", p.c_str(), "--quiet-joins",
@@ -60,6 +61,22 @@ int free_port() {
 
 double ms(steady::time_point a, steady::time_point b) {
   return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+// Seconds of the day of the first daemon log line containing `what` ("...THH:MM:SS.mmmZ ..."), or -1.
+double log_time(const std::string& path, const std::string& what) {
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.find(what) == std::string::npos) continue;
+    auto t = line.find('T');
+    if (t == std::string::npos || line.size() < t + 13) return -1;
+    int h = 0, m = 0;
+    double sec = 0;
+    if (std::sscanf(line.c_str() + t + 1, "%d:%d:%lf", &h, &m, &sec) != 3) return -1;
+    return h * 3600 + m * 60 + sec;
+  }
+  return -1;
 }
 
 }  // namespace
@@ -155,7 +172,8 @@ int main(int argc, char** argv) {
     waitpid(pid, nullptr, 0);
     const auto down = steady::now();
     std::this_thread::sleep_for(std::chrono::duration<double>(gap));
-    pid = start_daemon(daemon, port);
+    const std::string log = "/tmp/ddp-rdzv-restart-bench-" + std::to_string(getpid()) + ".log";
+    pid = start_daemon(daemon, port, log);
     const auto spawned = steady::now();
     while (!listening(port) && ms(spawned, steady::now()) < 10000) std::this_thread::sleep_for(std::chrono::microseconds(200));
     const auto back = steady::now();
@@ -168,6 +186,12 @@ int main(int argc, char** argv) {
       std::printf("daemon listening -> first agent resumed: %.1f ms\n", ms(back, first));
       std::printf("daemon listening -> every agent resumed: %.1f ms\n", ms(back, last));
       std::printf("first resume -> every agent resumed:     %.1f ms\n", ms(first, last));
+      const double first_resume = log_time(log, "rebuilt from the resume");
+      const double restored = log_time(log, ": restored: every one");
+      if (first_resume >= 0 && restored >= 0) {
+        std::printf("daemon: first resume received -> every node restored: %.0f ms (log timestamps)\n",
+                    (restored - first_resume) * 1000);
+      }
       std::printf("restarts told to agents: %d (goal 0), errors: %d\n", restarts.load(), errors.load());
       ok = restarts.load() == 0;
     }
@@ -180,5 +204,6 @@ int main(int argc, char** argv) {
   io_thread.join();
   kill(pid, SIGTERM);
   waitpid(pid, nullptr, 0);
+  if (ok) ::unlink(("/tmp/ddp-rdzv-restart-bench-" + std::to_string(getpid()) + ".log").c_str());
   return ok ? 0 : 1;
 }
