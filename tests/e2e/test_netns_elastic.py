@@ -130,6 +130,28 @@ class NetnsElasticTest(unittest.TestCase):
         self.check_round(rs, [1, 2, 3])
         return gen
 
+    def test_the_head_daemon_sigkilled_and_restarted_after_2_s_restarts_no_worker(self):
+        # Issue 10: the daemon is the one shared component; losing it must not touch training.
+        gen = self.start_three()
+        workers = sorted(r["pid"] for r in self.recs("start"))
+        self.daemon.kill()  # SIGKILL (the whole process group), reaped
+        time.sleep(2.0)     # the scenario: no daemon for 2 s (nothing is asserted on time)
+        back = time.monotonic()
+        self.daemon = self.cluster.spawn("head", [RENDEZVOUS, "--host", self.head, "--port", PORT])
+        try:
+            wait_for(lambda: all("resumed generation" in p.stderr() for p in self.nodes.values()), DEADLINE,
+                     "every node to resume")
+        except TimeoutError as e:
+            self.fail("%s\n%s" % (e, self.describe()))
+        print("\n[netns] head daemon back -> 3 nodes resumed, observed within %.2f s"
+              % (time.monotonic() - back), file=sys.stderr)
+        self.assertTrue(all(os.path.exists("/proc/%d" % p) for p in workers), "a worker died: %s" % workers)
+        self.stop_and_finish([1, 2, 3])
+        starts = self.recs("start")
+        self.assertEqual(sorted(r["pid"] for r in starts), workers, "no worker was started again")
+        self.assertEqual({r["env"]["DDPLAUNCH_GENERATION"] for r in starts}, {str(gen)})
+        self.assertEqual({r["env"]["TORCHELASTIC_RESTART_COUNT"] for r in starts}, {"0"})
+
     def test_a_cut_node_is_lost_within_heartbeat_timeout_and_rejoins_when_restored(self):
         gen = self.start_three()
         cut_workers = [r["pid"] for r in self.recs("done") if r["env"]["MN_NODE"] == "node3"]
