@@ -150,6 +150,29 @@ class FaultToleranceTest(unittest.TestCase):
         self.assert_finished_well(job, epochs)
         self.assertIn("was killed by SIGKILL", job.agent(2).stderr(), job.describe())
 
+    def test_the_daemon_sigkilled_and_restarted_after_2_s_restarts_no_worker_and_repeats_no_step(self):
+        # Issue 10: the rendezvous daemon's loss is a non-event for training.
+        epochs = 4
+        job = self.start_job(epochs, "daemon-restart")
+        before = job.wait_for_steps(world=6, steps=FAULT_AFTER_STEPS, timeout=90)
+        workers = {n: sorted(train_pids(self.cluster, n)) for n in (1, 2, 3)}
+        job.rendezvous.kill()   # SIGKILL, reaped
+        time.sleep(2.0)         # the scenario: no daemon for 2 s (nothing is asserted on time)
+        job.start_rendezvous()  # the same address and port
+        try:
+            wait_for(lambda: all("resumed generation" in job.agent(n).stderr() for n in (1, 2, 3)), 60,
+                     "every node to resume")
+        except TimeoutError as e:
+            self.fail("%s\n%s" % (e, job.describe()))
+        for n in (1, 2, 3):
+            self.assertEqual(sorted(train_pids(self.cluster, n)), workers[n],
+                             "node%d's workers were restarted\n%s" % (n, job.describe()))
+        codes = job.wait_for_exit([1, 2, 3], FINISH_TIMEOUT)
+        self.assertEqual(codes, {1: 0, 2: 0, 3: 0}, job.describe())
+        self.assertEqual(self.rounds_after(job, before.generation), [], "no new round\n" + job.describe())
+        self.assertEqual(before.restart, 0, job.describe())
+        self.assert_finished_well(job, epochs)
+
     def test_a_crashed_node_leaves_two_nodes_that_finish_at_world_size_4(self):
         epochs = 8
         job = self.start_job(epochs, "crash-node")
