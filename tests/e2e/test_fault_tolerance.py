@@ -151,8 +151,9 @@ class FaultToleranceTest(unittest.TestCase):
         self.assertIn("was killed by SIGKILL", job.agent(2).stderr(), job.describe())
 
     def test_the_daemon_sigkilled_and_restarted_after_2_s_restarts_no_worker_and_repeats_no_step(self):
-        # Issue 10: the rendezvous daemon's loss is a non-event for training.
-        epochs = 4
+        # Issue 10: the rendezvous daemon's loss is a non-event for training. Enough epochs that
+        # training is still going when the daemon is back (checked: same worker pids).
+        epochs = 8
         job = self.start_job(epochs, "daemon-restart")
         before = job.wait_for_steps(world=6, steps=FAULT_AFTER_STEPS, timeout=90)
         workers = {n: sorted(train_pids(self.cluster, n)) for n in (1, 2, 3)}
