@@ -472,17 +472,13 @@ void StateMachine::report_failure(ConnId conn, const WorkerFailure& failure) {
     return;
   }
   out_.log("job " + job->id + ": failure on " + describe(node) + ": " + failure_text(failure));
-  count_failure(*job, failure);
-}
-
-void StateMachine::count_failure(Job& job, const WorkerFailure& failure) {
-  if (job.restarts_used < job.max_restarts) {
-    end_round(job, failure_text(failure), true);
+  if (job->restarts_used < job->max_restarts) {
+    end_round(*job, failure_text(failure), true);
     return;
   }
-  std::string summary = "job " + job.id + " failed after " + std::to_string(job.restarts_used) + " of " +
-                        std::to_string(job.max_restarts) + " restarts; first failure: " + failure_text(failure);
-  fail_job(job, failure, summary);
+  std::string summary = "job " + job->id + " failed after " + std::to_string(job->restarts_used) + " of " +
+                        std::to_string(job->max_restarts) + " restarts; first failure: " + failure_text(failure);
+  fail_job(*job, failure, summary);
 }
 
 void StateMachine::fail_job(Job& job, const WorkerFailure& failure, const std::string& summary) {

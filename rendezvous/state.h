@@ -169,7 +169,7 @@ class StateMachine {
   void fail_job(Job& job, const WorkerFailure& failure, const std::string& summary);
   void drop_all(Job& job, const std::string& code, const std::string& message);
   void erase_if_empty(const std::string& job_id);
-  void count_failure(Job& job, const WorkerFailure& failure);
+  bool report_pending_failure(Job& job, const WorkerFailure& failure);
   void restore_job(ConnId conn, const ResumeRequest& r);
   void resume_restoring(Job& job, ConnId conn, const ResumeRequest& r);
   void resume_live(Job& job, ConnId conn, const ResumeRequest& r);

@@ -223,6 +223,23 @@ void StateMachine::rebind(Job& job, ConnId old_conn, ConnId conn) {
   out_.drop(old_conn, "replaced", "this node resumed on a newer connection");
 }
 
+// A failure held while restoring goes through report_failure like any other, from a node of the
+// restored round (the reporting node when it is still there), so it is counted exactly once.
+bool StateMachine::report_pending_failure(Job& job, const WorkerFailure& failure) {
+  ConnId from = 0;
+  bool found = false;
+  for (auto& [c, node] : job.nodes) {
+    if (node.state != NodeState::Running) continue;
+    if (!found || node.spec.host == failure.host) {
+      from = c;
+      found = true;
+    }
+    if (node.spec.host == failure.host) break;
+  }
+  if (found) report_failure(from, failure);
+  return found;
+}
+
 // Every node of the round resumed, or the grace period passed.
 void StateMachine::conclude_restore(Job& job) {
   const std::size_t resumed = job.restore_holders.size();
@@ -240,11 +257,8 @@ void StateMachine::conclude_restore(Job& job) {
                             " did not resume within " + grace_text(job.timeouts.heartbeat_timeout) +
                             " (or their rounds disagree)";
     out_.log("job " + job.id + ": restore ends the round: " + why);
-    if (failure) {
-      count_failure(job, *failure);  // the failure wins: the budget stays exact
-    } else {
-      end_round(job, why, false);
-    }
+    // The failure wins (the budget stays exact) while a node of the round is there to carry it.
+    if (!failure || !report_pending_failure(job, *failure)) end_round(job, why, false);
     maybe_complete(job);
     return;
   }
@@ -260,8 +274,7 @@ void StateMachine::conclude_restore(Job& job) {
            " nodes resumed generation " + std::to_string(job.generation) + ", restarts " +
            std::to_string(job.restarts_used) + "/" + std::to_string(job.max_restarts));
   if (failure) {
-    out_.log("job " + job.id + ": failure reported while restoring");
-    count_failure(job, *failure);
+    report_pending_failure(job, *failure);
     return;
   }
   for (ConnId c : succeeded) report_success(c);
