@@ -459,13 +459,14 @@ void StateMachine::complete_round(Job& job) {
 void StateMachine::report_failure(ConnId conn, const WorkerFailure& failure) {
   Job* job = job_of(conn);
   if (!job) return;
-  Node& node = job->nodes.at(conn);
-  if (job->state == JobState::Restoring && node.state == NodeState::Running) {
-    // Happened while the rendezvous was away: counted once the restore concludes.
-    out_.log("job " + job->id + ": failure on " + describe(node) + " while restoring: " + failure_text(failure));
+  if (job->state == JobState::Restoring && job->nodes.at(conn).state == NodeState::Running) {
+    // Happened while the rendezvous was away (issue 10): counted once the restore concludes.
+    out_.log("job " + job->id + ": failure on " + describe(job->nodes.at(conn)) + " while restoring: " +
+             failure_text(failure));
     if (!job->pending_failure) job->pending_failure = failure;
     return;
   }
+  Node& node = job->nodes.at(conn);
   if (job->state != JobState::Running || node.state != NodeState::Running) {
     out_.log("job " + job->id + ": ignored a failure report from " + describe(node) +
              " (its round already ended): " + failure_text(failure));
