@@ -4,8 +4,11 @@
 #include <netinet/in.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <random>
+#include <sstream>
 
 #include <boost/asio.hpp>
 
@@ -39,6 +42,43 @@ std::vector<boost::asio::ip::address> interface_addresses() {
   return out;
 }
 
+std::vector<std::string> split_endpoints(const std::string& list) {
+  std::vector<std::string> out;
+  std::string item;
+  std::istringstream in(list);
+  while (std::getline(in, item, ',')) {
+    auto b = item.find_first_not_of(" \t");
+    auto e = item.find_last_not_of(" \t");
+    if (b != std::string::npos) out.push_back(item.substr(b, e - b + 1));
+  }
+  return out;
+}
+
+std::chrono::steady_clock::duration seconds(double s) {
+  return std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(s));
+}
+
+double since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+std::string secs(double s) {
+  std::ostringstream os;
+  os.precision(3);
+  os << s << " s";
+  return os.str();
+}
+
+// Seconds one endpoint of a list gets before the next is tried (a single endpoint gets all).
+constexpr double kEndpointSlice = 2.0;
+// Cap of the jittered backoff while reconnecting. For the first kFastReconnectWindow seconds
+// after a loss (a daemon restarted by systemd is back within about a second) agents retry every
+// 25..75 ms, so every agent of a job resumes well within 100 ms of the daemon's return
+// (bench/rendezvous_restart); later they back off to about 1 s to spare a head that stays down.
+constexpr double kFastReconnectDelay = 0.05;
+constexpr double kFastReconnectWindow = 5.0;
+constexpr double kSlowReconnectDelay = 1.0;
+
 }  // namespace
 
 bool is_local_host(const std::string& host) {
@@ -70,7 +110,7 @@ bool is_local_host(const std::string& host) {
 }
 
 RemoteRendezvous::RemoteRendezvous(boost::asio::io_context& io, RemoteRendezvousOptions options)
-    : io_(io), options_(std::move(options)) {
+    : io_(io), options_(std::move(options)), backoff_timer_(io) {
   rdzv::ServerOptions server_options;
   server_options.token = options_.token;
   server_options.log = [this](const std::string& line) { log("rendezvous server: " + line); };
@@ -79,16 +119,24 @@ RemoteRendezvous::RemoteRendezvous(boost::asio::io_context& io, RemoteRendezvous
     server_ = std::make_unique<rdzv::Server>(
         io_, tcp::endpoint(boost::asio::ip::address_v4::loopback(), 0), server_options);
     endpoint_ = "127.0.0.1:" + std::to_string(server_->port());
+    endpoints_ = {endpoint_};
     return;
   }
   endpoint_ = options_.endpoint;
-  auto [host, port] = rdzv::parse_endpoint(options_.endpoint);
-  if (options_.host_if_local && is_local_host(host)) {
-    // Nothing listening there yet: this agent becomes the host. Someone already bound it (the
-    // daemon, or an agent of this host that came first): be a client like everyone else.
+  endpoints_ = split_endpoints(options_.endpoint);
+  if (endpoints_.empty()) throw std::invalid_argument("no endpoint given");
+  std::vector<std::pair<std::string, unsigned short>> parsed;
+  for (const std::string& e : endpoints_) parsed.push_back(rdzv::parse_endpoint(e));  // throws on a bad one
+  if (!options_.host_if_local) return;
+  for (const auto& [host, port] : parsed) {
+    if (!is_local_host(host)) continue;
+    // Nothing listening there yet: this agent becomes the host (of the first local endpoint
+    // that is free; later ones in the list are standbys for when that host dies). Someone
+    // already bound it (the daemon, or an agent of this host that came first): try the next.
     try {
       server_ = std::make_unique<rdzv::Server>(io_, tcp::endpoint(tcp::v4(), port), server_options);
       log("hosting the rendezvous server in-process on port " + std::to_string(port));
+      return;
     } catch (const boost::system::system_error&) {
       server_.reset();
     }
@@ -96,6 +144,8 @@ RemoteRendezvous::RemoteRendezvous(boost::asio::io_context& io, RemoteRendezvous
 }
 
 RemoteRendezvous::~RemoteRendezvous() {
+  closed_ = true;
+  backoff_timer_.cancel();
   if (client_) client_->close();
   if (server_) server_->stop();
 }
@@ -108,47 +158,143 @@ void RemoteRendezvous::log(const std::string& line) const {
   }
 }
 
+std::string RemoteRendezvous::endpoint_list() const {
+  std::string out;
+  for (const auto& e : endpoints_) out += (out.empty() ? "" : ", ") + e;
+  return out;
+}
+
 void RemoteRendezvous::set_events(RendezvousEvents events) { events_ = std::move(events); }
 
+// One connection attempt to endpoints_[current_], until deadline_ (or a slice of it when there
+// are other endpoints to try).
 void RemoteRendezvous::start_client() {
   rdzv::ClientOptions client_options;
   client_options.job_id = options_.job_id;
   client_options.token = options_.token;
+  if (reconnecting_) {
+    client_options.max_retry_delay =
+        since(lost_at_) < kFastReconnectWindow ? kFastReconnectDelay : kSlowReconnectDelay;
+  }
   rdzv::ClientEvents ev;
   ev.on_round = [this](const rdzv::Assignment& a) {
+    joining_.reset();
+    round_ = a;
+    secret_ = client_->secret();
+    reported_failure_.reset();
+    reported_success_ = false;
     if (events_.on_round) events_.on_round(a);
   };
   ev.on_restart = [this](const std::string& reason, bool counted) {
+    round_.reset();
     if (events_.on_restart) events_.on_restart(reason, counted);
   };
+  ev.on_resumed = [this](std::uint64_t generation, int restart_count) {
+    log("resumed generation " + std::to_string(generation) + " (restart count " + std::to_string(restart_count) +
+        ") at " + endpoints_[current_] + ", " + secs(since(lost_at_)) +
+        " after losing the rendezvous; no worker was restarted");
+  };
   ev.on_job_succeeded = [this] {
+    finished_ = true;
+    round_.reset();
     if (events_.on_job_succeeded) events_.on_job_succeeded();
   };
   ev.on_job_failed = [this](const rdzv::WorkerFailure& f, const std::string& summary) {
+    finished_ = true;
+    round_.reset();
     if (events_.on_job_failed) events_.on_job_failed(f, summary);
   };
   ev.on_error = [this](const std::string& message) {
     if (events_.on_rendezvous_error) events_.on_rendezvous_error(message);
   };
+  ev.on_disconnected = [this](const std::string& message) { on_lost(message); };
   ev.on_log = [this](const std::string& message) { log(message); };
   client_ = rdzv::Client::create(io_, std::move(client_options), std::move(ev));
-  client_->connect(endpoint_, options_.connect_timeout);
+  double left = std::chrono::duration<double>(deadline_ - std::chrono::steady_clock::now()).count();
+  // Several endpoints, or a reconnect (whose backoff cap changes with time): a slice at a time.
+  if (endpoints_.size() > 1 || reconnecting_) left = std::min(left, kEndpointSlice);
+  client_->connect(endpoints_[current_], std::max(left, 0.0));
+  if (round_) {
+    // Give the round back: the server continues it, or tells us to restart (issue 10).
+    rdzv::ResumeRequest r;
+    r.job_id = spec_.job_id.empty() ? options_.job_id : spec_.job_id;
+    r.secret = secret_;
+    r.node = spec_;
+    r.node.job_id = r.job_id;
+    r.assignment = *round_;
+    client_->resume(std::move(r));
+    if (reported_failure_) client_->report_failure(*reported_failure_);
+    if (reported_success_) client_->report_success();
+  } else if (joining_) {
+    client_->join(*joining_);
+  }
+}
+
+// The connection is gone (or an attempt failed): try the next endpoint until the deadline.
+void RemoteRendezvous::on_lost(const std::string& why) {
+  if (closed_ || finished_) return;
+  const auto now = std::chrono::steady_clock::now();
+  const bool was_connected = client_ && client_->connected();
+  if (was_connected) {
+    // We had a rendezvous: a fresh reconnect_timeout starts now; the workers keep running.
+    reconnecting_ = true;
+    lost_at_ = now;
+    lost_endpoint_ = endpoints_[current_];
+    deadline_ = now + seconds(options_.reconnect_timeout);
+    log("lost the rendezvous at " + lost_endpoint_ + " (" + why + "); the workers keep running while this node "
+        "reconnects through " + endpoint_list() + " for up to " + secs(options_.reconnect_timeout) +
+        " (reconnect_timeout)");
+  }
+  if (now >= deadline_) {
+    std::string message;
+    if (reconnecting_) {
+      message = "lost the rendezvous at " + lost_endpoint_ + " and none of " + endpoint_list() + " answered for " +
+                secs(since(lost_at_)) + " (reconnect_timeout " + secs(options_.reconnect_timeout) +
+                "); last error: " + why + ". Start ddp-rendezvous again or give a standby endpoint in "
+                "--rdzv_endpoint, and raise --rdzv_conf reconnect_timeout to wait longer";
+    } else {
+      message = why + (endpoints_.size() > 1 ? " (tried " + endpoint_list() + ")" : "");
+    }
+    if (events_.on_rendezvous_error) events_.on_rendezvous_error(message);
+    return;
+  }
+  // Preference follows the list: after a loss start again at the first endpoint (a blip must
+  // not move one node to a standby while the others stay), after a failed attempt try the next.
+  current_ = was_connected ? 0 : (current_ + 1) % endpoints_.size();
+  // A short jittered pause: the client itself backs off on a refused endpoint.
+  static thread_local std::minstd_rand jitter(std::random_device{}());
+  const double pause = std::uniform_real_distribution<double>(0.01, 0.05)(jitter);
+  backoff_timer_.expires_after(seconds(pause));
+  backoff_timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (!ec && !closed_) start_client();
+  });
 }
 
 void RemoteRendezvous::join(const rdzv::NodeSpec& spec) {
-  if (!client_) start_client();
-  client_->join(spec);
+  spec_ = spec;
+  joining_ = spec;
+  round_.reset();
+  if (!client_) {
+    deadline_ = std::chrono::steady_clock::now() + seconds(options_.connect_timeout);
+    start_client();
+    return;
+  }
+  client_->join(spec);  // queued by a client that is still connecting
 }
 
 void RemoteRendezvous::report_failure(const rdzv::WorkerFailure& failure) {
-  if (client_) client_->report_failure(failure);
+  if (!reported_failure_) reported_failure_ = failure;  // re-sent after a resume
+  if (client_) client_->report_failure(failure);        // queued while reconnecting
 }
 
 void RemoteRendezvous::report_success() {
+  reported_success_ = true;
   if (client_) client_->report_success();
 }
 
 void RemoteRendezvous::close() {
+  closed_ = true;
+  backoff_timer_.cancel();
   if (client_) client_->close();
 }
 

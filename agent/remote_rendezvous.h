@@ -6,13 +6,25 @@
 // Owned by the Agent; lives as long as the agent run; every call and callback on the agent's
 // io_context thread. A hosted server lives as long as this object, which is why the hosting
 // agent stays until the job has ended on every node (it exits on on_job_succeeded/failed).
+//
+// Issue 10: the endpoint may be a list ("head:29400,standby:29400"). Losing the connection does
+// not stop the workers: the agent reconnects through every endpoint in turn, with jittered
+// backoff, for up to reconnect_timeout, and resumes its round (rendezvous/resume.h) with the
+// secret the server issued; worker failures and successes that happen meanwhile are kept and
+// sent after the resume. Only when reconnect_timeout passes does on_rendezvous_error fire
+// (exit 3). An agent whose host appears in the list hosts a standby server on the first of
+// its local endpoints that is free, so survivors can resume there when the host dies.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
 
 #include "agent/rendezvous_handler.h"
 
@@ -24,10 +36,12 @@ class Server;
 namespace ddp::agent {
 
 struct RemoteRendezvousOptions {
-  std::string endpoint;          // HOST[:PORT] (port 29400 when absent); empty with `standalone`
+  std::string endpoint;          // HOST[:PORT][,HOST[:PORT]...] (port 29400 when absent), tried in
+                                 // order; empty with `standalone`
   std::string job_id;            // --rdzv_id
   std::string token;             // shared token, empty = none
   double connect_timeout = 600;  // seconds to keep retrying a refused connection (join_timeout)
+  double reconnect_timeout = 60; // after losing a connection, seconds to find a rendezvous again
   bool standalone = false;       // host a server on a free loopback port and use it
   bool host_if_local = true;     // host the server when the endpoint is this host and it is free
   std::function<void(const std::string&)> log;  // progress lines; empty = stderr
@@ -46,19 +60,37 @@ class RemoteRendezvous final : public RendezvousHandler {
 
   // True when this agent hosts the rendezvous server in-process.
   bool hosting() const { return server_ != nullptr; }
-  // The endpoint actually used (the free port with --standalone).
+  // The endpoint list actually used (the free port with --standalone).
   const std::string& endpoint() const { return endpoint_; }
 
  private:
   void start_client();
+  void on_lost(const std::string& why);
   void log(const std::string& line) const;
+  std::string endpoint_list() const;
 
   boost::asio::io_context& io_;
   RemoteRendezvousOptions options_;
   RendezvousEvents events_;
   std::string endpoint_;
+  std::vector<std::string> endpoints_;
+  std::size_t current_ = 0;              // index in endpoints_ of the connection in use
   std::unique_ptr<rdzv::Server> server_;
   std::shared_ptr<rdzv::Client> client_;
+  boost::asio::steady_timer backoff_timer_;
+  std::chrono::steady_clock::time_point deadline_;  // of the connect or reconnect in progress
+  std::chrono::steady_clock::time_point lost_at_{};  // when the last connection was lost
+  std::string lost_endpoint_;
+  bool reconnecting_ = false;            // lost a connection, looking for a rendezvous
+  bool closed_ = false;
+  bool finished_ = false;
+  // What a resume gives back, and the reports made in this round (re-sent after a resume).
+  std::optional<rdzv::NodeSpec> joining_;  // join() called, no round yet
+  rdzv::NodeSpec spec_;
+  std::optional<rdzv::Assignment> round_;
+  std::string secret_;
+  std::optional<rdzv::WorkerFailure> reported_failure_;
+  bool reported_success_ = false;
 };
 
 // True when `host` names this machine: a loopback address, "localhost", this host's name, or

@@ -89,8 +89,8 @@ void parse_nproc(const Given& g, LaunchConfig& config, const ParseContext& conte
 
 const char* const kKnownRdzvKeys =
     "join_timeout, last_call_timeout, heartbeat_interval, heartbeat_timeout, "
-    "keep_alive_interval, keep_alive_max_attempt, shutdown_timeout, read_timeout, timeout, "
-    "token_file, is_host";
+    "keep_alive_interval, keep_alive_max_attempt, shutdown_timeout, reconnect_timeout, "
+    "read_timeout, timeout, token_file, is_host";
 
 // --rdzv_conf key=value,... Times are seconds. torchrun's keep_alive_interval and
 // keep_alive_max_attempt are its heartbeat: interval, and a node is lost after max_attempt
@@ -129,6 +129,8 @@ void parse_rdzv_conf(const Given& g, LaunchConfig& config, std::optional<double>
       }
     } else if (key == "shutdown_timeout") {
       shutdown_key = parse_seconds(item);
+    } else if (key == "reconnect_timeout") {
+      config.reconnect_timeout = parse_seconds(item);
     } else if (key == "read_timeout" || key == "timeout") {
       parse_seconds(item);
       config.unused_rdzv_conf[key] = value;
@@ -170,7 +172,16 @@ void resolve_rendezvous(const RawValues& raw, LaunchConfig& config,
         "backend");
   }
   if (auto g = raw.find("rdzv_endpoint"); g != nullptr && !trim(g->value).empty()) {
-    config.rdzv_endpoint = parse_endpoint(*g, 29400);
+    // HOST:PORT,HOST:PORT,...: standby daemons, tried in order when one is lost (docs/cli.md).
+    // Every item must parse; the first is the rendezvous, the rest its standbys.
+    for (const std::string& item : split(trim(g->value), ',')) {
+      Endpoint e = parse_endpoint(Given{trim(item), g->source}, 29400);
+      if (!config.rdzv_endpoint) {
+        config.rdzv_endpoint = std::move(e);
+      } else {
+        config.rdzv_standby_endpoints.push_back(std::move(e));
+      }
+    }
   }
   if (auto g = raw.find("rdzv_id")) {
     if (trim(g->value).empty()) refuse(g->shown() + ": must not be empty");

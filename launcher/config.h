@@ -43,6 +43,11 @@ struct LaunchConfig {
   // master_addr/master_port instead and stays empty (except with --check_env, which queries the
   // daemon there). Empty with --standalone.
   std::optional<Endpoint> rdzv_endpoint;
+  // The rest of a --rdzv_endpoint list (A,B,C): standby daemons the agent fails over to, in order.
+  std::vector<Endpoint> rdzv_standby_endpoints;
+  // --rdzv_conf reconnect_timeout: how long workers keep running while no rendezvous answers
+  // (the agent reconnects through every endpoint meanwhile). Default 60 s.
+  double reconnect_timeout = 60;
   std::string rdzv_id = "none";        // run id; a random UUID with --standalone
   // The deadlines of --rdzv_conf (join_timeout, last_call_timeout, heartbeat_interval,
   // heartbeat_timeout, torchrun's keep_alive_interval/keep_alive_max_attempt) and the shutdown

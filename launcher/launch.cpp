@@ -115,9 +115,11 @@ std::unique_ptr<agent::RendezvousHandler> make_rendezvous(boost::asio::io_contex
   if (!uses_local_rendezvous(config)) {
     agent::RemoteRendezvousOptions remote;
     remote.endpoint = config.rdzv_endpoint ? config.rdzv_endpoint->text() : "";
+    for (const Endpoint& standby : config.rdzv_standby_endpoints) remote.endpoint += "," + standby.text();
     remote.job_id = config.rdzv_id;
     remote.token = read_token(config);
     remote.connect_timeout = config.timeouts.join_timeout;
+    remote.reconnect_timeout = config.reconnect_timeout;
     remote.standalone = config.standalone;
     // Through the agent's bounded console queue: a stalled console must not stop heartbeats.
     remote.log = [](const std::string& line) { agent::OutputQueue::console().write(STDERR_FILENO, "[ddplaunch] " + line + "\n"); };

@@ -56,15 +56,17 @@ const std::vector<OptionSpec> kOptions = {
   {"rdzv_backend", 0, false, "static|c10d|ddp", "static",
    Group::kRendezvous, "Rendezvous backend. 'c10d' and 'ddp' both mean the ddp-rendezvous "
    "daemon at --rdzv_endpoint; 'static' needs no daemon (fixed --nnodes and --node_rank)."},
-  {"rdzv_endpoint", 0, false, "HOST[:PORT]", "none; PORT defaults to 29400",
-   Group::kRendezvous, "Where the rendezvous daemon listens. With the static backend it "
+  {"rdzv_endpoint", 0, false, "HOST[:PORT][,HOST[:PORT]...]", "none; PORT defaults to 29400",
+   Group::kRendezvous, "Where the rendezvous daemon listens; a comma-separated list names "
+   "standby daemons, tried in order when one is lost. With the static backend it "
    "replaces --master_addr:--master_port."},
   {"rdzv_id", 0, false, "ID", "none",
    Group::kRendezvous, "Job id: every node of one job gives the same id."},
   {"rdzv_conf", 0, false, "KEY=VALUE,...", "none",
    Group::kRendezvous, "Rendezvous settings, in seconds where they are times: join_timeout "
    "(600), last_call_timeout (30), heartbeat_interval (1), heartbeat_timeout (5), "
-   "shutdown_timeout (30), read_timeout, timeout; token_file=PATH; is_host=true|false. "
+   "shutdown_timeout (30), reconnect_timeout (60: how long workers keep running while no "
+   "rendezvous answers), read_timeout, timeout; token_file=PATH; is_host=true|false. "
    "Other keys are ignored with a warning."},
   {"standalone", 0, true, nullptr, nullptr,
    Group::kRendezvous, "Single-node job on a private local rendezvous: sets the c10d backend, "

@@ -1,6 +1,7 @@
 #include "rendezvous/client.h"
 
 #include <cmath>
+#include <random>
 #include <stdexcept>
 
 namespace ddp::rdzv {
@@ -85,6 +86,33 @@ void Client::connect(const std::string& endpoint, double timeout_s) {
 
 void Client::try_connect() {
   if (closed_) return;
+  connect_timed_out_ = false;
+  // A black-holed address would hold async_connect for minutes: the deadline cuts it short.
+  retry_timer_.expires_at(deadline_);
+  retry_timer_.async_wait([self = shared_from_this()](boost::system::error_code ec) {
+    if (ec || self->closed_) return;
+    boost::system::error_code ignored;
+    self->connect_timed_out_ = true;
+    self->resolver_.cancel();
+    self->socket_.cancel(ignored);
+  });
+  // A numeric address needs no resolver (whose lookups run one at a time on a helper thread).
+  boost::system::error_code numeric_ec;
+  const auto numeric = asio::ip::make_address(host_, numeric_ec);
+  if (!numeric_ec) {
+    const tcp::endpoint target(numeric, static_cast<unsigned short>(std::stoi(port_)));
+    socket_.async_connect(target, [self = shared_from_this()](boost::system::error_code ec) {
+      if (self->closed_) return;
+      if (ec) {
+        boost::system::error_code ignored;
+        self->socket_.close(ignored);
+        self->retry(ec.message());
+        return;
+      }
+      self->on_connected();
+    });
+    return;
+  }
   resolver_.async_resolve(host_, port_, [self = shared_from_this()](boost::system::error_code ec,
                                                                     tcp::resolver::results_type results) {
     if (self->closed_) return;
@@ -105,11 +133,18 @@ void Client::try_connect() {
   });
 }
 
-void Client::retry(const std::string& error) {
+void Client::retry(const std::string& reported) {
+  // An attempt cut short by the deadline reports the error of the attempts before it.
+  std::string error = reported;
+  if (connect_timed_out_) {
+    error = last_connect_error_.empty() ? "no answer (timed out connecting)" : last_connect_error_;
+  } else {
+    last_connect_error_ = reported;
+  }
   const double left = seconds_left();
   const std::string what = "connect to rendezvous " + endpoint_text_ + ": " + error;
   if (left <= 0) {
-    fail(what + " (gave up: join_timeout passed)");
+    fail(what + " (gave up: its connect deadline passed)", true);
     return;
   }
   const auto now = steady::now();
@@ -117,14 +152,18 @@ void Client::retry(const std::string& error) {
     last_retry_log_ = now;
     if (events_.on_log) events_.on_log(what + " (retrying for " + std::to_string(static_cast<long>(std::ceil(left))) + " s)");
   }
-  retry_timer_.expires_after(to_duration(std::min(retry_delay_, left)));
-  retry_delay_ = std::min(retry_delay_ * 2, 1.0);
+  // Jittered (x0.5..1.5): agents that lost one server together do not come back in lockstep.
+  static thread_local std::minstd_rand jitter(std::random_device{}());
+  const double delay = retry_delay_ * std::uniform_real_distribution<double>(0.5, 1.5)(jitter);
+  retry_timer_.expires_after(to_duration(std::min(delay, left)));
+  retry_delay_ = std::min(retry_delay_ * 2, options_.max_retry_delay);
   retry_timer_.async_wait([self = shared_from_this()](boost::system::error_code ec) {
     if (!ec) self->try_connect();
   });
 }
 
 void Client::on_connected() {
+  retry_timer_.cancel();
   boost::system::error_code ec;
   socket_.set_option(tcp::no_delay(true), ec);
   last_heard_ = steady::now();
@@ -139,7 +178,7 @@ void Client::read_header() {
     if (self->closed_) return;
     if (ec) {
       self->fail("connection to rendezvous " + self->endpoint_text_ + " closed: " +
-                 (ec == asio::error::eof ? std::string("the server closed it") : ec.message()));
+                 (ec == asio::error::eof ? std::string("the server closed it") : ec.message()), true);
       return;
     }
     std::uint32_t length = read_frame_header(self->header_);
@@ -156,7 +195,7 @@ void Client::read_body(std::uint32_t length) {
   asio::async_read(socket_, asio::buffer(body_), [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
     if (self->closed_) return;
     if (ec) {
-      self->fail("connection to rendezvous " + self->endpoint_text_ + " closed: " + ec.message());
+      self->fail("connection to rendezvous " + self->endpoint_text_ + " closed: " + ec.message(), true);
       return;
     }
     Parsed parsed = parse_message(self->body_);
@@ -180,16 +219,26 @@ void Client::handle(const json& m) {
   if (type == "heartbeat_ack") return;
   if (type == "welcome") {
     welcomed_ = true;
+    if (pending_resume_) {
+      ResumeRequest r = std::move(*pending_resume_);
+      pending_resume_.reset();
+      resume(std::move(r));
+    }
     if (pending_join_) {
       NodeSpec spec = std::move(*pending_join_);
       pending_join_.reset();
       join(std::move(spec));
     }
+    for (json& report : pending_reports_) send(report);
+    pending_reports_.clear();
   } else if (type == "round") {
     Assignment a = m.at("assignment").get<Assignment>();
+    if (auto s = m.find("secret"); s != m.end() && s->is_string()) secret_ = s->get<std::string>();
     if (events_.on_round) events_.on_round(a);
   } else if (type == "restart") {
     if (events_.on_restart) events_.on_restart(m.at("reason").get<std::string>(), m.at("counted").get<bool>());
+  } else if (type == "resumed") {
+    if (events_.on_resumed) events_.on_resumed(m.at("generation").get<std::uint64_t>(), m.at("restart_count").get<int>());
   } else if (type == "job_succeeded") {
     finished_ = true;
     if (events_.on_job_succeeded) events_.on_job_succeeded();
@@ -218,12 +267,35 @@ void Client::join(NodeSpec spec) {
   send(make_join(spec));
 }
 
+void Client::resume(ResumeRequest request) {
+  if (closed_) return;
+  options_.heartbeat_interval = request.node.timeouts.heartbeat_interval;
+  options_.heartbeat_timeout = request.node.timeouts.heartbeat_timeout;
+  if (!welcomed_) {
+    pending_resume_ = std::move(request);
+    return;
+  }
+  if (request.node.addr.empty()) request.node.addr = local_address();
+  secret_ = request.secret;
+  send(make_resume(request));
+}
+
 void Client::report_failure(const WorkerFailure& failure) {
-  if (!closed_ && welcomed_) send(make_failure(failure));
+  if (closed_) return;
+  if (welcomed_) {
+    send(make_failure(failure));
+  } else {
+    pending_reports_.push_back(make_failure(failure));
+  }
 }
 
 void Client::report_success() {
-  if (!closed_ && welcomed_) send(make_success());
+  if (closed_) return;
+  if (welcomed_) {
+    send(make_success());
+  } else {
+    pending_reports_.push_back(make_success());
+  }
 }
 
 void Client::close() {
@@ -269,7 +341,7 @@ void Client::write_next() {
     if (!self->queue_.empty()) self->queue_.pop_front();
     if (ec) {
       self->writing_ = false;
-      if (!self->closed_) self->fail("send to rendezvous " + self->endpoint_text_ + ": " + ec.message());
+      if (!self->closed_) self->fail("send to rendezvous " + self->endpoint_text_ + ": " + ec.message(), true);
       return;
     }
     self->write_next();
@@ -281,14 +353,14 @@ void Client::heartbeat() {
   const auto now = steady::now();
   if (!welcomed_) {
     if (seconds_left() <= 0) {
-      fail("rendezvous " + endpoint_text_ + " did not answer hello before join_timeout");
+      fail("rendezvous " + endpoint_text_ + " did not answer hello before its connect deadline", true);
       return;
     }
   } else {
     if (!finished_ && now - last_heard_ > to_duration(options_.heartbeat_timeout)) {
       fail("rendezvous " + endpoint_text_ + " silent for " +
            std::to_string(std::chrono::duration<double>(now - last_heard_).count()) + " s (heartbeat_timeout " +
-           std::to_string(options_.heartbeat_timeout) + " s)");
+           std::to_string(options_.heartbeat_timeout) + " s)", true);
       return;
     }
     send(make_heartbeat());
@@ -299,12 +371,17 @@ void Client::heartbeat() {
   });
 }
 
-void Client::fail(const std::string& message) {
+void Client::fail(const std::string& message, bool lost) {
   if (closed_) return;
   const bool quiet = finished_;  // after the job ended, the server closing is expected
   closed_ = true;
   shutdown();
-  if (!quiet && events_.on_error) events_.on_error(message);
+  if (quiet) return;
+  if (lost && events_.on_disconnected) {
+    events_.on_disconnected(message);
+  } else if (events_.on_error) {
+    events_.on_error(message);
+  }
 }
 
 }  // namespace ddp::rdzv

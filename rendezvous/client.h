@@ -18,10 +18,12 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <boost/asio.hpp>
 
 #include "rendezvous/protocol.h"
+#include "rendezvous/resume.h"
 #include "rendezvous/types.h"
 
 namespace ddp::rdzv {
@@ -32,6 +34,7 @@ struct ClientOptions {
   double heartbeat_interval = 1.0;     // replaced by the NodeSpec's timeouts at join()
   double heartbeat_timeout = 5.0;      // the server silent this long = error (replaced at join())
   std::size_t max_frame_bytes = kDefaultMaxFrameBytes;
+  double max_retry_delay = 1.0;        // cap of the jittered connect backoff (s)
 };
 
 struct ClientEvents {
@@ -42,6 +45,12 @@ struct ClientEvents {
   // Connection refused past the deadline, closed, server silent, version or token mismatch,
   // refused join or round, join timeout. The client is closed when this fires.
   std::function<void(const std::string& message)> on_error;
+  // Issue 10: when set, losing the connection (cannot connect before the deadline, closed by
+  // the peer, server silent past heartbeat_timeout, a failed send) fires this instead of
+  // on_error, so that the owner can reconnect and resume. Refusals still go to on_error.
+  std::function<void(const std::string& message)> on_disconnected;
+  // The server let the round go on after a resume (no restart).
+  std::function<void(std::uint64_t generation, int restart_count)> on_resumed;
   // Progress worth a log line ("connect to rendezvous ...: Connection refused (retrying for 598 s)").
   std::function<void(const std::string& message)> on_log;
 };
@@ -60,6 +69,12 @@ class Client : public std::enable_shared_from_this<Client> {
   // An empty spec.addr is filled with the local address of the connection (MASTER_ADDR must be
   // reachable; never reverse DNS); an empty spec.job_id with options.job_id.
   void join(NodeSpec spec);
+  // Resumes the round this node ran before its previous connection went away (issue 10).
+  // Queued until the server's welcome, like join().
+  void resume(ResumeRequest request);
+  // The per-node secret the server sent with the last round ("" before any round).
+  const std::string& secret() const { return secret_; }
+  // Before the server's welcome these are queued and sent after the resume or join.
   void report_failure(const WorkerFailure& failure);
   void report_success();
   // Leaves the job (the server does not count it as a lost node to restart) and closes.
@@ -82,7 +97,7 @@ class Client : public std::enable_shared_from_this<Client> {
   void send(const nlohmann::json& message);
   void write_next();
   void heartbeat();
-  void fail(const std::string& message);
+  void fail(const std::string& message, bool lost = false);
   void shutdown();
   double seconds_left() const;
 
@@ -104,6 +119,11 @@ class Client : public std::enable_shared_from_this<Client> {
   bool closed_ = false;
   bool finished_ = false;  // the job succeeded or failed: a close is expected
   std::optional<NodeSpec> pending_join_;
+  std::optional<ResumeRequest> pending_resume_;
+  std::vector<nlohmann::json> pending_reports_;  // failure/success said before the welcome
+  std::string secret_;
+  bool connect_timed_out_ = false;   // the connect deadline cut the attempt in flight short
+  std::string last_connect_error_;
   unsigned char header_[kFrameHeaderBytes] = {};
   std::string body_;
   std::deque<Frame> queue_;

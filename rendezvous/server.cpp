@@ -151,10 +151,38 @@ void Server::handle(Session& session, const json& message) {
     session.close_after_flush();
   } else if (type == "status") {
     session.send(encode_frame({{"type", "status_reply"}, {"status", state_.status()}}));
+  } else if (type == "resume") {
+    handle_resume(session, message);
   } else {
     if (session.member) state_.disconnected(session.id(), "sent an unknown message");
     session.member = false;
     session.fail("bad_message", "unknown message type \"" + type + "\"");
+  }
+}
+
+// Issue 10: an agent that lost its rendezvous gives back its round. Validated whole before the
+// state machine sees it; any error closes this connection only.
+void Server::handle_resume(Session& session, const json& message) {
+  auto decoded = decode_resume(message);
+  if (auto* err = std::get_if<ProtocolError>(&decoded)) {
+    if (session.member) state_.disconnected(session.id(), "sent an invalid resume");
+    session.member = false;
+    log("refused a resume from " + session.peer() + ": " + err->message);
+    session.fail(err->code, err->message);
+    return;
+  }
+  ResumeRequest& r = std::get<ResumeRequest>(decoded);
+  if (r.job_id != session.job_id) {
+    if (session.member) state_.disconnected(session.id(), "sent a resume for another job");
+    session.member = false;
+    session.fail("bad_resume", "resume names job " + r.job_id + " but hello named " + session.job_id);
+    return;
+  }
+  if (r.node.addr.empty()) r.node.addr = session.peer_address();
+  state_.resume(session.id(), r);
+  if (state_.is_member(session.id())) {
+    session.member = true;
+    session.set_deadline(-1);  // the state machine watches its heartbeats from now on
   }
 }
 

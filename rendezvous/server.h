@@ -64,6 +64,7 @@ class Server : private SessionHandler, private Outbox {
   void log(const std::string& line) override;
   void handle_first(Session& session, const nlohmann::json& message);
   void handle(Session& session, const nlohmann::json& message);
+  void handle_resume(Session& session, const nlohmann::json& message);
 
   boost::asio::io_context& io_;
   ServerOptions options_;

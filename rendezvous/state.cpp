@@ -146,8 +146,8 @@ RoundCheck make_env_round_check(std::function<void(const std::string&)> log) {
   };
 }
 
-StateMachine::StateMachine(const Clock& clock, Outbox& out, RoundCheck round_check)
-    : clock_(clock), out_(out), round_check_(std::move(round_check)) {}
+StateMachine::StateMachine(const Clock& clock, Outbox& out, RoundCheck round_check, SecretSource secrets)
+    : clock_(clock), out_(out), round_check_(std::move(round_check)), secrets_(std::move(secrets)) {}
 
 const char* StateMachine::state_name(NodeState s) {
   switch (s) {
@@ -166,6 +166,7 @@ const char* StateMachine::state_name(JobState s) {
     case JobState::Running: return "running";
     case JobState::Succeeded: return "succeeded";
     case JobState::Failed: return "failed";
+    case JobState::Restoring: return "restoring";
   }
   return "?";
 }
@@ -194,6 +195,10 @@ void StateMachine::remove_node(Job& job, ConnId conn) {
   auto it = job.nodes.find(conn);
   if (it == job.nodes.end()) return;
   --job.counts[static_cast<int>(it->second.state)];
+  if (!job.restore_holders.empty()) {  // issue 10: a node that resumed and then went away
+    auto ht = job.restore_holders.find(it->second.group_rank);
+    if (ht != job.restore_holders.end() && ht->second == conn) job.restore_holders.erase(ht);
+  }
   int r = it->second.spec.requested_rank;
   if (r >= 0) {
     auto rt = job.requested_ranks.find(r);
@@ -289,6 +294,7 @@ void StateMachine::join(ConnId conn, NodeSpec spec) {
   bool is_new = nit == job.nodes.end();
   if (is_new) {
     nit = job.nodes.emplace(conn, Node{}).first;
+    nit->second.secret = secrets_ ? secrets_() : random_secret();
     ++job.counts[static_cast<int>(NodeState::Waiting)];
     conn_job_.emplace(conn, job.id);
   } else if (nit->second.spec.requested_rank >= 0 && nit->second.spec.requested_rank != spec.requested_rank) {
@@ -440,7 +446,9 @@ void StateMachine::complete_round(Job& job) {
     a.rank_offset = offset;
     offset += node->spec.local_world_size;
     set_state(job, *node, NodeState::Running);
-    out_.send(conn_by_rank[r], encode_frame(make_round(a)));
+    nlohmann::json round = make_round(a);
+    round["secret"] = node->secret;  // proves this node in a resume (issue 10)
+    out_.send(conn_by_rank[r], encode_frame(round));
   }
   job.state = JobState::Running;
   job.round_size = n;
@@ -457,6 +465,13 @@ void StateMachine::complete_round(Job& job) {
 void StateMachine::report_failure(ConnId conn, const WorkerFailure& failure) {
   Job* job = job_of(conn);
   if (!job) return;
+  if (job->state == JobState::Restoring && job->nodes.at(conn).state == NodeState::Running) {
+    // Happened while the rendezvous was away (issue 10): counted once the restore concludes.
+    out_.log("job " + job->id + ": failure on " + describe(job->nodes.at(conn)) + " while restoring: " +
+             failure_text(failure));
+    if (!job->pending_failure) job->pending_failure = failure;
+    return;
+  }
   Node& node = job->nodes.at(conn);
   if (job->failing && node.state == NodeState::Rejoining) {
     // A node of the failing round tells what it saw before it stopped: a candidate root cause.
@@ -507,6 +522,10 @@ void StateMachine::report_success(ConnId conn) {
   Job* job = job_of(conn);
   if (!job) return;
   Node& node = job->nodes.at(conn);
+  if (job->state == JobState::Restoring && node.state == NodeState::Running) {
+    node.success_pending = true;  // applied once the restore concludes
+    return;
+  }
   if (job->state != JobState::Running || node.state != NodeState::Running) {
     out_.log("job " + job->id + ": ignored a success report from " + describe(node) + " (not in a running round)");
     return;
@@ -603,6 +622,7 @@ void StateMachine::tick() {
       erase_if_empty(id);
       continue;
     }
+    if (job.state == JobState::Restoring && now >= job.restore_deadline) conclude_restore(job);
     maybe_complete(job);
     if (job.state == JobState::Gathering && count(job, NodeState::Waiting) < static_cast<std::size_t>(job.min_nodes) &&
         now - job.gather_since >= job.timeouts.join_timeout) {
@@ -667,6 +687,8 @@ nlohmann::json StateMachine::status() const {
                     {"max_nodes", job.max_nodes},
                     {"restarts_used", job.restarts_used},
                     {"max_restarts", job.max_restarts},
+                    {"rebuilt_from_resumes", job.rebuilt_at.has_value()},
+                    {"rebuilt_seconds_ago", job.rebuilt_at ? nlohmann::json(now - *job.rebuilt_at) : nlohmann::json()},
                     {"nodes", std::move(nodes)}});
   }
   return {{"jobs", std::move(jobs)}};

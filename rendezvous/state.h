@@ -23,6 +23,11 @@
 //    the earliest). So the verdict never depends on which agent's report arrived first.
 //  - When every node of the round reported success the job succeeded everywhere.
 //  - A job is dropped when its last node leaves; memory is bounded by the live connections.
+//  - resume (issue 10): an agent that lost its connection gives back what it knows; a server
+//    that does not know the job rebuilds it, and the round goes on unchanged once every node
+//    of its generation resumed within the grace period (heartbeat_timeout after the first
+//    resume). The rules for late, missing, stale or disagreeing resumes are in resume() below
+//    and in docs/rendezvous.md.
 #pragma once
 
 #include <cstdint>
@@ -37,6 +42,7 @@
 
 #include "rendezvous/clock.h"
 #include "rendezvous/protocol.h"
+#include "rendezvous/resume.h"
 #include "rendezvous/types.h"
 
 namespace ddp::rdzv {
@@ -74,14 +80,28 @@ using RoundCheck =
 // differences that break nothing).
 RoundCheck make_env_round_check(std::function<void(const std::string&)> log);
 
+// Makes the per-node secret a resuming node proves itself with (hex, kMinSecretChars or more).
+// The default reads std::random_device; tests may inject a deterministic one.
+using SecretSource = std::function<std::string()>;
+std::string random_secret();
+
 class StateMachine {
  public:
   // REQUIRES: clock and out outlive the state machine.
-  StateMachine(const Clock& clock, Outbox& out, RoundCheck round_check = {});
+  StateMachine(const Clock& clock, Outbox& out, RoundCheck round_check = {}, SecretSource secrets = {});
 
   // The connection joins (or rejoins) spec.job_id. Invalid specs, an --nnodes mismatch with the
   // job, a taken --node_rank or a finished job drop the connection with a clear error.
   void join(ConnId conn, NodeSpec spec);
+  // The connection resumes a round it ran before its rendezvous went away (REQUIRES: `r` passed
+  // decode_resume). A job this server does not know is rebuilt from the resumes: the round
+  // goes on (every resumed node gets `resumed`) once every group rank of its generation
+  // resumed, or ends like after a lost node (restart, not counted) when the grace period passes
+  // first. The newest generation wins; the restart count is the highest any resume gives (never
+  // lowered). A rank already resumed or held with another secret is refused (resume_refused).
+  // A job this server knows and runs: the node's new connection replaces its old one when the
+  // secret matches a member; when the node's round has ended, it gets `restart` and joins.
+  void resume(ConnId conn, const ResumeRequest& r);
   // Any message from a connection counts as a heartbeat.
   void touch(ConnId conn);
   // A worker of this node failed.
@@ -103,7 +123,8 @@ class StateMachine {
 
  private:
   enum class NodeState { Waiting, Running, Succeeded, Rejoining, Finished, kCount };
-  enum class JobState { Gathering, Running, Succeeded, Failed };
+  // Restoring: rebuilt from resumes, waiting for the rest of the round's nodes (issue 10).
+  enum class JobState { Gathering, Running, Succeeded, Failed, Restoring };
 
   struct Node {
     NodeSpec spec;
@@ -111,6 +132,9 @@ class StateMachine {
     int group_rank = -1;     // in the last round this node was part of; -1 = never
     double last_seen = 0;
     std::uint64_t join_seq = 0;
+    std::string secret;                  // issued with the first round; proves a resume
+    std::uint64_t resumed_generation = 0;  // while restoring: the generation it resumed
+    bool success_pending = false;        // while restoring: reported success, applied after
   };
 
   struct Job {
@@ -134,6 +158,13 @@ class StateMachine {
     std::vector<WorkerFailure> round_failures;
     bool failing = false;  // the budget is spent: the job fails once its nodes have stopped
     double next_heartbeat_check = 0;  // no node can be silent too long before this
+    // Issue 10: rebuilt from resumes (when, on the clock), and the restore in progress.
+    std::optional<double> rebuilt_at;
+    double restore_deadline = 0;
+    Assignment restore_round;          // the round the first resume of the newest generation ran
+    bool restore_conflict = false;     // resumes of one generation disagree on the round
+    std::optional<WorkerFailure> pending_failure;  // reported while restoring; counted after
+    std::unordered_map<int, ConnId> restore_holders;  // group rank -> node that resumed it
   };
 
   Job* job_of(ConnId conn);
@@ -147,6 +178,13 @@ class StateMachine {
   void finish_failing(Job& job);
   void drop_all(Job& job, const std::string& code, const std::string& message);
   void erase_if_empty(const std::string& job_id);
+  bool report_pending_failure(Job& job, const WorkerFailure& failure);
+  void restore_job(ConnId conn, const ResumeRequest& r);
+  void resume_restoring(Job& job, ConnId conn, const ResumeRequest& r);
+  void resume_live(Job& job, ConnId conn, const ResumeRequest& r);
+  void add_resumed(Job& job, ConnId conn, const ResumeRequest& r, NodeState state);
+  void rebind(Job& job, ConnId old_conn, ConnId conn);
+  void conclude_restore(Job& job);
   std::size_t count(const Job& job, NodeState s) const { return job.counts[static_cast<int>(s)]; }
   static std::string describe(const Node& node);
   static const char* state_name(NodeState s);
@@ -155,6 +193,7 @@ class StateMachine {
   const Clock& clock_;
   Outbox& out_;
   RoundCheck round_check_;
+  SecretSource secrets_;
   std::map<std::string, Job> jobs_;
   std::unordered_map<ConnId, std::string> conn_job_;
   std::uint64_t next_join_seq_ = 0;

@@ -1,5 +1,7 @@
 #include "rendezvous/status.h"
 
+#include <ctime>
+
 #include <cstdio>
 #include <sstream>
 #include <stdexcept>
@@ -123,6 +125,19 @@ std::string format_status(const nlohmann::json& status) {
        << ":" << job.at("max_nodes").get<int>() << ", restarts used " << job.at("restarts_used").get<int>() << "/"
        << job.at("max_restarts").get<int>() << ", " << job.at("nodes").size() << " nodes\n";
     if (job.contains("env")) os << environment_lines(job.at("env"));
+    // Issue 10: a job this daemon learned from its agents' resumes after a restart or failover.
+    if (job.value("rebuilt_from_resumes", false) && job.contains("rebuilt_seconds_ago") &&
+        job.at("rebuilt_seconds_ago").is_number()) {
+      const double ago = job.at("rebuilt_seconds_ago").get<double>();
+      const std::time_t when = std::time(nullptr) - static_cast<std::time_t>(ago);
+      char stamp[32];
+      std::tm tm{};
+      gmtime_r(&when, &tm);
+      std::strftime(stamp, sizeof stamp, "%Y-%m-%d %H:%M:%S UTC", &tm);
+      char text[160];
+      std::snprintf(text, sizeof text, "  rebuilt from its agents' resumes %.1f s ago (%s)\n", ago, stamp);
+      os << text;
+    }
     char line[512];
     std::snprintf(line, sizeof line, "  %-10s %-24s %-40s %-7s %-10s %s\n", "group_rank", "host", "address", "workers",
                   "state", "last_heartbeat");

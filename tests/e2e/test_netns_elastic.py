@@ -30,8 +30,11 @@ WORKER = os.path.join(SOURCE_DIR, "tests", "agent", "mn_worker.py")
 PYTHON = sys.executable  # the Python ctest runs the tests on (DDPLAUNCH_PYTHON)
 PORT = 29400  # the head is a fresh namespace: nothing else listens there
 HEARTBEAT_TIMEOUT = 2.0
-CONF = ("heartbeat_interval=0.5,heartbeat_timeout=%g,last_call_timeout=1,join_timeout=30"
-        % HEARTBEAT_TIMEOUT)
+# reconnect_timeout (issue 10): how long a node that lost the head keeps its workers while it
+# tries to reconnect; short here so the cut node gives up within the test's deadline.
+RECONNECT_TIMEOUT = 5.0
+CONF = ("heartbeat_interval=0.5,heartbeat_timeout=%g,last_call_timeout=1,join_timeout=30,reconnect_timeout=%g"
+        % (HEARTBEAT_TIMEOUT, RECONNECT_TIMEOUT))
 DEADLINE = 60  # seconds for any one round to form here (2 shared cores, torch imports)
 
 
@@ -127,6 +130,28 @@ class NetnsElasticTest(unittest.TestCase):
         self.check_round(rs, [1, 2, 3])
         return gen
 
+    def test_the_head_daemon_sigkilled_and_restarted_after_2_s_restarts_no_worker(self):
+        # Issue 10: the daemon is the one shared component; losing it must not touch training.
+        gen = self.start_three()
+        workers = sorted(r["pid"] for r in self.recs("start"))
+        self.daemon.kill()  # SIGKILL (the whole process group), reaped
+        time.sleep(2.0)     # the scenario: no daemon for 2 s (nothing is asserted on time)
+        back = time.monotonic()
+        self.daemon = self.cluster.spawn("head", [RENDEZVOUS, "--host", self.head, "--port", PORT])
+        try:
+            wait_for(lambda: all("resumed generation" in p.stderr() for p in self.nodes.values()), DEADLINE,
+                     "every node to resume")
+        except TimeoutError as e:
+            self.fail("%s\n%s" % (e, self.describe()))
+        print("\n[netns] head daemon back -> 3 nodes resumed, observed within %.2f s"
+              % (time.monotonic() - back), file=sys.stderr)
+        self.assertTrue(all(os.path.exists("/proc/%d" % p) for p in workers), "a worker died: %s" % workers)
+        self.stop_and_finish([1, 2, 3])
+        starts = self.recs("start")
+        self.assertEqual(sorted(r["pid"] for r in starts), workers, "no worker was started again")
+        self.assertEqual({r["env"]["DDPLAUNCH_GENERATION"] for r in starts}, {str(gen)})
+        self.assertEqual({r["env"]["TORCHELASTIC_RESTART_COUNT"] for r in starts}, {"0"})
+
     def test_a_cut_node_is_lost_within_heartbeat_timeout_and_rejoins_when_restored(self):
         gen = self.start_three()
         cut_workers = [r["pid"] for r in self.recs("done") if r["env"]["MN_NODE"] == "node3"]
@@ -143,8 +168,9 @@ class NetnsElasticTest(unittest.TestCase):
         self.check_round(rs2, [1, 2])
         self.assertEqual({r["env"]["TORCHELASTIC_RESTART_COUNT"] for r in rs2}, {"0"})
         # The cut node's agent hears nothing from the head either: it stops its workers and
-        # gives up with exit 3 (rendezvous failed) after heartbeat_timeout (docs/elastic.md).
-        code = self.wait_exit(3, timeout=HEARTBEAT_TIMEOUT + 30)
+        # gives up with exit 3 (rendezvous failed) after heartbeat_timeout + reconnect_timeout
+        # (docs/elastic.md).
+        code = self.wait_exit(3, timeout=HEARTBEAT_TIMEOUT + RECONNECT_TIMEOUT + 30)
         print("[netns] the cut node's ddplaunch exited %d (observed %.3f s after the cut)"
               % (code, time.time() - cut_at), file=sys.stderr)
         self.assertEqual(code, 3, self.nodes[3].describe())

@@ -802,3 +802,22 @@ TEST_SUITE("help reads like a man page and exits 0") {
     CHECK(r.config.program_args == std::vector<std::string>{"--help"});
   }
 }
+
+// Issue 10: a list of rendezvous endpoints (standby daemons) and reconnect_timeout.
+TEST_CASE("--rdzv_endpoint takes a list of standby endpoints; the first is the rendezvous and a bad item is refused") {
+  ScopedEnv env;
+  const Result r = parse({"--rdzv_backend=c10d", "--nnodes=2", "--rdzv_endpoint=head:29401,standby:29402,third",
+                          "--rdzv_conf=reconnect_timeout=120", "t.py"});
+  REQUIRE(r.config.rdzv_endpoint);
+  CHECK(r.config.rdzv_endpoint->text() == "head:29401");
+  REQUIRE(r.config.rdzv_standby_endpoints.size() == 2);
+  CHECK(r.config.rdzv_standby_endpoints[0].text() == "standby:29402");
+  CHECK(r.config.rdzv_standby_endpoints[1].text() == "third:29400");
+  CHECK(r.config.reconnect_timeout == 120);
+  CHECK(parse({"--rdzv_backend=c10d", "--nnodes=2", "--rdzv_endpoint=head", "t.py"}).config.reconnect_timeout == 60);
+  CHECK(r.err.find("unknown key") == std::string::npos);
+  const UsageError e = refusal({"--rdzv_backend=c10d", "--nnodes=2", "--rdzv_endpoint=head:29401,standby:99999", "t.py"});
+  CHECK(std::string(e.what()).find("99999") != std::string::npos);
+  const UsageError t = refusal({"--rdzv_backend=c10d", "--rdzv_conf=reconnect_timeout=-1", "t.py"});
+  CHECK(std::string(t.what()).find("reconnect_timeout") != std::string::npos);
+}
