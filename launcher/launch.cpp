@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -95,7 +96,14 @@ bool uses_local_rendezvous(const LaunchConfig& config) {
 
 std::string read_token(const LaunchConfig& config) {
   auto it = config.rdzv_conf.find("token_file");
-  if (it == config.rdzv_conf.end() || it->second.empty()) return "";
+  if (it == config.rdzv_conf.end() || it->second.empty()) {
+    // Without --rdzv_conf token_file=, the environment may name the secret's file (docs/security.md).
+    const char* env = std::getenv("DDPLAUNCH_RDZV_TOKEN_FILE");
+    if (env == nullptr || *env == '\0') return "";
+    LaunchConfig from_env = config;
+    from_env.rdzv_conf["token_file"] = env;
+    return read_token(from_env);
+  }
   std::ifstream in(it->second);
   if (!in) {
     throw UsageError("ddplaunch: --rdzv_conf token_file=" + it->second + ": cannot read it: " +
