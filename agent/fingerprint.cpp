@@ -4,6 +4,7 @@
 #include "agent/fingerprint_cache.h"
 #include "agent/gpus.h"
 #include "agent/sha256.h"
+#include "rendezvous/fingerprint_schema.h"
 
 #include <fcntl.h>
 #include <gnu/libc-version.h>
@@ -30,6 +31,7 @@ namespace ddp::agent {
 namespace fs = std::filesystem;
 using nlohmann::json;
 using namespace fingerprint_detail;
+namespace schema = rdzv::fingerprint;
 
 namespace {
 
@@ -266,21 +268,21 @@ json compute_fingerprint(const FingerprintOptions& options) {
   auto env = environment_of(options);
   std::string cache_dir = cache_dir_of(options, env);
   json fp = json::object();
-  fp["machine"] = machine_fingerprint();
+  fp[std::string(schema::kMachine)] = machine_fingerprint();
   auto cvd = env.find("CUDA_VISIBLE_DEVICES");
-  fp["gpu"] = gpu_fingerprint(options.nvidia_proc_dir,
+  fp[std::string(schema::kGpu)] = gpu_fingerprint(options.nvidia_proc_dir,
                               cvd == env.end() ? nullptr : cvd->second.c_str());
-  if (options.python) fp["python"] = python_fingerprint(options, env, cache_dir);
+  if (options.python) fp[std::string(schema::kPython)] = python_fingerprint(options, env, cache_dir);
   HashCache hashes(cache_dir.empty() ? std::string() : cache_dir + "/sha256-cache.json");
   json prog = program_fingerprint(options, env, hashes);
   hashes.save();
-  if (!prog.empty()) fp["program"] = prog;
-  if (!options.env_lock.empty()) fp["env_lock"] = env_lock_fingerprint(options, env);
+  if (!prog.empty()) fp[std::string(schema::kProgram)] = prog;
+  if (!options.env_lock.empty()) fp[std::string(schema::kEnvLock)] = env_lock_fingerprint(options, env);
   json settings = json::object();
   for (const auto& [k, v] : env) {
     if (k.rfind("NCCL_", 0) == 0 || k == "CUDA_VISIBLE_DEVICES") settings[k] = v;
   }
-  fp["env"] = settings;
+  fp[std::string(schema::kEnv)] = settings;
   return fp;
 }
 

@@ -2,9 +2,15 @@
 #include <string>
 
 #include "agent/fingerprint.h"
+#include "rendezvous/fingerprint_schema.h"
 
 namespace ddp::agent {
 using nlohmann::json;
+
+namespace {
+// Labels come from the fingerprint's schema, so the table and the mismatch messages agree.
+std::string L(std::string_view path) { return std::string(rdzv::fingerprint::label(path, path)); }
+}  // namespace
 
 namespace {
 std::string text_of(const json& j, const std::string& none = "none") {
@@ -22,9 +28,9 @@ std::string render_fingerprint_table(const json& fp) {
   std::vector<std::pair<std::string, std::string>> rows;
   const json empty = json::object();
   const json& m = fp.contains("machine") ? fp["machine"] : empty;
-  rows.emplace_back("CPU architecture", field(m, "arch", "unknown"));
-  rows.emplace_back("OS", field(m, "os", "unknown"));
-  rows.emplace_back("glibc", field(m, "glibc", "unknown"));
+  rows.emplace_back(L("machine.arch"), field(m, "arch", "unknown"));
+  rows.emplace_back(L("machine.os"), field(m, "os", "unknown"));
+  rows.emplace_back(L("machine.glibc"), field(m, "glibc", "unknown"));
   const json& g = fp.contains("gpu") ? fp["gpu"] : empty;
   int count = g.is_object() ? g.value("count", 0) : 0;
   if (count == 0) {
@@ -36,20 +42,20 @@ std::string render_fingerprint_table(const json& fp) {
     for (const auto& [name, n] : models) list += (list.empty() ? "" : ", ") + std::to_string(n) + " x " + name;
     rows.emplace_back("GPUs", std::to_string(count) + " (" + list + ")");
   }
-  if (g.is_object() && !g.value("driver", json()).is_null()) rows.emplace_back("NVIDIA driver", field(g, "driver"));
+  if (g.is_object() && !g.value("driver", json()).is_null()) rows.emplace_back(L("gpu.driver"), field(g, "driver"));
   if (fp.contains("python")) {
     const json& py = fp["python"];
-    rows.emplace_back("Python", field(py, "executable", "?") + " (" + field(py, "version", "version unknown") + ")");
+    rows.emplace_back(L("python.version"), field(py, "executable", "?") + " (" + field(py, "version", "version unknown") + ")");
     if (py.contains("error")) {
       rows.emplace_back("Python error", field(py, "error"));
     } else {
       std::string torch = field(py, "torch", "not installed");
       if (py.contains("torch_error")) torch += " (" + field(py, "torch_error") + ")";
-      rows.emplace_back("torch", torch);
+      rows.emplace_back(L("python.torch"), torch);
       if (py.contains("torch") && !py["torch"].is_null()) {  // without torch these say nothing
         rows.emplace_back("CUDA (torch)", field(py, "torch_cuda", "none (CPU build)"));
-        rows.emplace_back("NCCL", field(py, "nccl"));
-        rows.emplace_back("cuDNN", field(py, "cudnn"));
+        rows.emplace_back(L("python.nccl"), field(py, "nccl"));
+        rows.emplace_back(L("python.cudnn"), field(py, "cudnn"));
       }
     }
   }
@@ -59,7 +65,7 @@ std::string render_fingerprint_table(const json& fp) {
       rows.emplace_back("program", "module " + field(p, "module"));
     } else {
       rows.emplace_back("program", field(p, "path", "?") + (p.contains("sha256") ? "  sha256 " + field(p, "sha256").substr(0, 16) : ""));
-      if (p.contains("error")) rows.emplace_back("program error", field(p, "error"));
+      if (p.contains("error")) rows.emplace_back(L("program.error"), field(p, "error"));
       if (p.contains("libraries")) {
         int missing = 0;
         for (const auto& [name, h] : p["libraries"].items()) missing += h == "not found";
@@ -69,7 +75,7 @@ std::string render_fingerprint_table(const json& fp) {
     }
   }
   if (fp.contains("env_lock")) {
-    rows.emplace_back("lock file", field(fp["env_lock"], "source") + "  sha256 " + field(fp["env_lock"], "sha256").substr(0, 16));
+    rows.emplace_back(L("env_lock.source"), field(fp["env_lock"], "source") + "  sha256 " + field(fp["env_lock"], "sha256").substr(0, 16));
   }
   const json& env = fp.contains("env") ? fp["env"] : empty;
   rows.emplace_back("CUDA_VISIBLE_DEVICES", env.contains("CUDA_VISIBLE_DEVICES") ? text_of(env["CUDA_VISIBLE_DEVICES"], "\"\"") : "(unset)");
