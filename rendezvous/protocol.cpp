@@ -594,10 +594,38 @@ json to_json(const Message& m) {
 
 Frame encode(const Message& message) { return encode_frame(to_json(message)); }
 
-std::optional<std::string> validate_node_spec(const NodeSpec& spec) {
-  // The same checks as decoding, for specs built in-process (local rendezvous, tests).
-  NodeSpec scratch;
-  return read_node_spec(json(spec), scratch);
+std::optional<std::string> validate_node_spec(const NodeSpec& s) {
+  // The decoder's range checks, on the struct (specs built in-process: local rendezvous, tests;
+  // cheap enough to run again on every join the server decoded).
+  auto range = [](const char* name, long long v, long long min, long long max) -> std::optional<std::string> {
+    if (v >= min && v <= max) return std::nullopt;
+    return std::string(name) + " must be in " + std::to_string(min) + ".." + std::to_string(max) + ", got " +
+           std::to_string(v);
+  };
+  auto length = [](const char* name, const std::string& v, std::size_t max) -> std::optional<std::string> {
+    if (v.size() <= max) return std::nullopt;
+    return std::string(name) + " is " + std::to_string(v.size()) + " bytes long; the limit is " + std::to_string(max);
+  };
+  for (auto err : {length("job_id", s.job_id, kMaxIdBytes), length("host", s.host, kMaxHostBytes),
+                   length("addr", s.addr, kMaxHostBytes), length("env_check", s.env_check, 16),
+                   range("local_world_size", s.local_world_size, 1, kMaxLocalWorldSize),
+                   range("requested_rank", s.requested_rank, -1, kMaxNodes - 1),
+                   range("min_nodes", s.min_nodes, 1, kMaxNodes), range("max_nodes", s.max_nodes, 1, kMaxNodes),
+                   range("max_restarts", s.max_restarts, 0, kMaxRestarts),
+                   range("master_port", s.master_port, 0, 65535)}) {
+    if (err) return err;
+  }
+  for (double t : {s.timeouts.join_timeout, s.timeouts.last_call_timeout, s.timeouts.heartbeat_interval,
+                   s.timeouts.heartbeat_timeout, s.timeouts.shutdown_timeout}) {
+    if (!std::isfinite(t) || t < 0 || t > kMaxTimeoutSeconds) {
+      return "timeouts must be between 0 and " + json(kMaxTimeoutSeconds).dump() + " s";
+    }
+  }
+  if (!s.fingerprint.is_object()) return std::string("fingerprint must be a JSON object");
+  std::size_t entries = 0;
+  std::string why;
+  if (!check_fingerprint_value(s.fingerprint, 0, entries, why)) return "fingerprint " + why;
+  return std::nullopt;
 }
 
 // ---- builders ----
