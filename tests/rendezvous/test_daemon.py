@@ -258,6 +258,100 @@ def per_job_token_file(text):
     return f.name
 
 
+DDPLAUNCH = os.path.join(os.environ.get("DDPLAUNCH_BUILD_DIR", "build"), "bin", "ddplaunch")
+
+
+class FakeServer:
+    """A loopback listener that speaks the server's first half of the handshake and records what
+    the real client sends; the test decides what it answers."""
+
+    def __init__(self):
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(4)
+        self.listener.settimeout(30)
+        self.port = self.listener.getsockname()[1]
+        self.nonce = os.urandom(32).hex()
+        self.raw = b""
+
+    def accept_hello(self):
+        conn, _ = self.listener.accept()
+        conn.sendall(frame({"type": "challenge", "protocol_version": 2, "nonce": self.nonce}))
+        conn.settimeout(30)
+        (n,) = struct.unpack(">I", self._exact(conn, 4))
+        body = self._exact(conn, n)
+        return conn, json.loads(body)
+
+    def _exact(self, conn, n):
+        buf = b""
+        while len(buf) < n:
+            chunk = conn.recv(n - len(buf))
+            if not chunk:
+                raise EOFError("client closed")
+            buf += chunk
+        self.raw += buf
+        return buf
+
+    def close(self):
+        self.listener.close()
+
+
+class ClientProofTest(unittest.TestCase):
+    """The real clients (ddplaunch, ddp-rendezvous status) against a fake server."""
+
+    def setUp(self):
+        self.secret = "correct horse battery staple " + os.urandom(8).hex()
+        self.token = per_job_token_file(self.secret + "\n")
+        self.addCleanup(os.unlink, self.token)
+        self.fake = FakeServer()
+        self.addCleanup(self.fake.close)
+
+    def test_status_proves_the_secret_without_sending_it(self):
+        proc = subprocess.Popen([BIN, "status", "--endpoint", f"127.0.0.1:{self.fake.port}", "--token_file",
+                                 self.token, "--timeout", "20"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        try:
+            conn, hello_msg = self.fake.accept_hello()
+            self.assertEqual(hello_msg["type"], "status")
+            self.assertEqual(hello_msg["proof"], proof(self.secret, "status", self.fake.nonce,
+                                                       hello_msg["client_nonce"], ""))
+            self.assertNotIn(self.secret.encode(), self.fake.raw)
+            conn.sendall(frame({"type": "status_reply", "status": {"jobs": []}}))
+            out, err = proc.communicate(timeout=30)
+            self.assertEqual(proc.returncode, 0, err)
+            self.assertIn("no jobs", out)
+            conn.close()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+    def test_an_agent_refuses_a_server_that_cannot_prove_the_secret(self):
+        if not os.path.exists(DDPLAUNCH):
+            self.skipTest("ddplaunch is not built")
+        proc = subprocess.Popen([DDPLAUNCH, "--nnodes=1:2", "--nproc_per_node=1", "--rdzv_backend=c10d",
+                                 f"--rdzv_endpoint=127.0.0.1:{self.fake.port}", "--rdzv_id=victim",
+                                 "--rdzv_conf", f"join_timeout=20,token_file={self.token}", "--env_check=off",
+                                 "--no_python", "/bin/true"],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            conn, hello_msg = self.fake.accept_hello()
+            self.assertEqual((hello_msg["type"], hello_msg["job_id"]), ("hello", "victim"))
+            self.assertEqual(hello_msg["proof"], proof(self.secret, "hello", self.fake.nonce,
+                                                       hello_msg["client_nonce"], "victim"))
+            self.assertNotIn(self.secret.encode(), self.fake.raw)
+            # A fake server without the secret answers welcome with a made-up proof.
+            conn.sendall(frame({"type": "welcome", "protocol_version": 2, "proof": "00" * 32}))
+            out, _ = proc.communicate(timeout=60)
+            self.assertEqual(proc.returncode, 3, out)
+            self.assertIn("could not prove it knows this job's secret", out)
+            conn.close()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
 class SecretsTest(unittest.TestCase):
     def test_a_job_secret_admits_that_job_only_and_its_status_shows_that_job_only(self):
         path = per_job_token_file("# per-job secrets\njobA secretA\njobB secretB\n")
