@@ -199,7 +199,13 @@ class DaemonTest(unittest.TestCase):
         self.assertIn(f"cannot listen on 127.0.0.1:{self.daemon.port}", r.stderr)
 
     def test_usage_errors_exit_2(self):
-        for args, text in ((["--bogus"], "bogus"),
+        bad_secrets = per_job_token_file("jobA secret extra-word\n")
+        self.addCleanup(os.unlink, bad_secrets)
+        no_secret = per_job_token_file("# only a comment\n")
+        self.addCleanup(os.unlink, no_secret)
+        for args, text in ((["--token_file", bad_secrets], "expected SECRET or JOB_ID SECRET"),
+                           (["--token_file", no_secret], "holds no secret"),
+                           (["--bogus"], "bogus"),
                            (["--token-file", "/nonexistent/token"], "cannot read the token file /nonexistent/token"),
                            (["--host", "not-an-ip"], "not an IP address"),
                            (["status", "--endpoint", "127.0.0.1:notaport"], "port must be"),
