@@ -18,6 +18,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "agent/gpus.h"
+#include "agent/sha256.h"
+
 namespace ddp::agent {
 
 // A fingerprint input that cannot be read (the --env_lock file is missing, its command failed).
@@ -61,17 +64,11 @@ nlohmann::json compute_fingerprint(const FingerprintOptions& options);
 
 // Parts, exposed for tests and for --check_env.
 nlohmann::json machine_fingerprint();  // {"arch", "os", "glibc"}
-// {"count", "models": [...], "driver"} of the GPUs CUDA would show, honouring
-// CUDA_VISIBLE_DEVICES (indices, GPU-UUID prefixes; "" or "-1" hides all). count 0 without driver.
-nlohmann::json gpu_fingerprint(const std::string& nvidia_proc_dir,
-                               const char* cuda_visible_devices);
+// gpu_fingerprint(): agent/gpus.h.
 
 // The readable table of `ddplaunch --check_env`: one line per fact, "label  value".
 std::string render_fingerprint_table(const nlohmann::json& fingerprint);
 
-// SHA-256 as 64 lowercase hex digits.
-std::string sha256_hex(std::string_view data);
-// SHA-256 of a file's contents. Throws FingerprintError naming the file when it cannot be read.
-std::string sha256_file(const std::string& path);
+// sha256_hex(), sha256_file(): agent/sha256.h.
 
 }  // namespace ddp::agent

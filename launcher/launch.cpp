@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -73,8 +74,13 @@ bool uses_local_rendezvous(const LaunchConfig& config) {
 }
 
 std::string read_token(const LaunchConfig& config) {
-  const std::string& path = config.token_file;
-  if (path.empty()) return "";
+  std::string path = config.token_file;
+  if (path.empty()) {
+    // Without --rdzv_conf token_file=, the environment may name the secret's file (docs/security.md).
+    const char* env = std::getenv("DDPLAUNCH_RDZV_TOKEN_FILE");
+    if (env == nullptr || *env == '\0') return "";
+    path = env;
+  }
   std::ifstream in(path);
   if (!in) {
     throw UsageError("ddplaunch: --rdzv_conf token_file=" + path + ": cannot read it: " +

@@ -1,5 +1,7 @@
 #include "rendezvous/client.h"
 
+#include "rendezvous/auth.h"
+
 #include <cmath>
 #include <random>
 #include <stdexcept>
@@ -58,7 +60,8 @@ Client::Client(asio::io_context& io, ClientOptions options, ClientEvents events)
       resolver_(io),
       socket_(io),
       retry_timer_(io),
-      heartbeat_timer_(io) {}
+      heartbeat_timer_(io),
+      reader_(options_.max_frame_bytes) {}
 
 std::string Client::local_address() const {
   boost::system::error_code ec;
@@ -167,91 +170,119 @@ void Client::on_connected() {
   boost::system::error_code ec;
   socket_.set_option(tcp::no_delay(true), ec);
   last_heard_ = steady::now();
-  send(make_hello(options_.job_id, options_.token));
-  read_header();
+  read_more();  // the server speaks first: challenge, answered by hello
   // The welcome must come before the connect deadline (checked by the heartbeat timer).
   heartbeat();
 }
 
-void Client::read_header() {
-  asio::async_read(socket_, asio::buffer(header_), [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
+void Client::read_more() {
+  socket_.async_read_some(asio::buffer(rbuf_), [self = shared_from_this()](boost::system::error_code ec, std::size_t n) {
     if (self->closed_) return;
     if (ec) {
       self->fail("connection to rendezvous " + self->endpoint_text_ + " closed: " +
                  (ec == asio::error::eof ? std::string("the server closed it") : ec.message()), true);
       return;
     }
-    std::uint32_t length = read_frame_header(self->header_);
-    if (auto err = check_frame_length(length, self->options_.max_frame_bytes)) {
-      self->fail("rendezvous " + self->endpoint_text_ + " sent a bad frame: " + err->message);
-      return;
+    self->reader_.feed(self->rbuf_.data(), n);
+    while (!self->closed_) {
+      const FrameReader::Result r = self->reader_.next(self->payload_);
+      if (r == FrameReader::Result::need_more) break;
+      if (r == FrameReader::Result::error) {
+        self->fail("rendezvous " + self->endpoint_text_ + " sent a bad frame: " + self->reader_.error().message);
+        return;
+      }
+      Decoded decoded = decode(self->payload_);
+      if (decoded.error) {
+        self->fail("rendezvous " + self->endpoint_text_ + " sent a bad message: " + decoded.error->message);
+        return;
+      }
+      self->last_heard_ = steady::now();
+      self->handle(*decoded.message);
     }
-    self->read_body(length);
+    if (!self->closed_) self->read_more();
   });
 }
 
-void Client::read_body(std::uint32_t length) {
-  body_.resize(length);
-  asio::async_read(socket_, asio::buffer(body_), [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
-    if (self->closed_) return;
-    if (ec) {
-      self->fail("connection to rendezvous " + self->endpoint_text_ + " closed: " + ec.message(), true);
+void Client::handle(Message& m) {
+  switch (m.type) {
+    case MessageType::heartbeat_ack:
+      return;
+    case MessageType::challenge: {
+      const Challenge& c = std::get<Challenge>(m.body);
+      if (c.protocol_version != kProtocolVersion) {
+        fail("rendezvous " + endpoint_text_ + " speaks protocol version " + std::to_string(c.protocol_version) +
+             ", this agent " + std::to_string(kProtocolVersion) +
+             ": run the same ddplaunch version on every node and the rendezvous server");
+        return;
+      }
+      server_nonce_ = c.nonce;
+      client_nonce_ = random_hex();
+      Hello h;
+      h.job_id = options_.job_id;
+      h.client_nonce = client_nonce_;
+      if (!options_.token.empty()) h.proof = auth_proof(options_.token, "hello", server_nonce_, client_nonce_, h.job_id);
+      send(make_hello(h));
       return;
     }
-    Parsed parsed = parse_message(self->body_);
-    if (parsed.error) {
-      self->fail("rendezvous " + self->endpoint_text_ + " sent a bad message: " + parsed.error->message);
+    case MessageType::welcome: {
+      const Welcome& w = std::get<Welcome>(m.body);
+      if (!options_.token.empty() &&
+          !proofs_equal(w.proof, auth_proof(options_.token, "server", server_nonce_, client_nonce_, options_.job_id))) {
+        fail("rendezvous " + endpoint_text_ + " could not prove it knows this job's secret: it is not the server "
+             "the token_file is for (or its secret differs)");
+        return;
+      }
+      welcomed_ = true;
+      if (pending_resume_) {
+        ResumeRequest r = std::move(*pending_resume_);
+        pending_resume_.reset();
+        resume(std::move(r));
+      }
+      if (pending_join_) {
+        NodeSpec spec = std::move(*pending_join_);
+        pending_join_.reset();
+        join(std::move(spec));
+      }
+      for (const Message& report : pending_reports_) send(report);
+      pending_reports_.clear();
       return;
     }
-    self->last_heard_ = steady::now();
-    try {
-      self->handle(parsed.message);
-    } catch (const json::exception& e) {
-      self->fail("rendezvous " + self->endpoint_text_ + " sent a malformed message: " + e.what());
+    case MessageType::round: {
+      const Assignment& a = std::get<Assignment>(m.body);
+      if (!a.secret.empty()) secret_ = a.secret;
+      if (events_.on_round) events_.on_round(a);
       return;
     }
-    if (!self->closed_) self->read_header();
-  });
-}
-
-void Client::handle(const json& m) {
-  const std::string& type = m.at("type").get_ref<const std::string&>();
-  if (type == "heartbeat_ack") return;
-  if (type == "welcome") {
-    welcomed_ = true;
-    if (pending_resume_) {
-      ResumeRequest r = std::move(*pending_resume_);
-      pending_resume_.reset();
-      resume(std::move(r));
+    case MessageType::restart: {
+      const Restart& r = std::get<Restart>(m.body);
+      if (events_.on_restart) events_.on_restart(r.reason, r.counted);
+      return;
     }
-    if (pending_join_) {
-      NodeSpec spec = std::move(*pending_join_);
-      pending_join_.reset();
-      join(std::move(spec));
+    case MessageType::resumed: {
+      const Resumed& r = std::get<Resumed>(m.body);
+      if (events_.on_resumed) events_.on_resumed(r.generation, r.restart_count);
+      return;
     }
-    for (json& report : pending_reports_) send(report);
-    pending_reports_.clear();
-  } else if (type == "round") {
-    Assignment a = m.at("assignment").get<Assignment>();
-    if (auto s = m.find("secret"); s != m.end() && s->is_string()) secret_ = s->get<std::string>();
-    if (events_.on_round) events_.on_round(a);
-  } else if (type == "restart") {
-    if (events_.on_restart) events_.on_restart(m.at("reason").get<std::string>(), m.at("counted").get<bool>());
-  } else if (type == "resumed") {
-    if (events_.on_resumed) events_.on_resumed(m.at("generation").get<std::uint64_t>(), m.at("restart_count").get<int>());
-  } else if (type == "job_succeeded") {
-    finished_ = true;
-    if (events_.on_job_succeeded) events_.on_job_succeeded();
-  } else if (type == "job_failed") {
-    finished_ = true;
-    if (events_.on_job_failed) {
-      events_.on_job_failed(m.at("failure").get<WorkerFailure>(), m.at("summary").get<std::string>());
+    case MessageType::job_succeeded:
+      finished_ = true;
+      if (events_.on_job_succeeded) events_.on_job_succeeded();
+      return;
+    case MessageType::job_failed: {
+      finished_ = true;
+      const JobFailed& f = std::get<JobFailed>(m.body);
+      if (events_.on_job_failed) events_.on_job_failed(f.failure, f.summary);
+      return;
     }
-  } else if (type == "error") {
-    fail("rendezvous " + endpoint_text_ + " refused: " + m.value("message", std::string("(no message)")) + " [" +
-         m.value("code", std::string("?")) + "]");
+    case MessageType::error: {
+      const ErrorMessage& e = std::get<ErrorMessage>(m.body);
+      fail("rendezvous " + endpoint_text_ + " refused: " + (e.message.empty() ? "(no message)" : e.message) + " [" +
+           (e.code.empty() ? "?" : e.code) + "]");
+      return;
+    }
+    default:
+      // Client messages and status replies are not for an agent; ignored like future notices.
+      return;
   }
-  // Unknown server messages are ignored: newer servers may add notices.
 }
 
 void Client::join(NodeSpec spec) {
@@ -277,7 +308,7 @@ void Client::resume(ResumeRequest request) {
   }
   if (request.node.addr.empty()) request.node.addr = local_address();
   secret_ = request.secret;
-  send(make_resume(request));
+  send(make_resume_message(request));
 }
 
 void Client::report_failure(const WorkerFailure& failure) {
@@ -324,8 +355,8 @@ void Client::shutdown() {
   queue_.clear();
 }
 
-void Client::send(const json& message) {
-  queue_.push_back(encode_frame(message));
+void Client::send(const Message& message) {
+  queue_.push_back(encode(message));
   if (!writing_) write_next();
 }
 

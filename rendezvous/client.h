@@ -30,7 +30,8 @@ namespace ddp::rdzv {
 
 struct ClientOptions {
   std::string job_id;                  // --rdzv_id, sent in hello
-  std::string token;                   // shared token (--rdzv_conf token_file=), empty = none
+  std::string token;                   // the job's or cluster's secret (--rdzv_conf token_file=),
+                                       // proven by HMAC, never sent; empty = none
   double heartbeat_interval = 1.0;     // replaced by the NodeSpec's timeouts at join()
   double heartbeat_timeout = 5.0;      // the server silent this long = error (replaced at join())
   std::size_t max_frame_bytes = kDefaultMaxFrameBytes;
@@ -91,10 +92,9 @@ class Client : public std::enable_shared_from_this<Client> {
   void try_connect();
   void retry(const std::string& error);
   void on_connected();
-  void read_header();
-  void read_body(std::uint32_t length);
-  void handle(const nlohmann::json& message);
-  void send(const nlohmann::json& message);
+  void read_more();
+  void handle(Message& message);
+  void send(const Message& message);
   void write_next();
   void heartbeat();
   void fail(const std::string& message, bool lost = false);
@@ -120,12 +120,15 @@ class Client : public std::enable_shared_from_this<Client> {
   bool finished_ = false;  // the job succeeded or failed: a close is expected
   std::optional<NodeSpec> pending_join_;
   std::optional<ResumeRequest> pending_resume_;
-  std::vector<nlohmann::json> pending_reports_;  // failure/success said before the welcome
+  std::vector<Message> pending_reports_;  // failure/success said before the welcome
   std::string secret_;
   bool connect_timed_out_ = false;   // the connect deadline cut the attempt in flight short
   std::string last_connect_error_;
-  unsigned char header_[kFrameHeaderBytes] = {};
-  std::string body_;
+  FrameReader reader_;
+  std::vector<char> rbuf_ = std::vector<char>(4096);
+  std::string payload_;
+  std::string server_nonce_;
+  std::string client_nonce_;
   std::deque<Frame> queue_;
   bool writing_ = false;
   bool close_when_flushed_ = false;

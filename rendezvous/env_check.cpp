@@ -1,5 +1,7 @@
 #include "rendezvous/env_check.h"
 
+#include "rendezvous/fingerprint_schema.h"
+
 #include <algorithm>
 #include <map>
 #include <set>
@@ -13,7 +15,8 @@ constexpr std::size_t kNamesShown = 6;  // longer node lists end in "and N more"
 
 // Fields that say how a fingerprint was made, not what the node has: never compared.
 bool is_ignored_field(std::string_view field) {
-  return field == "gpu.note" || field == "python.torch_error";
+  const fingerprint::Field* f = fingerprint::find(field);
+  return f != nullptr && f->kind == fingerprint::Kind::ignored;
 }
 
 bool starts_with(std::string_view s, std::string_view prefix) {
@@ -33,35 +36,11 @@ bool is_framework_library(std::string_view name) {
 }
 
 std::string label_of(const std::string& field) {
-  static const std::map<std::string, std::string> kLabels = {
-      {"machine.arch", "CPU architecture"},
-      {"machine.os", "OS"},
-      {"machine.glibc", "glibc"},
-      {"gpu.count", "GPU count"},
-      {"gpu.models", "GPU models"},
-      {"gpu.driver", "NVIDIA driver"},
-      {"python.version", "Python"},
-      {"python.implementation", "Python implementation"},
-      {"python.executable", "Python interpreter"},
-      {"python.error", "Python probe error"},
-      {"python.torch", "torch"},
-      {"python.torch_cuda", "CUDA"},
-      {"python.nccl", "NCCL"},
-      {"python.cudnn", "cuDNN"},
-      {"program.path", "program path"},
-      {"program.sha256", "program sha256"},
-      {"program.module", "program module"},
-      {"program.error", "program error"},
-      {"program.libraries_error", "shared library listing error"},
-      {"env_lock.source", "lock file"},
-      {"env_lock.sha256", "lock file sha256"},
-  };
-  auto it = kLabels.find(field);
-  if (it != kLabels.end()) return it->second;
-  if (starts_with(field, "program.libraries.")) {
-    return "shared library " + field.substr(std::string_view("program.libraries.").size());
+  if (const fingerprint::Field* f = fingerprint::find(field)) return std::string(f->label);
+  if (starts_with(field, fingerprint::kLibrariesPrefix)) {
+    return "shared library " + field.substr(fingerprint::kLibrariesPrefix.size());
   }
-  if (starts_with(field, "env.")) return field.substr(4);
+  if (starts_with(field, std::string(fingerprint::kEnv) + ".")) return field.substr(fingerprint::kEnv.size() + 1);
   return field;
 }
 
@@ -167,15 +146,10 @@ const char* to_string(EnvCheckMode mode) {
 }
 
 bool is_breaking_field(std::string_view field) {
-  static constexpr std::string_view kBreaking[] = {
-      "python.version", "python.implementation", "python.error", "python.torch",
-      "python.torch_cuda", "python.nccl", "python.cudnn", "program.sha256", "program.module",
-      "program.error", "env_lock.sha256"};
-  for (auto f : kBreaking) {
-    if (field == f) return true;
+  if (const fingerprint::Field* f = fingerprint::find(field)) return f->kind == fingerprint::Kind::breaking;
+  if (starts_with(field, fingerprint::kLibrariesPrefix)) {
+    return is_framework_library(field.substr(fingerprint::kLibrariesPrefix.size()));
   }
-  constexpr std::string_view kLibs = "program.libraries.";
-  if (starts_with(field, kLibs)) return is_framework_library(field.substr(kLibs.size()));
   return false;
 }
 

@@ -1,6 +1,7 @@
 // ddp-rendezvous: the rendezvous daemon (serve) and its status query.
 // Exit codes: 0 ok, 2 usage, 3 cannot bind or connect.
 #include <csignal>
+#include <cstdlib>
 #include <cstdio>
 #include <ctime>
 #include <fstream>
@@ -10,6 +11,7 @@
 #include <CLI/CLI.hpp>
 #include <boost/asio.hpp>
 
+#include "rendezvous/auth.h"
 #include "rendezvous/server.h"
 #include "rendezvous/status.h"
 
@@ -38,22 +40,26 @@ struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-std::string read_token(const std::string& path) {
-  if (path.empty()) return {};
-  std::ifstream in(path);
-  if (!in) throw UsageError("cannot read --token-file " + path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  std::string token = ss.str();
-  while (!token.empty() && (token.back() == '\n' || token.back() == '\r' || token.back() == ' ')) token.pop_back();
-  if (token.empty()) throw UsageError("--token-file " + path + " is empty");
-  return token;
+// The token file named on the command line, else $DDPLAUNCH_RDZV_TOKEN_FILE, else none.
+std::string token_path(const std::string& flag) {
+  if (!flag.empty()) return flag;
+  const char* env = std::getenv("DDPLAUNCH_RDZV_TOKEN_FILE");
+  return env ? env : "";
 }
+
+bool is_loopback(const asio::ip::address& a) { return a.is_loopback(); }
 
 int serve(const std::string& host, unsigned short port, const std::string& token_file, std::size_t max_connections,
           bool quiet) {
   ddp::rdzv::ServerOptions options;
-  options.token = read_token(token_file);
+  const std::string path = token_path(token_file);
+  if (!path.empty()) {
+    try {
+      options.secrets = ddp::rdzv::Secrets::load(path);
+    } catch (const ddp::rdzv::SecretError& e) {
+      throw UsageError(std::string(e.what()) + " (--token_file)");
+    }
+  }
   options.max_connections = max_connections;
   options.log = [quiet](const std::string& line) {
     if (quiet && line.find(": join ") != std::string::npos) return;
@@ -82,7 +88,15 @@ int serve(const std::string& host, unsigned short port, const std::string& token
     io.stop();
   });
   options.log("listening on " + host + ":" + std::to_string(server->port()) +
-              (options.token.empty() ? " (no token)" : " (token required)"));
+              (options.secrets.open() ? " (no token)" : " (token required)"));
+  if (options.secrets.open() && !is_loopback(address)) {
+    const std::string warning =
+        "WARNING: listening on " + host + " with no secret: anyone who can reach this port can read every job, "
+        "join any job as group rank 0 (and so choose MASTER_ADDR) or report fake failures. Give the daemon "
+        "--token_file=PATH and every agent --rdzv_conf token_file=PATH (see docs/security.md)";
+    options.log(warning);
+    std::cerr << "ddp-rendezvous: " << warning << "\n";
+  }
   io.run();
   return kExitOk;
 }
@@ -99,7 +113,9 @@ int main(int argc, char** argv) {
   bool quiet = false;
   app.add_option("--host", host, "address to listen on")->capture_default_str();
   app.add_option("--port", port, "TCP port to listen on (0 = any free port)")->capture_default_str();
-  app.add_option("--token-file", token_file, "file holding the shared token every client must send");
+  app.add_option("--token_file,--token-file", token_file,
+                 "file of secrets clients must prove (SECRET for the cluster, JOB_ID SECRET per job); "
+                 "default $DDPLAUNCH_RDZV_TOKEN_FILE, else none");
   app.add_option("--max-connections", max_connections, "concurrent connections served")->capture_default_str();
   app.add_flag("--quiet-joins", quiet, "do not log one line per join (large jobs)");
 
@@ -109,7 +125,10 @@ int main(int argc, char** argv) {
   double timeout = 10.0;
   status->add_option("--endpoint", endpoint, "HOST:PORT of the rendezvous server")->required();
   status->add_flag("--json", as_json, "print JSON");
-  status->add_option("--token-file", token_file, "file holding the shared token");
+  std::string status_job;
+  status->add_option("--token_file,--token-file", token_file,
+                     "file holding the secret (default $DDPLAUNCH_RDZV_TOKEN_FILE)");
+  status->add_option("--job", status_job, "the job whose own secret the token file holds (shows that job only)");
   status->add_option("--timeout", timeout, "seconds to wait for the answer")->capture_default_str();
 
   try {
@@ -120,12 +139,25 @@ int main(int argc, char** argv) {
   }
   try {
     if (*status) {
-      auto result = ddp::rdzv::query_status(endpoint, read_token(token_file), timeout);
+      std::string secret;
+      if (const std::string path = token_path(token_file); !path.empty()) {
+        try {
+          secret = ddp::rdzv::read_secret_file(path);
+        } catch (const ddp::rdzv::SecretError& e) {
+          throw UsageError(e.what());
+        }
+      }
+      auto result = ddp::rdzv::query_status(endpoint, secret, timeout, status_job);
       if (!result.error.empty()) {
         std::cerr << "ddp-rendezvous status: " << result.error << "\n";
         return result.usage_error ? kExitUsage : kExitConnect;
       }
-      std::cout << (as_json ? result.status.dump(2) + "\n" : ddp::rdzv::format_status(result.status));
+      try {
+        std::cout << (as_json ? result.status.dump(2) + "\n" : ddp::rdzv::format_status(result.status));
+      } catch (const nlohmann::json::exception& e) {
+        std::cerr << "ddp-rendezvous status: " << endpoint << " sent a malformed status: " << e.what() << "\n";
+        return kExitConnect;
+      }
       return kExitOk;
     }
     return serve(host, port, token_file, max_connections, quiet);

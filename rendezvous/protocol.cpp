@@ -1,5 +1,10 @@
 #include "rendezvous/protocol.h"
 
+#include "rendezvous/resume.h"
+
+#include <cmath>
+#include <limits>
+
 namespace ddp::rdzv {
 
 using nlohmann::json;
@@ -16,15 +21,6 @@ std::uint32_t read_frame_header(const unsigned char in[kFrameHeaderBytes]) {
          (std::uint32_t{in[2]} << 8) | std::uint32_t{in[3]};
 }
 
-Frame encode_frame(const json& message) {
-  std::string payload = message.dump();
-  std::string frame(kFrameHeaderBytes, '\0');
-  write_frame_header(static_cast<std::uint32_t>(payload.size()),
-                     reinterpret_cast<unsigned char*>(frame.data()));
-  frame += payload;
-  return std::make_shared<const std::string>(std::move(frame));
-}
-
 std::optional<ProtocolError> check_frame_length(std::uint32_t length, std::size_t max_frame_bytes) {
   if (length == 0) return ProtocolError{"bad_frame", "empty frame: every frame must carry one JSON message"};
   if (length > max_frame_bytes) {
@@ -34,83 +30,686 @@ std::optional<ProtocolError> check_frame_length(std::uint32_t length, std::size_
   return std::nullopt;
 }
 
-Parsed parse_message(const std::string& payload) { return parse_message(payload.data(), payload.size()); }
+Frame encode_frame(const json& payload) {
+  std::string text = payload.dump(-1, ' ', false, json::error_handler_t::replace);
+  std::string frame(kFrameHeaderBytes, '\0');
+  write_frame_header(static_cast<std::uint32_t>(text.size()), reinterpret_cast<unsigned char*>(frame.data()));
+  frame += text;
+  return std::make_shared<const std::string>(std::move(frame));
+}
 
-Parsed parse_message(const char* data, std::size_t size) {
-  Parsed out;
-  out.message = json::parse(data, data + size, nullptr, /*allow_exceptions=*/false);
-  if (out.message.is_discarded()) {
-    out.error = ProtocolError{"bad_json", "malformed JSON in frame of " + std::to_string(size) +
-                                              " bytes: the rendezvous protocol sends one JSON object per frame"};
-  } else if (!out.message.is_object() || !out.message.contains("type") || !out.message["type"].is_string()) {
-    out.error = ProtocolError{"bad_message", "message is not a JSON object with a string \"type\""};
+// ---- FrameReader ----
+
+void FrameReader::feed(const char* data, std::size_t size) {
+  if (failed_) return;
+  // Compact before growing: consumed bytes are dropped once they are half the buffer.
+  if (pos_ > 0 && pos_ * 2 >= buf_.size()) {
+    buf_.erase(0, pos_);
+    pos_ = 0;
   }
+  buf_.append(data, size);
+}
+
+FrameReader::Result FrameReader::next(std::string& payload) {
+  if (failed_) return Result::error;
+  const std::size_t have = buf_.size() - pos_;
+  if (have < kFrameHeaderBytes) return Result::need_more;
+  const std::uint32_t length = read_frame_header(reinterpret_cast<const unsigned char*>(buf_.data() + pos_));
+  if (auto err = check_frame_length(length, max_frame_bytes_)) {
+    error_ = *err;
+    failed_ = true;
+    buf_.clear();
+    buf_.shrink_to_fit();
+    pos_ = 0;
+    return Result::error;
+  }
+  if (have - kFrameHeaderBytes < length) return Result::need_more;
+  payload.assign(buf_, pos_ + kFrameHeaderBytes, length);
+  pos_ += kFrameHeaderBytes + length;
+  if (pos_ == buf_.size()) {
+    buf_.clear();
+    pos_ = 0;
+    if (buf_.capacity() > 65536) buf_.shrink_to_fit();  // give back a buffer grown for one big frame
+  }
+  return Result::frame;
+}
+
+// ---- message types ----
+
+namespace {
+
+struct TypeName {
+  MessageType type;
+  const char* name;
+};
+constexpr TypeName kTypeNames[] = {
+    {MessageType::hello, "hello"},
+    {MessageType::status, "status"},
+    {MessageType::join, "join"},
+    {MessageType::heartbeat, "heartbeat"},
+    {MessageType::failure, "failure"},
+    {MessageType::success, "success"},
+    {MessageType::leave, "leave"},
+    {MessageType::challenge, "challenge"},
+    {MessageType::welcome, "welcome"},
+    {MessageType::error, "error"},
+    {MessageType::round, "round"},
+    {MessageType::restart, "restart"},
+    {MessageType::job_succeeded, "job_succeeded"},
+    {MessageType::job_failed, "job_failed"},
+    {MessageType::heartbeat_ack, "heartbeat_ack"},
+    {MessageType::status_reply, "status_reply"},
+    {MessageType::resume, "resume"},
+    {MessageType::resumed, "resumed"},
+};
+
+std::optional<MessageType> type_from(std::string_view name) {
+  for (const TypeName& t : kTypeNames) {
+    if (name == t.name) return t.type;
+  }
+  return std::nullopt;
+}
+
+// Cuts `s` at `max` bytes (at a UTF-8 character boundary) and appends the marker.
+void truncate_with_marker(std::string& s, std::size_t max) {
+  if (s.size() <= max) return;
+  std::size_t cut = max;
+  while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;
+  const std::size_t dropped = s.size() - cut;
+  s.resize(cut);
+  s += std::string(kTruncatedMarker) + " (" + std::to_string(dropped) + " bytes cut)";
+}
+
+// Reads the fields of one JSON object with type and range checks; the first problem is kept.
+class Fields {
+ public:
+  Fields(const json& object, std::string what) : object_(object), what_(std::move(what)) {
+    if (!object_.is_object()) fail("is not a JSON object");
+  }
+  const std::optional<std::string>& error() const { return error_; }
+
+  template <typename Int>
+  void integer(const char* key, Int& out, long long min, long long max) {
+    const json* v = find(key);
+    if (v == nullptr) return;
+    long long value = 0;
+    if (v->is_number_unsigned()) {
+      const auto u = v->get<std::uint64_t>();
+      if (u > static_cast<std::uint64_t>(std::numeric_limits<long long>::max())) return out_of_range(key, min, max);
+      value = static_cast<long long>(u);
+    } else if (v->is_number_integer()) {
+      value = v->get<long long>();
+    } else {
+      return fail(std::string("field \"") + key + "\" must be an integer");
+    }
+    if (value < min || value > max) return out_of_range(key, min, max);
+    out = static_cast<Int>(value);
+  }
+  void unsigned64(const char* key, std::uint64_t& out) {
+    const json* v = find(key);
+    if (v == nullptr) return;
+    if (!v->is_number_unsigned()) return fail(std::string("field \"") + key + "\" must be an unsigned integer");
+    out = v->get<std::uint64_t>();
+  }
+  void number(const char* key, double& out, double min, double max) {
+    const json* v = find(key);
+    if (v == nullptr) return;
+    if (!v->is_number()) return fail(std::string("field \"") + key + "\" must be a number");
+    const double d = v->get<double>();
+    if (!std::isfinite(d) || d < min || d > max) {
+      return fail(std::string("field \"") + key + "\" must be between " + json(min).dump() + " and " +
+                  json(max).dump() + ", got " + v->dump());
+    }
+    out = d;
+  }
+  void boolean(const char* key, bool& out) {
+    const json* v = find(key);
+    if (v == nullptr) return;
+    if (!v->is_boolean()) return fail(std::string("field \"") + key + "\" must be true or false");
+    out = v->get<bool>();
+  }
+  // Refuses strings over `max` bytes, or truncates them with the marker when `truncate`.
+  void string(const char* key, std::string& out, std::size_t max, bool truncate = false) {
+    const json* v = find(key);
+    if (v == nullptr) return;
+    if (!v->is_string()) return fail(std::string("field \"") + key + "\" must be a string");
+    const auto& s = v->get_ref<const std::string&>();
+    if (s.size() > max && !truncate) {
+      return fail(std::string("field \"") + key + "\" is " + std::to_string(s.size()) + " bytes long; the limit is " +
+                  std::to_string(max));
+    }
+    out = s;
+    truncate_with_marker(out, max);
+  }
+  const json* object(const char* key) {
+    const json* v = find(key);
+    if (v != nullptr && !v->is_object()) {
+      fail(std::string("field \"") + key + "\" must be a JSON object");
+      return nullptr;
+    }
+    return v;
+  }
+  const json* require(const char* key) {
+    const json* v = find(key);
+    if (v == nullptr && !error_) fail(std::string("field \"") + key + "\" is missing");
+    return v;
+  }
+  void fail(const std::string& why) {
+    if (!error_) error_ = what_ + ": " + why;
+  }
+
+ private:
+  const json* find(const char* key) {
+    if (error_ || !object_.is_object()) return nullptr;
+    auto it = object_.find(key);
+    if (it == object_.end() || it->is_null()) return nullptr;
+    return &*it;
+  }
+  void out_of_range(const char* key, long long min, long long max) {
+    fail(std::string("field \"") + key + "\" must be in " + std::to_string(min) + ".." + std::to_string(max) +
+         ", got " + object_.at(key).dump());
+  }
+
+  const json& object_;
+  std::string what_;
+  std::optional<std::string> error_;
+};
+
+constexpr long long kIntMax = std::numeric_limits<int>::max();
+constexpr long long kIntMin = std::numeric_limits<int>::min();
+
+std::optional<std::string> read_timeouts(const json& j, Timeouts& t) {
+  Fields f(j, "timeouts");
+  f.number("join_timeout", t.join_timeout, 0, kMaxTimeoutSeconds);
+  f.number("last_call_timeout", t.last_call_timeout, 0, kMaxTimeoutSeconds);
+  f.number("heartbeat_interval", t.heartbeat_interval, 0, kMaxTimeoutSeconds);
+  f.number("heartbeat_timeout", t.heartbeat_timeout, 0, kMaxTimeoutSeconds);
+  f.number("shutdown_timeout", t.shutdown_timeout, 0, kMaxTimeoutSeconds);
+  return f.error();
+}
+
+// Counts the fingerprint's entries and checks its shape; false with `why` when it breaks a limit.
+bool check_fingerprint_value(const json& v, int depth, std::size_t& entries, std::string& why) {
+  if (++entries > kMaxFingerprintEntries) {
+    why = "has more than " + std::to_string(kMaxFingerprintEntries) + " entries";
+    return false;
+  }
+  if (v.is_object()) {
+    if (depth >= kMaxFingerprintDepth) {
+      why = "nests objects deeper than " + std::to_string(kMaxFingerprintDepth) + " levels";
+      return false;
+    }
+    for (const auto& item : v.items()) {
+      if (!check_fingerprint_value(item.value(), depth + 1, entries, why)) return false;
+    }
+    return true;
+  }
+  if (v.is_array()) {
+    for (const auto& e : v) {
+      if (e.is_structured()) {
+        why = "holds an array of objects or arrays (only arrays of plain values are allowed)";
+        return false;
+      }
+      if (++entries > kMaxFingerprintEntries) {
+        why = "has more than " + std::to_string(kMaxFingerprintEntries) + " entries";
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+std::optional<std::string> check_fingerprint(const json& fp) {
+  if (!fp.is_object()) return "fingerprint must be a JSON object";
+  std::size_t entries = 0;
+  std::string why;
+  if (!check_fingerprint_value(fp, 0, entries, why)) return "fingerprint " + why;
+  const std::size_t bytes = fp.dump(-1, ' ', false, json::error_handler_t::replace).size();
+  if (bytes > kMaxFingerprintBytes) {
+    return "fingerprint is " + std::to_string(bytes) + " bytes; the limit is " + std::to_string(kMaxFingerprintBytes);
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> read_node_spec(const json& j, NodeSpec& s) {
+  Fields f(j, "join.node");
+  f.string("job_id", s.job_id, kMaxIdBytes);
+  f.string("host", s.host, kMaxHostBytes);
+  f.string("addr", s.addr, kMaxHostBytes);
+  f.integer("local_world_size", s.local_world_size, 1, kMaxLocalWorldSize);
+  f.integer("requested_rank", s.requested_rank, -1, kMaxNodes - 1);
+  f.integer("min_nodes", s.min_nodes, 1, kMaxNodes);
+  f.integer("max_nodes", s.max_nodes, 1, kMaxNodes);
+  f.integer("max_restarts", s.max_restarts, 0, kMaxRestarts);
+  f.integer("master_port", s.master_port, 0, 65535);
+  f.string("env_check", s.env_check, 16);
+  if (const json* fp = f.object("fingerprint")) {
+    if (auto err = check_fingerprint(*fp)) {
+      f.fail(*err);
+    } else {
+      s.fingerprint = *fp;
+    }
+  }
+  if (const json* t = f.object("timeouts")) {
+    if (auto err = read_timeouts(*t, s.timeouts)) f.fail(*err);
+  }
+  return f.error();
+}
+
+std::optional<std::string> read_failure(const json& j, WorkerFailure& w) {
+  Fields f(j, "failure");
+  f.string("host", w.host, kMaxHostBytes, /*truncate=*/true);
+  f.integer("rank", w.rank, -1, kIntMax);
+  f.integer("local_rank", w.local_rank, -1, kIntMax);
+  f.integer("exit_code", w.exit_code, kIntMin, kIntMax);
+  f.integer("signal", w.signal, 0, 1024);
+  f.integer("pid", w.pid, 0, kIntMax);
+  f.number("timestamp", w.timestamp, 0, 1e12);
+  f.string("error_file_message", w.error_file_message, kMaxFailureMessageBytes, /*truncate=*/true);
+  return f.error();
+}
+
+std::optional<std::string> read_assignment(const json& j, Assignment& a) {
+  Fields f(j, "round.assignment");
+  f.unsigned64("generation", a.generation);
+  f.integer("group_rank", a.group_rank, 0, kMaxNodes - 1);
+  f.integer("group_world_size", a.group_world_size, 1, kMaxNodes);
+  f.integer("world_size", a.world_size, 1, kIntMax);
+  f.integer("rank_offset", a.rank_offset, 0, kIntMax);
+  f.string("master_addr", a.master_addr, kMaxHostBytes);
+  f.integer("master_port", a.master_port, 0, 65535);
+  f.integer("restart_count", a.restart_count, 0, kMaxRestarts);
+  f.integer("max_restarts", a.max_restarts, 0, kMaxRestarts);
+  f.string("secret", a.secret, kMaxNonceBytes);
+  if (!f.error()) {
+    if (a.group_rank >= a.group_world_size) f.fail("group_rank must be below group_world_size");
+    if (static_cast<long long>(a.rank_offset) >= a.world_size) f.fail("rank_offset must be below world_size");
+  }
+  return f.error();
+}
+
+std::optional<std::string> read_hello(const json& j, Hello& h, const char* what) {
+  Fields f(j, what);
+  if (f.require("protocol_version")) f.integer("protocol_version", h.protocol_version, kIntMin, kIntMax);
+  f.string("job_id", h.job_id, kMaxIdBytes);
+  f.string("client_nonce", h.client_nonce, kMaxNonceBytes);
+  f.string("proof", h.proof, kMaxNonceBytes);
+  return f.error();
+}
+
+// Decodes the body of a message whose type is known; the first problem is returned.
+std::optional<std::string> decode_body(MessageType type, const json& j, Message& m) {
+  switch (type) {
+    case MessageType::hello:
+    case MessageType::status: {
+      Hello h;
+      auto err = read_hello(j, h, to_string(type));
+      m.body = std::move(h);
+      return err;
+    }
+    case MessageType::join: {
+      Fields f(j, "join");
+      NodeSpec spec;
+      if (const json* node = f.require("node")) {
+        if (auto err = read_node_spec(*node, spec)) f.fail(*err);
+      }
+      m.body = std::move(spec);
+      return f.error();
+    }
+    case MessageType::failure: {
+      Fields f(j, "failure");
+      WorkerFailure w;
+      if (const json* failure = f.require("failure")) {
+        if (auto err = read_failure(*failure, w)) return err;
+      }
+      m.body = std::move(w);
+      return f.error();
+    }
+    case MessageType::heartbeat:
+    case MessageType::success:
+    case MessageType::leave:
+    case MessageType::heartbeat_ack:
+      m.body = Empty{};
+      return std::nullopt;
+    case MessageType::challenge: {
+      Fields f(j, "challenge");
+      Challenge c;
+      if (f.require("protocol_version")) f.integer("protocol_version", c.protocol_version, kIntMin, kIntMax);
+      f.string("nonce", c.nonce, kMaxNonceBytes);
+      m.body = std::move(c);
+      return f.error();
+    }
+    case MessageType::welcome: {
+      Fields f(j, "welcome");
+      Welcome w;
+      f.integer("protocol_version", w.protocol_version, kIntMin, kIntMax);
+      f.string("proof", w.proof, kMaxNonceBytes);
+      m.body = std::move(w);
+      return f.error();
+    }
+    case MessageType::error: {
+      Fields f(j, "error");
+      ErrorMessage e;
+      f.string("code", e.code, 64, true);
+      f.string("message", e.message, kMaxReasonBytes, true);
+      m.body = std::move(e);
+      return f.error();
+    }
+    case MessageType::round: {
+      Fields f(j, "round");
+      Assignment a;
+      if (const json* assignment = f.require("assignment")) {
+        if (auto err = read_assignment(*assignment, a)) return err;
+      }
+      m.body = std::move(a);
+      return f.error();
+    }
+    case MessageType::restart: {
+      Fields f(j, "restart");
+      Restart r;
+      f.string("reason", r.reason, kMaxReasonBytes, true);
+      f.boolean("counted", r.counted);
+      f.integer("restart_count", r.restart_count, 0, kMaxRestarts);
+      f.integer("max_restarts", r.max_restarts, 0, kMaxRestarts);
+      m.body = std::move(r);
+      return f.error();
+    }
+    case MessageType::job_succeeded: {
+      Fields f(j, "job_succeeded");
+      JobSucceeded s;
+      f.string("job_id", s.job_id, kMaxIdBytes);
+      m.body = std::move(s);
+      return f.error();
+    }
+    case MessageType::job_failed: {
+      Fields f(j, "job_failed");
+      JobFailed jf;
+      if (const json* failure = f.require("failure")) {
+        if (auto err = read_failure(*failure, jf.failure)) return err;
+      }
+      f.string("summary", jf.summary, kMaxReasonBytes, true);
+      m.body = std::move(jf);
+      return f.error();
+    }
+    case MessageType::resume: {
+      auto decoded = decode_resume(j);
+      if (auto* err = std::get_if<ProtocolError>(&decoded)) return err->message;
+      m.body = std::move(std::get<ResumeRequest>(decoded));
+      return std::nullopt;
+    }
+    case MessageType::resumed: {
+      Fields f(j, "resumed");
+      Resumed r;
+      f.unsigned64("generation", r.generation);
+      f.integer("restart_count", r.restart_count, 0, kMaxRestarts);
+      f.boolean("rebuilt", r.rebuilt);
+      m.body = r;
+      return f.error();
+    }
+    case MessageType::status_reply: {
+      Fields f(j, "status_reply");
+      StatusReply r;
+      if (const json* status = f.object("status")) r.status = *status;
+      if (!f.error() && !r.status.is_object()) f.fail("field \"status\" is missing");
+      m.body = std::move(r);
+      return f.error();
+    }
+  }
+  return std::string("unknown message type");
+}
+
+}  // namespace
+
+const char* to_string(MessageType type) {
+  for (const TypeName& t : kTypeNames) {
+    if (t.type == type) return t.name;
+  }
+  return "?";
+}
+
+bool is_client_message(MessageType type) {
+  switch (type) {
+    case MessageType::hello:
+    case MessageType::status:
+    case MessageType::join:
+    case MessageType::heartbeat:
+    case MessageType::failure:
+    case MessageType::success:
+    case MessageType::leave:
+    case MessageType::resume:
+      return true;
+    default:
+      return false;
+  }
+}
+
+int json_depth(std::string_view text, int limit) {
+  int depth = 0, deepest = 0;
+  bool in_string = false, escaped = false;
+  for (char c : text) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      if (++depth > deepest) deepest = depth;
+      if (deepest > limit) return deepest;
+    } else if (c == '}' || c == ']') {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
+Decoded decode(std::string_view payload) {
+  Decoded out;
+  if (json_depth(payload, kMaxJsonDepth) > kMaxJsonDepth) {
+    out.error = ProtocolError{"bad_json", "JSON nested deeper than " + std::to_string(kMaxJsonDepth) +
+                                              " levels in a frame of " + std::to_string(payload.size()) + " bytes"};
+    return out;
+  }
+  json j = json::parse(payload.begin(), payload.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) {
+    out.error = ProtocolError{"bad_json", "malformed JSON in frame of " + std::to_string(payload.size()) +
+                                              " bytes: the rendezvous protocol sends one JSON object per frame"};
+    return out;
+  }
+  if (!j.is_object() || !j.contains("type") || !j["type"].is_string()) {
+    out.error = ProtocolError{"bad_message", "message is not a JSON object with a string \"type\""};
+    return out;
+  }
+  const std::string& name = j["type"].get_ref<const std::string&>();
+  auto type = type_from(name);
+  if (!type) {
+    out.error = ProtocolError{"bad_message", "unknown message type \"" + name.substr(0, 64) + "\""};
+    return out;
+  }
+  Message m;
+  m.type = *type;
+  if (auto err = decode_body(*type, j, m)) {
+    out.error = ProtocolError{*type == MessageType::join     ? "bad_join"
+                              : *type == MessageType::resume ? "bad_resume"
+                                                             : "bad_message",
+                              "malformed \"" + std::string(to_string(*type)) + "\" message: " + *err};
+    return out;
+  }
+  out.message = std::move(m);
   return out;
 }
 
-json make_welcome() { return {{"type", "welcome"}, {"protocol_version", kProtocolVersion}}; }
-json make_error(const std::string& code, const std::string& message) {
-  return {{"type", "error"}, {"code", code}, {"message", message}};
-}
-json make_round(const Assignment& assignment) { return {{"type", "round"}, {"assignment", assignment}}; }
-json make_restart(const std::string& reason, bool counted, int restart_count, int max_restarts) {
-  return {{"type", "restart"}, {"reason", reason}, {"counted", counted},
-          {"restart_count", restart_count}, {"max_restarts", max_restarts}};
-}
-json make_job_succeeded(const std::string& job_id) { return {{"type", "job_succeeded"}, {"job_id", job_id}}; }
-json make_job_failed(const WorkerFailure& first_failure, const std::string& summary) {
-  return {{"type", "job_failed"}, {"failure", first_failure}, {"summary", summary}};
-}
-json make_heartbeat_ack() { return {{"type", "heartbeat_ack"}}; }
+// ---- encoding ----
 
-json make_hello(const std::string& job_id, const std::string& token) {
-  return {{"type", "hello"}, {"protocol_version", kProtocolVersion}, {"job_id", job_id}, {"token", token}};
-}
-json make_status_request(const std::string& token) {
-  return {{"type", "status"}, {"protocol_version", kProtocolVersion}, {"token", token}};
-}
-json make_join(const NodeSpec& spec) { return {{"type", "join"}, {"node", spec}}; }
-json make_heartbeat() { return {{"type", "heartbeat"}}; }
-json make_failure(const WorkerFailure& failure) { return {{"type", "failure"}, {"failure", failure}}; }
-json make_success() { return {{"type", "success"}}; }
-json make_leave() { return {{"type", "leave"}}; }
-
-bool tokens_equal(const std::string& a, const std::string& b) {
-  unsigned char diff = a.size() == b.size() ? 0 : 1;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    diff |= static_cast<unsigned char>(a[i] ^ (i < b.size() ? b[i] : 0));
-  }
-  return diff == 0;
-}
-
-std::optional<ProtocolError> check_first_message(const json& message, const std::string& expected_token) {
-  const std::string type = message.value("type", "");
-  if (type != "hello" && type != "status") {
-    return ProtocolError{"bad_message", "the first message must be \"hello\" or \"status\", got \"" + type + "\""};
-  }
-  auto version = message.find("protocol_version");
-  if (version == message.end() || !version->is_number_integer()) {
-    return ProtocolError{"version_mismatch", "the first message carries no integer protocol_version; this server speaks "
-                                             "version " + std::to_string(kProtocolVersion)};
-  }
-  if (version->get<long long>() != kProtocolVersion) {
-    return ProtocolError{"version_mismatch", "protocol version " + version->dump() + " is not supported; this server "
-                         "speaks version " + std::to_string(kProtocolVersion) +
-                         ": run the same ddplaunch version on every node and the rendezvous server"};
-  }
-  if (type == "hello") {
-    auto job = message.find("job_id");
-    if (job == message.end() || !job->is_string() || job->get_ref<const std::string&>().empty()) {
-      return ProtocolError{"bad_message", "hello carries no job_id (--rdzv_id)"};
+json to_json(const Message& m) {
+  json j = {{"type", to_string(m.type)}};
+  switch (m.type) {
+    case MessageType::hello:
+    case MessageType::status: {
+      const auto& h = std::get<Hello>(m.body);
+      j["protocol_version"] = h.protocol_version;
+      if (!h.job_id.empty() || m.type == MessageType::hello) j["job_id"] = h.job_id;
+      j["client_nonce"] = h.client_nonce;
+      j["proof"] = h.proof;
+      break;
+    }
+    case MessageType::join:
+      j["node"] = std::get<NodeSpec>(m.body);
+      break;
+    case MessageType::failure:
+      j["failure"] = std::get<WorkerFailure>(m.body);
+      break;
+    case MessageType::heartbeat:
+    case MessageType::success:
+    case MessageType::leave:
+    case MessageType::heartbeat_ack:
+      break;
+    case MessageType::challenge: {
+      const auto& c = std::get<Challenge>(m.body);
+      j["protocol_version"] = c.protocol_version;
+      j["nonce"] = c.nonce;
+      break;
+    }
+    case MessageType::welcome: {
+      const auto& w = std::get<Welcome>(m.body);
+      j["protocol_version"] = w.protocol_version;
+      j["proof"] = w.proof;
+      break;
+    }
+    case MessageType::error: {
+      const auto& e = std::get<ErrorMessage>(m.body);
+      j["code"] = e.code;
+      j["message"] = e.message;
+      break;
+    }
+    case MessageType::round:
+      j["assignment"] = std::get<Assignment>(m.body);
+      break;
+    case MessageType::restart: {
+      const auto& r = std::get<Restart>(m.body);
+      j["reason"] = r.reason;
+      j["counted"] = r.counted;
+      j["restart_count"] = r.restart_count;
+      j["max_restarts"] = r.max_restarts;
+      break;
+    }
+    case MessageType::job_succeeded:
+      j["job_id"] = std::get<JobSucceeded>(m.body).job_id;
+      break;
+    case MessageType::job_failed: {
+      const auto& f = std::get<JobFailed>(m.body);
+      j["failure"] = f.failure;
+      j["summary"] = f.summary;
+      break;
+    }
+    case MessageType::status_reply:
+      j["status"] = std::get<StatusReply>(m.body).status;
+      break;
+    case MessageType::resume:
+      return make_resume(std::get<ResumeRequest>(m.body));
+    case MessageType::resumed: {
+      const auto& r = std::get<Resumed>(m.body);
+      return make_resumed(r.generation, r.restart_count, r.rebuilt);
     }
   }
-  if (!expected_token.empty()) {
-    auto token = message.find("token");
-    if (token == message.end() || !token->is_string() ||
-        !tokens_equal(token->get_ref<const std::string&>(), expected_token)) {
-      return ProtocolError{"bad_token", "wrong or missing rendezvous token: pass the server's token with "
-                                        "--rdzv_conf token_file=PATH"};
+  return j;
+}
+
+Frame encode(const Message& message) { return encode_frame(to_json(message)); }
+
+std::optional<std::string> validate_node_spec(const NodeSpec& s) {
+  // The decoder's range checks, on the struct (specs built in-process: local rendezvous, tests;
+  // cheap enough to run again on every join the server decoded).
+  auto range = [](const char* name, long long v, long long min, long long max) -> std::optional<std::string> {
+    if (v >= min && v <= max) return std::nullopt;
+    return std::string(name) + " must be in " + std::to_string(min) + ".." + std::to_string(max) + ", got " +
+           std::to_string(v);
+  };
+  auto length = [](const char* name, const std::string& v, std::size_t max) -> std::optional<std::string> {
+    if (v.size() <= max) return std::nullopt;
+    return std::string(name) + " is " + std::to_string(v.size()) + " bytes long; the limit is " + std::to_string(max);
+  };
+  for (auto err : {length("job_id", s.job_id, kMaxIdBytes), length("host", s.host, kMaxHostBytes),
+                   length("addr", s.addr, kMaxHostBytes), length("env_check", s.env_check, 16),
+                   range("local_world_size", s.local_world_size, 1, kMaxLocalWorldSize),
+                   range("requested_rank", s.requested_rank, -1, kMaxNodes - 1),
+                   range("min_nodes", s.min_nodes, 1, kMaxNodes), range("max_nodes", s.max_nodes, 1, kMaxNodes),
+                   range("max_restarts", s.max_restarts, 0, kMaxRestarts),
+                   range("master_port", s.master_port, 0, 65535)}) {
+    if (err) return err;
+  }
+  for (double t : {s.timeouts.join_timeout, s.timeouts.last_call_timeout, s.timeouts.heartbeat_interval,
+                   s.timeouts.heartbeat_timeout, s.timeouts.shutdown_timeout}) {
+    if (!std::isfinite(t) || t < 0 || t > kMaxTimeoutSeconds) {
+      return "timeouts must be between 0 and " + json(kMaxTimeoutSeconds).dump() + " s";
     }
+  }
+  if (!s.fingerprint.is_object()) return std::string("fingerprint must be a JSON object");
+  std::size_t entries = 0;
+  std::string why;
+  if (!check_fingerprint_value(s.fingerprint, 0, entries, why)) return "fingerprint " + why;
+  return std::nullopt;
+}
+
+// ---- builders ----
+
+namespace {
+Message message(MessageType type, decltype(Message::body) body) {
+  Message m;
+  m.type = type;
+  m.body = std::move(body);
+  return m;
+}
+}  // namespace
+
+Message make_challenge(const std::string& nonce) { return message(MessageType::challenge, Challenge{kProtocolVersion, nonce}); }
+Message make_welcome(const std::string& proof) { return message(MessageType::welcome, Welcome{kProtocolVersion, proof}); }
+Message make_error(const std::string& code, const std::string& text) {
+  return message(MessageType::error, ErrorMessage{code, text});
+}
+Message make_resume_message(const ResumeRequest& request) { return message(MessageType::resume, request); }
+Message make_resumed_message(std::uint64_t generation, int restart_count, bool rebuilt) {
+  return message(MessageType::resumed, Resumed{generation, restart_count, rebuilt});
+}
+Message make_round(const Assignment& assignment) { return message(MessageType::round, assignment); }
+Message make_restart(const std::string& reason, bool counted, int restart_count, int max_restarts) {
+  return message(MessageType::restart, Restart{reason, counted, restart_count, max_restarts});
+}
+Message make_job_succeeded(const std::string& job_id) { return message(MessageType::job_succeeded, JobSucceeded{job_id}); }
+Message make_job_failed(const WorkerFailure& first_failure, const std::string& summary) {
+  return message(MessageType::job_failed, JobFailed{first_failure, summary});
+}
+Message make_heartbeat_ack() { return message(MessageType::heartbeat_ack, Empty{}); }
+Message make_status_reply(json status) { return message(MessageType::status_reply, StatusReply{std::move(status)}); }
+
+Message make_hello(const Hello& hello) { return message(MessageType::hello, hello); }
+Message make_status_request(const Hello& hello) { return message(MessageType::status, hello); }
+Message make_join(const NodeSpec& spec) { return message(MessageType::join, spec); }
+Message make_heartbeat() { return message(MessageType::heartbeat, Empty{}); }
+Message make_failure(const WorkerFailure& failure) { return message(MessageType::failure, failure); }
+Message make_success() { return message(MessageType::success, Empty{}); }
+Message make_leave() { return message(MessageType::leave, Empty{}); }
+
+std::optional<ProtocolError> check_first_message(const Message& message) {
+  if (message.type != MessageType::hello && message.type != MessageType::status) {
+    return ProtocolError{"bad_message", std::string("the first message must be \"hello\" or \"status\", got \"") +
+                                            to_string(message.type) + "\""};
+  }
+  const Hello& h = std::get<Hello>(message.body);
+  if (h.protocol_version != kProtocolVersion) {
+    return ProtocolError{"version_mismatch", "protocol version " + std::to_string(h.protocol_version) +
+                                                 " is not supported; this server speaks version " +
+                                                 std::to_string(kProtocolVersion) +
+                                                 ": run the same ddplaunch version on every node and the rendezvous server"};
+  }
+  if (message.type == MessageType::hello && h.job_id.empty()) {
+    return ProtocolError{"bad_message", "hello carries no job_id (--rdzv_id)"};
   }
   return std::nullopt;
 }

@@ -1,7 +1,10 @@
-// The rendezvous wire protocol: frames and messages (docs/protocol.md describes every message).
-// A frame is a 4-byte big-endian length followed by that many bytes of UTF-8 JSON, one message
-// per frame. No Boost.Asio here: the framing is tested without sockets, and the state machine
-// builds its outgoing frames with these functions.
+// The rendezvous wire protocol: one typed codec shared by the server, the client and `status`
+// (docs/protocol.md describes every message). A frame is a 4-byte big-endian length followed by
+// that many bytes of UTF-8 JSON, one message per frame. No Boost.Asio here: the codec is tested
+// (and fuzzed) without sockets, and the state machine builds its outgoing frames with it.
+//
+// Adding a message: one MessageType value, one typed struct in Message::Body, one case in
+// decode_body() and one in to_json() (protocol.cpp), and one case where it is dispatched.
 #pragma once
 
 #include <cstddef>
@@ -9,6 +12,9 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -17,20 +23,33 @@
 namespace ddp::rdzv {
 
 // Bumped on every incompatible change of a message; the first message of a connection names it.
-inline constexpr int kProtocolVersion = 1;
+// Version 2: the server speaks first (challenge) and hello/status carry an HMAC proof.
+inline constexpr int kProtocolVersion = 2;
 // Default size limit of one frame's payload; checked before any buffer is allocated.
 inline constexpr std::size_t kDefaultMaxFrameBytes = 1 << 20;
 inline constexpr std::size_t kFrameHeaderBytes = 4;
 
+// Limits every decoded message is held to before it touches any state (docs/protocol.md).
+inline constexpr int kMaxJsonDepth = 16;                    // nesting of arrays and objects
+inline constexpr std::size_t kMaxIdBytes = 128;             // job ids
+inline constexpr std::size_t kMaxHostBytes = 255;           // host names and addresses
+inline constexpr std::size_t kMaxNonceBytes = 128;          // nonces and proofs (hex)
+inline constexpr std::size_t kMaxFailureMessageBytes = 4096;  // error_file_message, then truncated
+inline constexpr std::size_t kMaxReasonBytes = 64 * 1024;     // restart reasons, summaries, errors
+inline constexpr int kMaxLocalWorldSize = 4096;             // --nproc_per_node
+inline constexpr int kMaxNodes = 100000;                    // --nnodes MAX
+inline constexpr int kMaxRestarts = 1000000;                // --max_restarts
+inline constexpr double kMaxTimeoutSeconds = 1e7;           // any rdzv timeout (~115 days)
+// A fingerprint is an object of sections, each an object of scalar facts, arrays of scalars, or
+// one more level of named scalars (program.libraries); its encoding is bounded in size.
+inline constexpr int kMaxFingerprintDepth = 3;
+inline constexpr std::size_t kMaxFingerprintBytes = 128 * 1024;
+inline constexpr std::size_t kMaxFingerprintEntries = 4096;
+// The marker appended to a string cut at its limit.
+inline constexpr std::string_view kTruncatedMarker = " [truncated by the rendezvous server]";
+
 // An encoded frame (header + payload), shared between the sessions it is broadcast to.
 using Frame = std::shared_ptr<const std::string>;
-
-// Encodes `message` as one frame.
-Frame encode_frame(const nlohmann::json& message);
-// Writes `length` as the 4-byte big-endian frame header.
-void write_frame_header(std::uint32_t length, unsigned char out[kFrameHeaderBytes]);
-// Reads the payload length from a 4-byte header.
-std::uint32_t read_frame_header(const unsigned char in[kFrameHeaderBytes]);
 
 // Why a frame or message was rejected; sent to the peer in an `error` message before closing.
 struct ProtocolError {
@@ -39,42 +58,165 @@ struct ProtocolError {
   std::string message;  // one sentence naming what was wrong and what to do
 };
 
+// Writes `length` as the 4-byte big-endian frame header.
+void write_frame_header(std::uint32_t length, unsigned char out[kFrameHeaderBytes]);
+// Reads the payload length from a 4-byte header.
+std::uint32_t read_frame_header(const unsigned char in[kFrameHeaderBytes]);
 // Checks a frame length against the limit before the payload buffer exists.
 std::optional<ProtocolError> check_frame_length(std::uint32_t length, std::size_t max_frame_bytes);
+// Frames any JSON value as is (tests use it to send what the typed encoder never would).
+Frame encode_frame(const nlohmann::json& payload);
 
-// Parses one payload into a JSON object with a string "type"; anything else is a ProtocolError.
-struct Parsed {
-  nlohmann::json message;
+// Splits a byte stream into frame payloads, socket-free and incremental (like asio's
+// request_parser): feed it whatever the socket returned, then take complete payloads with next().
+// Sizes are checked from the header before the payload is buffered. Owned by one connection.
+class FrameReader {
+ public:
+  explicit FrameReader(std::size_t max_frame_bytes = kDefaultMaxFrameBytes) : max_frame_bytes_(max_frame_bytes) {}
+  enum class Result { need_more, frame, error };
+  // Appends bytes read from the peer.
+  void feed(const char* data, std::size_t size);
+  // The next complete payload into `payload`, or need_more, or error (then error() says why and
+  // the stream is unusable: the connection must close).
+  Result next(std::string& payload);
+  const ProtocolError& error() const { return error_; }
+  std::size_t buffered() const { return buf_.size() - pos_; }
+
+ private:
+  std::size_t max_frame_bytes_;
+  std::string buf_;
+  std::size_t pos_ = 0;  // start of the unparsed bytes in buf_
+  ProtocolError error_;
+  bool failed_ = false;
+};
+
+enum class MessageType : std::uint8_t {
+  // client -> server
+  hello,
+  status,
+  join,
+  heartbeat,
+  failure,
+  success,
+  leave,
+  resume,
+  // server -> client
+  challenge,
+  welcome,
+  error,
+  round,
+  restart,
+  job_succeeded,
+  job_failed,
+  heartbeat_ack,
+  status_reply,
+  resumed,
+};
+const char* to_string(MessageType type);
+bool is_client_message(MessageType type);
+
+// hello (an agent) and status (a status query): the first message a client sends after the
+// server's challenge. `proof` is auth_proof(secret, "hello" or "status", ...) (rendezvous/auth.h).
+struct Hello {
+  int protocol_version = kProtocolVersion;
+  std::string job_id;        // --rdzv_id; optional for status (selects a per-job secret)
+  std::string client_nonce;  // hex; the server proves it knows the secret over it in welcome
+  std::string proof;         // hex HMAC-SHA256; empty when the client has no secret
+};
+struct Challenge {
+  int protocol_version = kProtocolVersion;
+  std::string nonce;  // hex, fresh per connection
+};
+struct Welcome {
+  int protocol_version = kProtocolVersion;
+  std::string proof;  // hex HMAC-SHA256 of the server over the client's nonce; empty without secret
+};
+struct ErrorMessage {
+  std::string code;
+  std::string message;
+};
+struct Restart {
+  std::string reason;
+  bool counted = false;
+  int restart_count = 0;
+  int max_restarts = 0;
+};
+struct JobSucceeded {
+  std::string job_id;
+};
+struct JobFailed {
+  WorkerFailure failure;
+  std::string summary;
+};
+struct StatusReply {
+  nlohmann::json status;
+};
+// resume (issue 10, rendezvous/resume.h): what an agent that lost its rendezvous connection
+// knows, so that a restarted, crashed or standby daemon can rebuild the job and the round goes on.
+struct ResumeRequest {
+  std::string job_id;        // --rdzv_id; equals node.job_id
+  std::string secret;        // the per-node secret the server issued with the round (hex)
+  NodeSpec node;             // this node's spec: nnodes, budget, timeouts, fingerprint (policy)
+  Assignment assignment;     // the round it runs: generation, group rank, world, master,
+                             // restart count and budget
+};
+// resumed: the round goes on as it was (no restart).
+struct Resumed {
+  std::uint64_t generation = 0;
+  int restart_count = 0;
+  bool rebuilt = false;  // the server rebuilt the job from its agents' resumes
+};
+struct Empty {};  // heartbeat, success, leave, heartbeat_ack
+
+struct Message {
+  MessageType type = MessageType::heartbeat;
+  std::variant<Empty, Hello, Challenge, Welcome, ErrorMessage, NodeSpec, WorkerFailure, Assignment, Restart,
+               JobSucceeded, JobFailed, StatusReply, ResumeRequest, Resumed>
+      body;
+};
+
+// Decodes one payload: JSON no deeper than kMaxJsonDepth (checked before parsing), an object
+// with a known string "type", and a body whose fields have the right types and ranges. Strings
+// over their limit are refused, except failure messages and reasons, which are truncated with
+// kTruncatedMarker. Unknown fields are ignored; absent ones keep their defaults. Never throws.
+struct Decoded {
+  std::optional<Message> message;
   std::optional<ProtocolError> error;
 };
-Parsed parse_message(const std::string& payload);
-Parsed parse_message(const char* data, std::size_t size);
+Decoded decode(std::string_view payload);
+// The largest nesting depth of arrays/objects in `text` (strings skipped); stops counting past
+// `limit` + 1. Runs in constant memory, so it is safe on any input.
+int json_depth(std::string_view text, int limit);
+
+nlohmann::json to_json(const Message& message);
+Frame encode(const Message& message);
+
+// Checks a NodeSpec's ranges (sizes, ranks, timeouts, fingerprint shape). Empty when valid.
+std::optional<std::string> validate_node_spec(const NodeSpec& spec);
 
 // Message builders (server -> client).
-nlohmann::json make_welcome();
-nlohmann::json make_error(const std::string& code, const std::string& message);
-nlohmann::json make_round(const Assignment& assignment);
-nlohmann::json make_restart(const std::string& reason, bool counted, int restart_count,
-                            int max_restarts);
-nlohmann::json make_job_succeeded(const std::string& job_id);
-nlohmann::json make_job_failed(const WorkerFailure& first_failure, const std::string& summary);
-nlohmann::json make_heartbeat_ack();
+Message make_challenge(const std::string& nonce);
+Message make_welcome(const std::string& proof = "");
+Message make_error(const std::string& code, const std::string& message);
+Message make_round(const Assignment& assignment);
+Message make_restart(const std::string& reason, bool counted, int restart_count, int max_restarts);
+Message make_job_succeeded(const std::string& job_id);
+Message make_job_failed(const WorkerFailure& first_failure, const std::string& summary);
+Message make_heartbeat_ack();
+Message make_status_reply(nlohmann::json status);
 
 // Message builders (client -> server).
-nlohmann::json make_hello(const std::string& job_id, const std::string& token);
-nlohmann::json make_status_request(const std::string& token);
-nlohmann::json make_join(const NodeSpec& spec);
-nlohmann::json make_heartbeat();
-nlohmann::json make_failure(const WorkerFailure& failure);
-nlohmann::json make_success();
-nlohmann::json make_leave();
+Message make_hello(const Hello& hello);
+Message make_status_request(const Hello& hello);
+Message make_join(const NodeSpec& spec);
+Message make_heartbeat();
+Message make_failure(const WorkerFailure& failure);
+Message make_success();
+Message make_leave();
+Message make_resume_message(const ResumeRequest& request);
+Message make_resumed_message(std::uint64_t generation, int restart_count, bool rebuilt);
 
-// Checks the first message of a connection (hello or status): version and token.
-// `expected_token` empty means no token is required.
-std::optional<ProtocolError> check_first_message(const nlohmann::json& message,
-                                                 const std::string& expected_token);
-
-// Compares two tokens in time independent of where they differ.
-bool tokens_equal(const std::string& a, const std::string& b);
+// Checks the version of a client's first message (hello or status) and that hello names a job.
+std::optional<ProtocolError> check_first_message(const Message& message);
 
 }  // namespace ddp::rdzv

@@ -135,6 +135,8 @@ std::variant<ResumeRequest, ProtocolError> decode_resume(const json& message) {
     r.node = decode_node(field(body, "node"));
     if (r.node.job_id != r.job_id) throw Bad{"\"node.job_id\" differs from \"job_id\""};
     r.assignment = decode_assignment(field(body, "assignment"), r.node);
+    // The same limits as a join's spec (fingerprint shape, sizes): a resume is no back door.
+    if (auto err = validate_node_spec(r.node)) throw Bad{"\"node\": " + *err};
     return r;
   } catch (const Bad& bad) {
     return ProtocolError{"bad_resume", "invalid resume message: " + bad.what};

@@ -25,15 +25,9 @@ inline constexpr int kMaxResumeNodes = 1 << 20;             // nnodes MAX, group
 inline constexpr int kMaxResumeRestarts = 1 << 20;          // --max_restarts
 inline constexpr double kMaxResumeSeconds = 1e7;            // any timeout (about 115 days)
 
-// What a resuming agent knows: the round it runs and the job's policy.
-struct ResumeRequest {
-  std::string job_id;        // --rdzv_id; equals node.job_id
-  std::string secret;        // the per-node secret the server issued with the round (hex)
-  NodeSpec node;             // this node's spec: nnodes, budget, timeouts, fingerprint (policy)
-  Assignment assignment;     // the round it runs: generation, group rank, world, master,
-                             // restart count and budget
-};
 
+// The JSON forms of the typed messages (protocol.h: make_resume_message, make_resumed_message),
+// which the codec encodes through these.
 // client -> server: {"type": "resume", "resume": {...}}.
 nlohmann::json make_resume(const ResumeRequest& request);
 // server -> client: the round goes on as it was (no restart); {"type": "resumed", ...}.
@@ -41,7 +35,8 @@ nlohmann::json make_resumed(std::uint64_t generation, int restart_count, bool re
 
 // Decodes and validates a resume message: every field's type, size and range, and the
 // consistency of the assignment with the policy (rank within the group, offset within the
-// world, restart count within the budget). Never throws.
+// world, restart count within the budget), and the node spec's shape (validate_node_spec).
+// Never throws.
 std::variant<ResumeRequest, ProtocolError> decode_resume(const nlohmann::json& message);
 
 }  // namespace ddp::rdzv

@@ -16,6 +16,7 @@ std::string seconds(double s) {
 Server::Server(asio::io_context& io, const tcp::endpoint& endpoint, ServerOptions options)
     : io_(io),
       options_(std::move(options)),
+      secrets_(options_.secrets),
       // The environment check of issue 6 runs unless the owner installs its own check.
       state_(clock_, *this,
              options_.round_check ? options_.round_check
@@ -23,8 +24,8 @@ Server::Server(asio::io_context& io, const tcp::endpoint& endpoint, ServerOption
       acceptor_(io),
       tick_timer_(io),
       accept_retry_timer_(io),
-      welcome_(encode_frame(make_welcome())),
-      heartbeat_ack_(encode_frame(make_heartbeat_ack())) {
+      heartbeat_ack_(encode(make_heartbeat_ack())) {
+  if (!options_.token.empty()) secrets_.set_cluster(options_.token);  // per-job secrets keep precedence
   acceptor_.open(endpoint.protocol());
   acceptor_.set_option(tcp::acceptor::reuse_address(true));
   acceptor_.bind(endpoint);
@@ -71,6 +72,8 @@ void Server::accept() {
                                              SessionLimits{options_.max_frame_bytes, options_.max_queued_bytes});
     sessions_.add(session);
     ++unauthenticated_;
+    session->nonce = random_hex();
+    session->send(encode(make_challenge(session->nonce)));
     session->start(options_.hello_timeout);
     if (sessions_.size() > options_.max_connections) {
       session->fail("busy", "the rendezvous server is at its limit of " + std::to_string(options_.max_connections) +
@@ -82,7 +85,11 @@ void Server::accept() {
 
 void Server::tick() {
   if (stopped_) return;
-  state_.tick();
+  try {
+    state_.tick();
+  } catch (const std::exception& e) {  // a bug, not input: keep serving the other jobs
+    log(std::string("internal error in the deadline check: ") + e.what());
+  }
   tick_timer_.expires_after(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
       std::chrono::duration<double>(options_.tick_interval)));
   tick_timer_.async_wait([this, alive = alive_](boost::system::error_code ec) {
@@ -90,92 +97,132 @@ void Server::tick() {
   });
 }
 
-void Server::on_message(Session& session, json message) {
-  if (session.phase() == Session::Phase::Handshake) {
-    handle_first(session, message);
-    return;
-  }
+void Server::on_message(Session& session, Message message) {
+  // Nothing a client sends may throw out of the event loop: whatever escapes ends this client.
   try {
-    handle(session, message);
-  } catch (const json::exception& e) {
-    if (session.member) state_.disconnected(session.id(), "sent a malformed message");
-    session.member = false;
-    session.fail("bad_message", "malformed \"" + message.value("type", std::string()) + "\" message: " + e.what());
+    if (session.phase() == Session::Phase::Handshake) {
+      handle_first(session, message);
+    } else {
+      handle(session, message);
+    }
+  } catch (const std::exception& e) {
+    log("internal error on a \"" + std::string(to_string(message.type)) + "\" from " + session.peer() + ": " + e.what());
+    end_member(session, "internal_error", std::string("the rendezvous server could not handle \"") +
+                                              to_string(message.type) + "\": " + e.what());
   }
 }
 
-void Server::handle_first(Session& session, const json& message) {
-  if (auto err = check_first_message(message, options_.token)) {
+void Server::on_bad_message(Session& session, const ProtocolError& error) {
+  log("refused " + session.peer() + (session.job_id.empty() ? "" : " (job " + session.job_id + ")") + ": " +
+      error.message);
+  end_member(session, error.code, error.message);
+}
+
+// Ends a session; a member's job learns that the node is gone.
+void Server::end_member(Session& session, const std::string& code, const std::string& message) {
+  if (session.member) state_.disconnected(session.id(), "sent a bad message: " + message);
+  session.member = false;
+  session.fail(code, message);
+}
+
+void Server::handle_first(Session& session, const Message& message) {
+  if (auto err = check_first_message(message)) {
     log("refused " + session.peer() + ": " + err->message);
     session.fail(err->code, err->message);
     return;
   }
+  const Hello& hello = std::get<Hello>(message.body);
+  const char* role = to_string(message.type);
+  const std::optional<std::string> secret = secrets_.for_job(hello.job_id);
+  if (!secret || (!secret->empty() && !proofs_equal(hello.proof, auth_proof(*secret, role, session.nonce,
+                                                                           hello.client_nonce, hello.job_id)))) {
+    const std::string why = hello.proof.empty() ? "no rendezvous secret proven" : "wrong rendezvous secret";
+    log("refused " + session.peer() + (hello.job_id.empty() ? "" : " (job " + hello.job_id + ")") + ": " + why);
+    session.fail("bad_token", why + ": give this node the server's secret with --rdzv_conf token_file=PATH "
+                                    "(or DDPLAUNCH_RDZV_TOKEN_FILE)");
+    return;
+  }
   --unauthenticated_;
   session.authenticated = true;
+  session.all_jobs = secrets_.is_cluster_secret(hello.job_id);
+  session.job_id = hello.job_id;
   session.set_phase(Session::Phase::Authenticated);
   accept();  // may have paused at max_unauthenticated
-  if (message["type"] == "status") {
-    session.send(encode_frame({{"type", "status_reply"}, {"status", state_.status()}}));
+  if (message.type == MessageType::status) {
+    send_status(session);
     session.close_after_flush();
     return;
   }
-  session.job_id = message["job_id"].get<std::string>();
   session.set_deadline(options_.idle_timeout);
-  session.send(welcome_);
+  session.send(encode(make_welcome(secret->empty() ? std::string()
+                                                   : auth_proof(*secret, "server", session.nonce, hello.client_nonce,
+                                                                hello.job_id))));
 }
 
-void Server::handle(Session& session, const json& message) {
-  const std::string& type = message["type"].get_ref<const std::string&>();
+void Server::send_status(Session& session) {
+  nlohmann::json status = state_.status();
+  if (!session.all_jobs) {  // a job's own secret shows that job only
+    nlohmann::json mine = nlohmann::json::array();
+    for (auto& job : status["jobs"]) {
+      if (job["job_id"] == session.job_id) mine.push_back(std::move(job));
+    }
+    status["jobs"] = std::move(mine);
+  }
+  session.send(encode(make_status_reply(std::move(status))));
+}
+
+void Server::handle(Session& session, Message& message) {
   if (session.member) state_.touch(session.id());
-  if (type == "heartbeat") {
-    if (!session.member) session.set_deadline(options_.idle_timeout);
-    session.send(heartbeat_ack_);
-  } else if (type == "join") {
-    NodeSpec spec = message.at("node").get<NodeSpec>();
-    if (spec.job_id.empty()) spec.job_id = session.job_id;
-    if (spec.job_id != session.job_id) {
-      session.fail("bad_join", "join names job " + spec.job_id + " but hello named " + session.job_id);
+  switch (message.type) {
+    case MessageType::heartbeat:
+      if (!session.member) session.set_deadline(options_.idle_timeout);
+      session.send(heartbeat_ack_);
+      return;
+    case MessageType::join: {
+      NodeSpec& spec = std::get<NodeSpec>(message.body);
+      if (spec.job_id.empty()) spec.job_id = session.job_id;
+      if (spec.job_id != session.job_id) {
+        end_member(session, "bad_join", "join names job " + spec.job_id + " but hello named " + session.job_id);
+        return;
+      }
+      if (spec.addr.empty()) spec.addr = session.peer_address();
+      session.member = true;
+      session.set_deadline(-1);  // the state machine watches its heartbeats from now on
+      state_.join(session.id(), std::move(spec));
       return;
     }
-    if (spec.addr.empty()) spec.addr = session.peer_address();
-    session.member = true;
-    session.set_deadline(-1);  // the state machine watches its heartbeats from now on
-    state_.join(session.id(), std::move(spec));
-  } else if (type == "failure") {
-    state_.report_failure(session.id(), message.at("failure").get<WorkerFailure>());
-  } else if (type == "success") {
-    state_.report_success(session.id());
-  } else if (type == "leave") {
-    state_.leave(session.id());
-    session.member = false;
-    session.close_after_flush();
-  } else if (type == "status") {
-    session.send(encode_frame({{"type", "status_reply"}, {"status", state_.status()}}));
-  } else if (type == "resume") {
-    handle_resume(session, message);
-  } else {
-    if (session.member) state_.disconnected(session.id(), "sent an unknown message");
-    session.member = false;
-    session.fail("bad_message", "unknown message type \"" + type + "\"");
+    case MessageType::failure:
+      state_.report_failure(session.id(), std::get<WorkerFailure>(message.body));
+      return;
+    case MessageType::success:
+      state_.report_success(session.id());
+      return;
+    case MessageType::leave:
+      state_.leave(session.id());
+      session.member = false;
+      session.close_after_flush();
+      return;
+    case MessageType::status:
+      send_status(session);
+      return;
+    case MessageType::resume:
+      handle_resume(session, std::get<ResumeRequest>(message.body));
+      return;
+    case MessageType::hello:
+      end_member(session, "bad_message", "a second hello on one connection");
+      return;
+    default:
+      end_member(session, "bad_message",
+                 std::string("\"") + to_string(message.type) + "\" is a message of the server, not of a client");
+      return;
   }
 }
 
-// Issue 10: an agent that lost its rendezvous gives back its round. Validated whole before the
-// state machine sees it; any error closes this connection only.
-void Server::handle_resume(Session& session, const json& message) {
-  auto decoded = decode_resume(message);
-  if (auto* err = std::get_if<ProtocolError>(&decoded)) {
-    if (session.member) state_.disconnected(session.id(), "sent an invalid resume");
-    session.member = false;
-    log("refused a resume from " + session.peer() + ": " + err->message);
-    session.fail(err->code, err->message);
-    return;
-  }
-  ResumeRequest& r = std::get<ResumeRequest>(decoded);
+// Issue 10: an agent that lost its rendezvous gives back its round. The codec validated it whole
+// (decode_resume) before the state machine sees it; any error closes this connection only.
+void Server::handle_resume(Session& session, ResumeRequest& r) {
   if (r.job_id != session.job_id) {
-    if (session.member) state_.disconnected(session.id(), "sent a resume for another job");
-    session.member = false;
-    session.fail("bad_resume", "resume names job " + r.job_id + " but hello named " + session.job_id);
+    end_member(session, "bad_resume", "resume names job " + r.job_id + " but hello named " + session.job_id);
     return;
   }
   if (r.node.addr.empty()) r.node.addr = session.peer_address();

@@ -14,6 +14,7 @@
 
 #include <boost/asio.hpp>
 
+#include "rendezvous/auth.h"
 #include "rendezvous/clock.h"
 #include "rendezvous/session.h"
 #include "rendezvous/state.h"
@@ -21,7 +22,10 @@
 namespace ddp::rdzv {
 
 struct ServerOptions {
-  std::string token;                                // required in hello/status when not empty (default: none)
+  // The secrets clients must prove (HMAC challenge-response, rendezvous/auth.h). `token` is a
+  // cluster secret; `secrets` may add per-job ones. Both empty (default): every client is accepted.
+  std::string token;
+  Secrets secrets;
   std::size_t max_frame_bytes = kDefaultMaxFrameBytes;  // per frame payload (default 1 MiB)
   std::size_t max_connections = 16384;              // more are answered with an error and closed
   std::size_t max_unauthenticated = 1024;           // past this the server stops accepting until
@@ -56,18 +60,22 @@ class Server : private SessionHandler, private Outbox {
  private:
   void accept();
   void tick();
-  void on_message(Session& session, nlohmann::json message) override;
+  void on_message(Session& session, Message message) override;
+  void on_bad_message(Session& session, const ProtocolError& error) override;
   void on_closed(Session& session, const std::string& why) override;
   void on_deadline(Session& session) override;
   void send(ConnId to, const Frame& frame) override;
   void drop(ConnId conn, const std::string& code, const std::string& message) override;
   void log(const std::string& line) override;
-  void handle_first(Session& session, const nlohmann::json& message);
-  void handle(Session& session, const nlohmann::json& message);
-  void handle_resume(Session& session, const nlohmann::json& message);
+  void handle_first(Session& session, const Message& message);
+  void handle(Session& session, Message& message);
+  void send_status(Session& session);
+  void end_member(Session& session, const std::string& code, const std::string& message);
+  void handle_resume(Session& session, ResumeRequest& request);
 
   boost::asio::io_context& io_;
   ServerOptions options_;
+  Secrets secrets_;
   SteadyClock clock_;
   StateMachine state_;
   boost::asio::ip::tcp::acceptor acceptor_;
@@ -79,7 +87,6 @@ class Server : private SessionHandler, private Outbox {
   bool accepting_ = false;
   bool stopped_ = false;
   std::uint64_t next_id_ = 1;
-  Frame welcome_;
   Frame heartbeat_ack_;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };

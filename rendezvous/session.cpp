@@ -8,7 +8,12 @@ namespace asio = boost::asio;
 using asio::ip::tcp;
 
 Session::Session(tcp::socket socket, std::uint64_t id, SessionHandler& handler, SessionLimits limits)
-    : socket_(std::move(socket)), timer_(socket_.get_executor()), id_(id), handler_(handler), limits_(limits) {
+    : socket_(std::move(socket)),
+      timer_(socket_.get_executor()),
+      id_(id),
+      handler_(handler),
+      limits_(limits),
+      reader_(limits.max_frame_bytes) {
   boost::system::error_code ec;
   auto remote = socket_.remote_endpoint(ec);
   if (!ec) {
@@ -59,66 +64,40 @@ void Session::arm_deadline() {
   });
 }
 
-// Reads whatever the socket has (often several frames at once) and parses every complete frame.
+// Reads whatever the socket has (often several frames at once) and handles every complete frame.
 void Session::read_more() {
-  if (rlen_ == rbuf_.size()) rbuf_.resize(rbuf_.size() * 2);  // bounded: process_frames checks sizes
-  socket_.async_read_some(asio::buffer(rbuf_.data() + rlen_, rbuf_.size() - rlen_),
-                          [self = shared_from_this()](boost::system::error_code ec, std::size_t n) {
-                            if (self->phase_ == Phase::Closed) return;
-                            if (ec) {
-                              self->close(ec == asio::error::eof ? "connection closed by peer" : ec.message());
-                              return;
-                            }
-                            if (self->phase_ == Phase::Closing) return;
-                            self->rlen_ += n;
-                            if (self->process_frames()) self->read_more();
-                          });
+  socket_.async_read_some(asio::buffer(rbuf_), [self = shared_from_this()](boost::system::error_code ec, std::size_t n) {
+    if (self->phase_ == Phase::Closed) return;
+    if (ec) {
+      self->close(ec == asio::error::eof ? "connection closed by peer" : ec.message());
+      return;
+    }
+    if (self->phase_ == Phase::Closing) return;
+    self->reader_.feed(self->rbuf_.data(), n);
+    if (self->process_frames()) self->read_more();
+  });
 }
 
 // Returns false when the session stopped reading (closing).
 bool Session::process_frames() {
-  std::size_t pos = 0;
-  bool go_on = true;
-  while (rlen_ - pos >= kFrameHeaderBytes) {
-    const std::uint32_t length = read_frame_header(reinterpret_cast<const unsigned char*>(rbuf_.data() + pos));
-    if (auto err = check_frame_length(length, limits_.max_frame_bytes)) {
-      fail(err->code, err->message);
+  while (true) {
+    switch (reader_.next(payload_)) {
+      case FrameReader::Result::need_more:
+        return true;
+      case FrameReader::Result::error:
+        fail(reader_.error().code, reader_.error().message);
+        return false;
+      case FrameReader::Result::frame:
+        break;
+    }
+    Decoded decoded = decode(payload_);
+    if (decoded.error) {
+      handler_.on_bad_message(*this, *decoded.error);
       return false;
     }
-    const std::size_t need = kFrameHeaderBytes + length;
-    if (rlen_ - pos < need) {
-      // Incomplete: make room for exactly this (size-checked) frame.
-      if (rbuf_.size() < need) {
-        std::vector<char> bigger(need);
-        std::copy(rbuf_.begin() + pos, rbuf_.begin() + rlen_, bigger.begin());
-        rlen_ -= pos;
-        pos = 0;
-        rbuf_.swap(bigger);
-      }
-      break;
-    }
-    Parsed parsed = parse_message(rbuf_.data() + pos + kFrameHeaderBytes, length);
-    pos += need;
-    if (parsed.error) {
-      fail(parsed.error->code, parsed.error->message);
-      return false;
-    }
-    handler_.on_message(*this, std::move(parsed.message));
-    if (phase_ != Phase::Handshake && phase_ != Phase::Authenticated) {
-      go_on = false;
-      break;
-    }
+    handler_.on_message(*this, std::move(*decoded.message));
+    if (phase_ != Phase::Handshake && phase_ != Phase::Authenticated) return false;
   }
-  if (pos > 0) {
-    std::copy(rbuf_.begin() + pos, rbuf_.begin() + rlen_, rbuf_.begin());
-    rlen_ -= pos;
-  }
-  // Give back a buffer grown for one large frame once it is consumed.
-  if (rlen_ <= 1024 && rbuf_.size() > 65536) {
-    rbuf_.resize(1024);
-    rbuf_.shrink_to_fit();
-  }
-  return go_on;
 }
 
 void Session::send(const Frame& frame) {
@@ -173,7 +152,7 @@ void Session::write_next() {
 
 void Session::fail(const std::string& code, const std::string& message) {
   if (phase_ == Phase::Closed || phase_ == Phase::Closing) return;
-  send(encode_frame(make_error(code, message)));
+  send(encode(make_error(code, message)));
   close_after_flush();
 }
 

@@ -25,7 +25,10 @@ class Session;
 class SessionHandler {
  public:
   virtual ~SessionHandler() = default;
-  virtual void on_message(Session& session, nlohmann::json message) = 0;
+  virtual void on_message(Session& session, Message message) = 0;
+  // A frame that does not decode (bad JSON, wrong field types or ranges). The handler must end
+  // the session (fail()); it is told so that a member's job learns the node is gone.
+  virtual void on_bad_message(Session& session, const ProtocolError& error) = 0;
   // The session closed (peer closed, error, or fail()). Called once per session.
   virtual void on_closed(Session& session, const std::string& why) = 0;
   // A session's deadline passed (no hello in time, or idle before joining).
@@ -62,8 +65,10 @@ class Session : public std::enable_shared_from_this<Session> {
   const std::string& peer() const { return peer_; }
   std::string peer_address() const { return peer_address_; }
   std::string job_id;      // from hello
+  std::string nonce;       // the challenge sent to this connection (hex)
   bool member = false;     // joined a job: the state machine watches its heartbeats
   bool authenticated = false;  // said a valid hello or status
+  bool all_jobs = true;        // status shows every job (open server or cluster secret), else job_id's
 
  private:
   void read_more();
@@ -77,9 +82,10 @@ class Session : public std::enable_shared_from_this<Session> {
   SessionHandler& handler_;
   SessionLimits limits_;
   Phase phase_ = Phase::Handshake;
-  // Bytes read but not yet parsed; grows only to a checked frame size (header + payload).
-  std::vector<char> rbuf_ = std::vector<char>(1024);
-  std::size_t rlen_ = 0;
+  // Splits what the socket returns into frames; grows only to a checked frame size.
+  FrameReader reader_;
+  std::vector<char> rbuf_ = std::vector<char>(4096);
+  std::string payload_;
   std::deque<Frame> queue_;
   std::size_t queued_bytes_ = 0;
   std::size_t front_offset_ = 0;  // bytes of queue_.front() already written directly

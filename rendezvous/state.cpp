@@ -32,6 +32,7 @@ std::string failure_text(const WorkerFailure& f) {
 
 std::optional<std::string> validate(const NodeSpec& s) {
   if (s.job_id.empty()) return "join carries no job_id (--rdzv_id)";
+  if (auto err = validate_node_spec(s)) return err;  // sizes, ranges, fingerprint shape
   if (s.local_world_size < 1) return "local_world_size must be >= 1 (--nproc_per_node), got " + std::to_string(s.local_world_size);
   if (s.min_nodes < 1 || s.max_nodes < s.min_nodes) {
     return "invalid --nnodes " + std::to_string(s.min_nodes) + ":" + std::to_string(s.max_nodes) +
@@ -216,6 +217,29 @@ void StateMachine::erase_if_empty(const std::string& job_id) {
   }
 }
 
+// The job's policy is set by its first node; every other node must ask for the same, instead of
+// the first joiner silently winning. heartbeat_interval and shutdown_timeout are each agent's own.
+std::optional<std::string> StateMachine::policy_mismatch(const Job& job, const NodeSpec& spec) {
+  auto differs = [&](const char* what, const std::string& mine, const std::string& theirs) {
+    return what + std::string(" ") + mine + " differs from job " + job.id + "'s " + theirs +
+           " (set by its first node): start every node with the same " + what;
+  };
+  if (spec.max_restarts != job.max_restarts) {
+    return differs("--max_restarts", std::to_string(spec.max_restarts), std::to_string(job.max_restarts));
+  }
+  const std::pair<const char*, double Timeouts::*> timeouts[] = {
+      {"join_timeout", &Timeouts::join_timeout},
+      {"last_call_timeout", &Timeouts::last_call_timeout},
+      {"heartbeat_timeout", &Timeouts::heartbeat_timeout}};
+  for (const auto& [name, field] : timeouts) {
+    if (spec.timeouts.*field != job.timeouts.*field) {
+      return differs((std::string("--rdzv_conf ") + name).c_str(), seconds_text(spec.timeouts.*field),
+                     seconds_text(job.timeouts.*field));
+    }
+  }
+  return std::nullopt;
+}
+
 void StateMachine::join(ConnId conn, NodeSpec spec) {
   const double now = clock_.now();
   if (auto err = validate(spec)) {
@@ -256,6 +280,10 @@ void StateMachine::join(ConnId conn, NodeSpec spec) {
     refuse("nnodes_mismatch", "--nnodes " + std::to_string(spec.min_nodes) + ":" + std::to_string(spec.max_nodes) +
                                   " differs from job " + job.id + "'s " + std::to_string(job.min_nodes) + ":" +
                                   std::to_string(job.max_nodes) + ": pass the same --nnodes on every node");
+    return;
+  }
+  if (auto mismatch = policy_mismatch(job, spec)) {
+    refuse("policy_mismatch", *mismatch);
     return;
   }
   if (job.state == JobState::Succeeded || job.state == JobState::Failed) {
@@ -315,12 +343,37 @@ void StateMachine::join(ConnId conn, NodeSpec spec) {
     if (was_running) {
       end_round(job, "node " + describe(node) + " rejoined", false);
     } else if (job.round_size < static_cast<std::size_t>(job.max_nodes)) {
-      end_round(job, "node " + describe(node) + " joined", false);
+      admit_newcomers(job, "node " + describe(node) + " joined");
     } else {
       out_.log("job " + job.id + ": " + describe(node) + " is a standby: the round runs at MAX nodes");
     }
   }
+  const std::string id = job.id;
   maybe_complete(job);
+  erase_if_empty(id);  // a refused round may have emptied the job
+}
+
+// A node joining a running round below MAX restarts it so the node can take part. A node that
+// keeps joining and leaving would restart the job over and over: after the second such restart
+// within kChurnWindow, each one waits twice as long as the one before (1 s, 2 s, ... up to
+// kChurnMaxDelay); meanwhile the newcomer waits and tick() admits it when the delay has passed.
+void StateMachine::admit_newcomers(Job& job, const std::string& reason) {
+  const double now = clock_.now();
+  if (now < job.admit_at) {
+    if (!job.admit_pending) {
+      out_.log("job " + job.id + ": " + reason + "; it enters the round in " + seconds_text(job.admit_at - now) +
+               " (restarts caused by joining nodes back off: " + std::to_string(job.join_restarts) + " within " +
+               seconds_text(kChurnWindow) + ")");
+    }
+    job.admit_pending = true;
+    return;
+  }
+  if (now - job.last_join_restart > kChurnWindow) job.join_restarts = 0;
+  ++job.join_restarts;
+  job.last_join_restart = now;
+  job.admit_at = job.join_restarts < 2 ? now : now + std::min(kChurnMaxDelay, std::ldexp(1.0, job.join_restarts - 2));
+  job.admit_pending = false;
+  end_round(job, reason, false);
 }
 
 void StateMachine::touch(ConnId conn) {
@@ -332,7 +385,7 @@ void StateMachine::touch(ConnId conn) {
 
 void StateMachine::end_round(Job& job, const std::string& reason, bool counted) {
   if (counted) ++job.restarts_used;
-  Frame frame = encode_frame(make_restart(reason, counted, job.restarts_used, job.max_restarts));
+  Frame frame = encode(make_restart(reason, counted, job.restarts_used, job.max_restarts));
   for (auto& [conn, node] : job.nodes) {
     if (node.state == NodeState::Running || node.state == NodeState::Succeeded) {
       out_.send(conn, frame);
@@ -396,12 +449,12 @@ void StateMachine::complete_round(Job& job) {
     for (auto& w : waiting) specs.push_back(&w.second->spec);
     if (auto refusal = round_check_(job.id, specs)) {
       out_.log("job " + job.id + ": round refused: " + *refusal);
-      std::string id = job.id;
       for (auto& w : waiting) {
         remove_node(job, w.first);
         out_.drop(w.first, "round_refused", *refusal);
       }
-      erase_if_empty(id);
+      // The job is not erased here: callers still hold it. Each entry point erases an empty job
+      // by id once it is done with it (erase_if_empty).
       return;
     }
   }
@@ -446,9 +499,8 @@ void StateMachine::complete_round(Job& job) {
     a.rank_offset = offset;
     offset += node->spec.local_world_size;
     set_state(job, *node, NodeState::Running);
-    nlohmann::json round = make_round(a);
-    round["secret"] = node->secret;  // proves this node in a resume (issue 10)
-    out_.send(conn_by_rank[r], encode_frame(round));
+    a.secret = node->secret;  // proves this node in a resume (issue 10)
+    out_.send(conn_by_rank[r], encode(make_round(a)));
   }
   job.state = JobState::Running;
   job.round_size = n;
@@ -509,7 +561,7 @@ void StateMachine::finish_failing(Job& job) {
 }
 
 void StateMachine::fail_job(Job& job, const WorkerFailure& failure, const std::string& summary) {
-  Frame frame = encode_frame(make_job_failed(failure, summary));
+  Frame frame = encode(make_job_failed(failure, summary));
   for (auto& [conn, node] : job.nodes) {
     out_.send(conn, frame);
     set_state(job, node, NodeState::Finished);
@@ -535,7 +587,7 @@ void StateMachine::report_success(ConnId conn) {
   out_.log("job " + job->id + ": success on " + describe(node) + " (" + std::to_string(job->round_succeeded) + "/" +
            std::to_string(job->round_size) + ")");
   if (job->round_succeeded < job->round_size) return;
-  Frame frame = encode_frame(make_job_succeeded(job->id));
+  Frame frame = encode(make_job_succeeded(job->id));
   for (auto& [c, n] : job->nodes) {
     out_.send(c, frame);
     set_state(*job, n, NodeState::Finished);
@@ -623,7 +675,15 @@ void StateMachine::tick() {
       continue;
     }
     if (job.state == JobState::Restoring && now >= job.restore_deadline) conclude_restore(job);
+    if (job.admit_pending && job.state == JobState::Running && now >= job.admit_at &&
+        job.round_size < static_cast<std::size_t>(job.max_nodes) && count(job, NodeState::Waiting) > 0) {
+      admit_newcomers(job, std::to_string(count(job, NodeState::Waiting)) + " node(s) waiting to join");
+    }
     maybe_complete(job);
+    if (job.nodes.empty()) {  // a refused round removed its members
+      erase_if_empty(id);
+      continue;
+    }
     if (job.state == JobState::Gathering && count(job, NodeState::Waiting) < static_cast<std::size_t>(job.min_nodes) &&
         now - job.gather_since >= job.timeouts.join_timeout) {
       std::string message = "rendezvous for job " + job.id + " timed out: " +

@@ -165,13 +165,22 @@ class StateMachine {
     bool restore_conflict = false;     // resumes of one generation disagree on the round
     std::optional<WorkerFailure> pending_failure;  // reported while restoring; counted after
     std::unordered_map<int, ConnId> restore_holders;  // group rank -> node that resumed it
+    // Back-off of restarts caused by joining nodes (admit_newcomers).
+    int join_restarts = 0;            // within kChurnWindow of each other
+    double last_join_restart = -1e300;
+    double admit_at = 0;              // no join-caused restart before this
+    bool admit_pending = false;       // a newcomer waits for admit_at
   };
+  static constexpr double kChurnWindow = 60.0;    // s without a join-caused restart resets the back-off
+  static constexpr double kChurnMaxDelay = 30.0;  // s, the longest a newcomer waits
 
   Job* job_of(ConnId conn);
   void set_state(Job& job, Node& node, NodeState state);
   void remove_node(Job& job, ConnId conn);
   void node_gone(Job& job, ConnId conn, const std::string& why, bool left);
   void end_round(Job& job, const std::string& reason, bool counted);
+  void admit_newcomers(Job& job, const std::string& reason);
+  std::optional<std::string> policy_mismatch(const Job& job, const NodeSpec& spec);
   void maybe_complete(Job& job);
   void complete_round(Job& job);
   void fail_job(Job& job, const WorkerFailure& failure, const std::string& summary);

@@ -106,7 +106,7 @@ void StateMachine::resume_restoring(Job& job, ConnId conn, const ResumeRequest& 
     // A newer round than the nodes so far resumed: it wins; their older round is over.
     out_.log("job " + job.id + ": " + who(r) + " ran a newer round than generation " +
              std::to_string(job.generation) + "; the nodes of the older round rejoin");
-    Frame frame = encode_frame(make_restart("a newer round of the job exists (generation " +
+    Frame frame = encode(make_restart("a newer round of the job exists (generation " +
                                                 std::to_string(a.generation) + ")",
                                             false, job.restarts_used, job.max_restarts));
     for (auto& [c, node] : job.nodes) {
@@ -126,7 +126,7 @@ void StateMachine::resume_restoring(Job& job, ConnId conn, const ResumeRequest& 
     out_.log("job " + job.id + ": " + who(r) + " resumed an older round than generation " +
              std::to_string(job.generation) + "; it rejoins");
     add_resumed(job, conn, r, NodeState::Rejoining);
-    out_.send(conn, encode_frame(make_restart("the round of generation " + std::to_string(a.generation) +
+    out_.send(conn, encode(make_restart("the round of generation " + std::to_string(a.generation) +
                                                   " ended while the rendezvous was away",
                                               false, job.restarts_used, job.max_restarts)));
     return;
@@ -162,7 +162,7 @@ void StateMachine::resume_live(Job& job, ConnId conn, const ResumeRequest& r) {
         (node.state == NodeState::Running || node.state == NodeState::Succeeded) && node.group_rank == a.group_rank) {
       ConnId old = c;
       rebind(job, old, conn);
-      out_.send(conn, encode_frame(make_resumed(job.generation, job.restarts_used, false)));
+      out_.send(conn, encode(make_resumed_message(job.generation, job.restarts_used, false)));
       out_.log("job " + job.id + ": " + who(r) + " resumed on a new connection");
       return;
     }
@@ -181,7 +181,7 @@ void StateMachine::resume_live(Job& job, ConnId conn, const ResumeRequest& r) {
   }
   // Its round is over (it was lost, or the job moved on): it stops its workers and joins again.
   out_.log("job " + job.id + ": " + who(r) + " resumed a round that has ended; it rejoins");
-  out_.send(conn, encode_frame(make_restart("the round of generation " + std::to_string(a.generation) +
+  out_.send(conn, encode(make_restart("the round of generation " + std::to_string(a.generation) +
                                                 " ended while this node was away",
                                             false, job.restarts_used, job.max_restarts)));
 }
@@ -262,7 +262,7 @@ void StateMachine::conclude_restore(Job& job) {
     maybe_complete(job);
     return;
   }
-  Frame frame = encode_frame(make_resumed(job.generation, job.restarts_used, true));
+  Frame frame = encode(make_resumed_message(job.generation, job.restarts_used, true));
   std::vector<ConnId> succeeded;
   for (auto& [c, node] : job.nodes) {
     if (node.state != NodeState::Running) continue;

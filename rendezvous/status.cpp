@@ -4,10 +4,13 @@
 
 #include <cstdio>
 #include <sstream>
+#include <functional>
 #include <stdexcept>
+#include <vector>
 
 #include <boost/asio.hpp>
 
+#include "rendezvous/auth.h"
 #include "rendezvous/client.h"
 #include "rendezvous/protocol.h"
 
@@ -16,7 +19,8 @@ namespace ddp::rdzv {
 namespace asio = boost::asio;
 using asio::ip::tcp;
 
-StatusResult query_status(const std::string& endpoint, const std::string& token, double timeout_s) {
+StatusResult query_status(const std::string& endpoint, const std::string& token, double timeout_s,
+                          const std::string& job_id) {
   StatusResult result;
   std::string host;
   unsigned short port = 0;
@@ -31,9 +35,10 @@ StatusResult query_status(const std::string& endpoint, const std::string& token,
   tcp::resolver resolver(io);
   tcp::socket socket(io);
   asio::steady_timer timer(io);
-  unsigned char header[kFrameHeaderBytes];
-  std::string body;
-  Frame request = encode_frame(make_status_request(token));
+  FrameReader reader(256u << 20);  // a status reply of 10,000 nodes is large
+  std::vector<char> buf(65536);
+  std::string payload;
+  Frame request;
   const std::string where = "rendezvous " + endpoint;
 
   timer.expires_after(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
@@ -52,32 +57,54 @@ StatusResult query_status(const std::string& endpoint, const std::string& token,
     boost::system::error_code ignored;
     socket.close(ignored);
   };
+  // Handles one message; returns false when the query is over.
+  auto on_message = [&](Message& m) -> bool {
+    switch (m.type) {
+      case MessageType::challenge: {
+        Hello h;
+        h.job_id = job_id;
+        h.client_nonce = random_hex();
+        if (!token.empty()) h.proof = auth_proof(token, "status", std::get<Challenge>(m.body).nonce, h.client_nonce, job_id);
+        request = encode(make_status_request(h));
+        asio::async_write(socket, asio::buffer(*request), [&](boost::system::error_code ec, std::size_t) {
+          if (ec) finish("send to " + where + ": " + ec.message());
+        });
+        return true;
+      }
+      case MessageType::error: {
+        const auto& e = std::get<ErrorMessage>(m.body);
+        finish(where + " refused: " + e.message + " [" + e.code + "]");
+        return false;
+      }
+      case MessageType::status_reply:
+        result.status = std::move(std::get<StatusReply>(m.body).status);
+        finish("");
+        return false;
+      default:
+        finish(where + ": unexpected \"" + std::string(to_string(m.type)) + "\" message");
+        return false;
+    }
+  };
+  std::function<void()> read_more = [&]() {
+    socket.async_read_some(asio::buffer(buf), [&](boost::system::error_code ec, std::size_t n) {
+      if (ec) return finish("read from " + where + ": " + ec.message());
+      reader.feed(buf.data(), n);
+      while (true) {
+        const FrameReader::Result r = reader.next(payload);
+        if (r == FrameReader::Result::need_more) break;
+        if (r == FrameReader::Result::error) return finish(where + ": " + reader.error().message);
+        Decoded decoded = decode(payload);
+        if (decoded.error) return finish(where + ": " + decoded.error->message);
+        if (!on_message(*decoded.message)) return;
+      }
+      read_more();
+    });
+  };
   resolver.async_resolve(host, std::to_string(port), [&](boost::system::error_code ec, tcp::resolver::results_type r) {
     if (ec) return finish("resolve " + host + ": " + ec.message());
     asio::async_connect(socket, r, [&](boost::system::error_code ec2, const tcp::endpoint&) {
       if (ec2) return finish("connect to " + where + ": " + ec2.message());
-      asio::async_write(socket, asio::buffer(*request), [&](boost::system::error_code ec3, std::size_t) {
-        if (ec3) return finish("send to " + where + ": " + ec3.message());
-        asio::async_read(socket, asio::buffer(header), [&](boost::system::error_code ec4, std::size_t) {
-          if (ec4) return finish("read from " + where + ": " + ec4.message());
-          std::uint32_t length = read_frame_header(header);
-          if (auto err = check_frame_length(length, 256u << 20)) return finish(where + ": " + err->message);
-          body.resize(length);
-          asio::async_read(socket, asio::buffer(body), [&](boost::system::error_code ec5, std::size_t) {
-            if (ec5) return finish("read from " + where + ": " + ec5.message());
-            Parsed parsed = parse_message(body);
-            if (parsed.error) return finish(where + ": " + parsed.error->message);
-            const auto& m = parsed.message;
-            if (m["type"] == "error") {
-              return finish(where + " refused: " + m.value("message", std::string()) + " [" +
-                            m.value("code", std::string()) + "]");
-            }
-            if (m["type"] != "status_reply" || !m.contains("status")) return finish(where + ": unexpected answer");
-            result.status = m["status"];
-            finish("");
-          });
-        });
-      });
+      read_more();
     });
   });
   io.run();

@@ -13,9 +13,11 @@ struct StatusResult {
   bool usage_error = false;  // the endpoint text itself was bad
 };
 
-// Connects to HOST:PORT, sends a status request (with `token` when not empty) and waits for the
+// Connects to HOST:PORT, answers the server's challenge with a status request (proving `token`
+// when not empty; `job_id` selects that job's secret and shows that job only) and waits for the
 // reply for at most timeout_s seconds. Runs its own io_context on the calling thread.
-StatusResult query_status(const std::string& endpoint, const std::string& token, double timeout_s);
+StatusResult query_status(const std::string& endpoint, const std::string& token, double timeout_s,
+                          const std::string& job_id = "");
 
 // One block per job: generation, state, restarts, then a table of nodes by group rank.
 std::string format_status(const nlohmann::json& status);

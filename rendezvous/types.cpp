@@ -68,6 +68,7 @@ void to_json(nlohmann::json& j, const Assignment& v) {
        {"master_port", v.master_port},
        {"restart_count", v.restart_count},
        {"max_restarts", v.max_restarts}};
+  if (!v.secret.empty()) j["secret"] = v.secret;
 }
 
 void from_json(const nlohmann::json& j, Assignment& v) {
@@ -80,6 +81,7 @@ void from_json(const nlohmann::json& j, Assignment& v) {
   read_opt(j, "master_port", v.master_port);
   read_opt(j, "restart_count", v.restart_count);
   read_opt(j, "max_restarts", v.max_restarts);
+  read_opt(j, "secret", v.secret);
 }
 
 void to_json(nlohmann::json& j, const WorkerFailure& v) {

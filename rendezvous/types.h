@@ -46,6 +46,9 @@ struct Assignment {
   int master_port = 0;           // group rank 0's offered port
   int restart_count = 0;         // job-wide failure restarts so far (TORCHELASTIC_RESTART_COUNT)
   int max_restarts = 0;          // the job's budget (TORCHELASTIC_MAX_RESTARTS)
+  // The per-node secret the server issues with a round (hex); the node proves itself with it in
+  // a resume (issue 10). Sent in the round message to its node only; empty from LocalRendezvous.
+  std::string secret;
 };
 
 // The first failure of a job, as reported by the agent whose worker failed.

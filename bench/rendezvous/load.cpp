@@ -16,6 +16,7 @@
 #include <CLI/CLI.hpp>
 #include <boost/asio.hpp>
 
+#include "rendezvous/auth.h"
 #include "rendezvous/client.h"
 #include "rendezvous/protocol.h"
 
@@ -55,6 +56,7 @@ struct Load {
   int welcomed = 0, rounded = 0, restarted = 0, errors = 0;
   steady::time_point last_round, last_restart;
   std::string first_error;
+  std::string job, secret;
 };
 
 void Agent::start_read() {
@@ -71,7 +73,16 @@ void Agent::start_read() {
         type = self->body.substr(start, self->body.find('"', start) - start);
       }
       Load& l = self->load;
-      if (type == "welcome") {
+      if (type == "challenge") {  // protocol 2: the server speaks first; prove the secret if any
+        Hello h;
+        h.job_id = l.job;
+        h.client_nonce = random_hex(16);
+        if (!l.secret.empty()) {
+          h.proof = auth_proof(l.secret, "hello", nlohmann::json::parse(self->body).value("nonce", ""), h.client_nonce,
+                               h.job_id);
+        }
+        self->send(encode(make_hello(h)));
+      } else if (type == "welcome") {
         self->welcomed = true;
         ++l.welcomed;
       } else if (type == "round") {
@@ -123,6 +134,8 @@ int main(int argc, char** argv) {
   app.add_option("--job", job)->capture_default_str();
   app.add_option("--heartbeat-timeout", heartbeat_timeout)->capture_default_str();
   app.add_option("--heartbeat-interval", heartbeat_interval)->capture_default_str();
+  std::string token_file;
+  app.add_option("--token-file", token_file, "prove this secret (HMAC) like an agent with token_file");
   app.add_option("--deadline", deadline, "give up after this many seconds per phase")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   raise_nofile(static_cast<std::size_t>(k) + 16);
@@ -130,19 +143,19 @@ int main(int argc, char** argv) {
   auto [host, port] = parse_endpoint(endpoint);
   tcp::endpoint ep(asio::ip::make_address(host), port);
   Load l;
-  const Frame hello = encode_frame(make_hello(job, ""));
+  l.job = job;
+  if (!token_file.empty()) l.secret = read_secret_file(token_file);
   const auto t_connect = steady::now();
   for (int i = 0; i < k; ++i) {
     auto a = std::make_shared<Agent>(l.io, l, i);
     l.agents.push_back(a);
-    a->socket.async_connect(ep, [a, &hello](boost::system::error_code ec) {
+    a->socket.async_connect(ep, [a](boost::system::error_code ec) {
       if (ec) {
         ++a->load.errors;
         if (a->load.first_error.empty()) a->load.first_error = "connect: " + ec.message();
         return;
       }
       a->socket.set_option(tcp::no_delay(true));
-      a->send(hello);
       a->start_read();
     });
     if (i % 256 == 255) l.io.poll();
@@ -166,7 +179,7 @@ int main(int argc, char** argv) {
   const auto t_join = steady::now();
   for (int i = 0; i < k; ++i) {
     spec.host = "load" + std::to_string(i);
-    l.agents[i]->send(encode_frame(make_join(spec)));
+    l.agents[i]->send(encode(make_join(spec)));
     if (i % 256 == 255) l.io.poll();
   }
   if (!run_until(l, [&] { return l.rounded + l.errors >= k; }, deadline) || l.errors) {
@@ -191,7 +204,7 @@ int main(int argc, char** argv) {
     auto victim = l.agents[k / 2];
     victim->alive = false;  // stops reading and sending, socket stays open
     const auto t_last = victim->last_sent;
-    const Frame hb = encode_frame(make_heartbeat());
+    const Frame hb = encode(make_heartbeat());
     asio::steady_timer timer(l.io);
     std::function<void()> beat = [&] {
       for (auto& a : l.agents) {

@@ -2,6 +2,11 @@
 // processes, every exit is an event the fake posts on the io_context.
 #include <doctest/doctest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <signal.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -182,12 +187,30 @@ TEST_SUITE("the agent supervises its worker group") {
   }
 
   TEST_CASE("each round gets a fresh master port when none was given") {
+    // The first round's worker keeps its MASTER_PORT bound (like a store that has not let go yet):
+    // a fresh pick for the second round cannot return it, a reused port would.
     Fixture f;
-    int code = f.run(1, 1, [](const auto& env) -> std::optional<ExitStatus> {
-      return exited(env.at("TORCHELASTIC_RESTART_COUNT") == "0" ? 1 : 0);
+    std::vector<int> held;
+    int code = f.run(1, 1, [&held](const auto& env) -> std::optional<ExitStatus> {
+      const int port = std::stoi(env.at("MASTER_PORT"));
+      if (env.at("TORCHELASTIC_RESTART_COUNT") == "0") {
+        int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_port = htons(static_cast<std::uint16_t>(port));
+        a.sin_addr.s_addr = htonl(INADDR_ANY);
+        REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);  // it was free when given
+        held.push_back(fd);
+        return exited(1);
+      }
+      return exited(0);
     });
+    for (int fd : held) ::close(fd);
     CHECK(code == 0);
-    for (const auto& port : f.values_of("MASTER_PORT")) CHECK(std::stoi(port) > 0);
+    const auto ports = f.values_of("MASTER_PORT");
+    REQUIRE(ports.size() == 2);
+    CHECK(ports[0] != ports[1]);
+    for (const auto& port : ports) CHECK((std::stoi(port) > 0 && std::stoi(port) < 65536));
   }
 
   TEST_CASE("a worker that survives SIGKILL is given up on after the kill timeout, naming its pid") {

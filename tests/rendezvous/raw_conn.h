@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "rendezvous/auth.h"
 #include "rendezvous/protocol.h"
 
 namespace ddp::rdzv::test {
@@ -49,19 +50,50 @@ class RawConn {
     return true;
   }
   bool send(const nlohmann::json& message) { return send_bytes(*encode_frame(message)); }
+  bool send(const Message& message) { return send_bytes(*encode(message)); }
+  // Says hello (answering the server's challenge with a proof of `secret` when not empty), like
+  // an agent. The welcome (or error) is left to read.
+  bool say_hello(const std::string& job_id, const std::string& secret = "", const char* role = "hello") {
+    Hello h;
+    h.job_id = job_id;
+    h.client_nonce = random_hex(16);
+    // Without a secret nothing depends on the nonce: hello goes out at once (the challenge is
+    // skipped by recv_type later), so a server on the test's own io_context is not waited for.
+    if (!secret.empty()) {
+      auto challenge = recv_type("challenge");
+      if (!challenge) return false;
+      h.proof = auth_proof(secret, role, (*challenge)["nonce"].get<std::string>(), h.client_nonce, job_id);
+    }
+    return send(std::string(role) == "status" ? make_status_request(h) : make_hello(h));
+  }
   bool send_raw_payload(const std::string& payload) {
     unsigned char h[4];
     write_frame_header(static_cast<std::uint32_t>(payload.size()), h);
     return send_bytes(std::string(reinterpret_cast<char*>(h), 4) + payload);
   }
 
-  // The next message, or nullopt on close/timeout (closed() then says which).
+  // The next message, or nullopt on close/timeout (closed() then says which). Frames are split
+  // by the protocol's own FrameReader.
   std::optional<nlohmann::json> recv(double timeout_s = 5.0) {
-    unsigned char h[4];
-    if (!read_exact(reinterpret_cast<char*>(h), 4, timeout_s)) return std::nullopt;
-    std::string body(read_frame_header(h), '\0');
-    if (!read_exact(body.data(), body.size(), timeout_s)) return std::nullopt;
-    return nlohmann::json::parse(body);
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+    std::string payload;
+    while (true) {
+      auto r = reader_.next(payload);
+      if (r == FrameReader::Result::frame) return nlohmann::json::parse(payload, nullptr, false);
+      if (r == FrameReader::Result::error) return std::nullopt;
+      int left = static_cast<int>(
+          std::chrono::duration<double, std::milli>(deadline - std::chrono::steady_clock::now()).count());
+      if (left <= 0) return std::nullopt;
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, left) <= 0) continue;
+      char buf[65536];
+      ssize_t n = ::recv(fd_, buf, sizeof buf, 0);
+      if (n <= 0) {
+        eof_ = true;
+        return std::nullopt;
+      }
+      reader_.feed(buf, static_cast<std::size_t>(n));
+    }
   }
   // Receives until a message of `type` (skipping heartbeat acks and others).
   std::optional<nlohmann::json> recv_type(const std::string& type, double timeout_s = 5.0) {
@@ -91,28 +123,10 @@ class RawConn {
   bool closed_by_peer() const { return eof_; }
 
  private:
-  bool read_exact(char* out, std::size_t n, double timeout_s) {
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
-    std::size_t got = 0;
-    while (got < n) {
-      int left = static_cast<int>(
-          std::chrono::duration<double, std::milli>(deadline - std::chrono::steady_clock::now()).count());
-      if (left <= 0) return false;
-      pollfd p{fd_, POLLIN, 0};
-      if (::poll(&p, 1, left) <= 0) continue;
-      ssize_t r = ::recv(fd_, out + got, n - got, 0);
-      if (r <= 0) {
-        eof_ = true;
-        return false;
-      }
-      got += static_cast<std::size_t>(r);
-    }
-    return true;
-  }
-
   int fd_ = -1;
   bool connected_ = false;
   bool eof_ = false;
+  FrameReader reader_{256u << 20};
 };
 
 }  // namespace ddp::rdzv::test

@@ -1,8 +1,11 @@
 """ddp-rendezvous as a process: serving, logging, status, signals and exit codes (loopback only)."""
 
+import hashlib
+import hmac
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import struct
@@ -43,10 +46,10 @@ def recv_type(sock, typ, timeout=5.0):
 
 
 class Daemon:
-    def __init__(self, *args):
+    def __init__(self, *args, env=None):
         self.log = tempfile.NamedTemporaryFile("w+", delete=False)
         self.proc = subprocess.Popen([BIN, "--host", "127.0.0.1", "--port", "0", *args],
-                                     stdout=self.log, stderr=subprocess.STDOUT)
+                                     stdout=self.log, stderr=subprocess.STDOUT, env=env)
         self.port = None
         deadline = time.time() + 10
         while time.time() < deadline and self.port is None:
@@ -85,15 +88,50 @@ def status(port, *args):
                           capture_output=True, text=True, timeout=30)
 
 
-def join(port, job, host, token="", workers=2):
+def proof(secret, role, server_nonce, client_nonce, job):
+    text = f"ddplaunch-rdzv-2\n{role}\n{server_nonce}\n{client_nonce}\n{job}"
+    return hmac.new(secret.encode(), text.encode(), hashlib.sha256).hexdigest()
+
+
+def hello(sock, job, token="", role="hello"):
+    """Answers the server's challenge like an agent; returns (server_nonce, client_nonce)."""
+    challenge = recv_type(sock, "challenge")
+    client_nonce = os.urandom(16).hex()
+    msg = {"type": role, "protocol_version": 2, "client_nonce": client_nonce,
+           "proof": proof(token, role, challenge["nonce"], client_nonce, job) if token else ""}
+    if job:
+        msg["job_id"] = job
+    sock.sendall(frame(msg))
+    return challenge["nonce"], client_nonce
+
+
+def node(job, host, workers=2, **extra):
+    n = {"job_id": job, "host": host, "local_world_size": workers, "min_nodes": 1, "max_nodes": 2,
+         "master_port": 29500,
+         "timeouts": {"last_call_timeout": 0.1, "heartbeat_timeout": 30, "join_timeout": 30}}
+    n.update(extra)
+    return n
+
+
+def join(port, job, host, token="", workers=2, **extra):
     s = socket.create_connection(("127.0.0.1", port), timeout=5)
-    s.sendall(frame({"type": "hello", "protocol_version": 1, "job_id": job, "token": token}))
+    hello(s, job, token)
     assert recv_msg(s)["type"] == "welcome"
-    node = {"job_id": job, "host": host, "local_world_size": workers, "min_nodes": 1, "max_nodes": 2,
-            "master_port": 29500,
-            "timeouts": {"last_call_timeout": 0.1, "heartbeat_timeout": 30, "join_timeout": 30}}
-    s.sendall(frame({"type": "join", "node": node}))
+    s.sendall(frame({"type": "join", "node": node(job, host, workers, **extra)}))
     return s
+
+
+def expect_error(sock, code, timeout=5.0):
+    """The next error message (its code checked), then the server closes the connection."""
+    m = recv_type(sock, "error", timeout)
+    assert m["code"] == code, m
+    sock.settimeout(timeout)
+    try:
+        while sock.recv(65536):
+            pass
+    except ConnectionResetError:
+        pass
+    return m
 
 
 class DaemonTest(unittest.TestCase):
@@ -137,8 +175,7 @@ class DaemonTest(unittest.TestCase):
         recv_type(a, "round")
         b = join(self.daemon.port, "j", "hostB", "s3cret")
         recv_type(a, "restart")
-        a.sendall(frame({"type": "join", "node": {"job_id": "j", "host": "hostA", "local_world_size": 2,
-                                                    "min_nodes": 1, "max_nodes": 2}}))
+        a.sendall(frame({"type": "join", "node": node("j", "hostA")}))
         recv_type(b, "round")
         b.close()  # like a killed agent
         self.assertTrue(self.daemon.wait_log(r"lost: hostB"), self.daemon.text())
@@ -162,8 +199,14 @@ class DaemonTest(unittest.TestCase):
         self.assertIn(f"cannot listen on 127.0.0.1:{self.daemon.port}", r.stderr)
 
     def test_usage_errors_exit_2(self):
-        for args, text in ((["--bogus"], "bogus"),
-                           (["--token-file", "/nonexistent/token"], "cannot read --token-file"),
+        bad_secrets = per_job_token_file("jobA secret extra-word\n")
+        self.addCleanup(os.unlink, bad_secrets)
+        no_secret = per_job_token_file("# only a comment\n")
+        self.addCleanup(os.unlink, no_secret)
+        for args, text in ((["--token_file", bad_secrets], "expected SECRET or JOB_ID SECRET"),
+                           (["--token_file", no_secret], "holds no secret"),
+                           (["--bogus"], "bogus"),
+                           (["--token-file", "/nonexistent/token"], "cannot read the token file /nonexistent/token"),
                            (["--host", "not-an-ip"], "not an IP address"),
                            (["status", "--endpoint", "127.0.0.1:notaport"], "port must be"),
                            (["status"], "endpoint")):
@@ -179,6 +222,322 @@ class DaemonTest(unittest.TestCase):
         r = status(port)
         self.assertEqual(r.returncode, 3)
         self.assertIn("Connection refused", r.stderr)
+
+    def test_the_secret_is_proven_both_ways_and_never_sent(self):
+        s = socket.create_connection(("127.0.0.1", self.daemon.port), timeout=5)
+        self.addCleanup(s.close)
+        server_nonce, client_nonce = hello(s, "train", "s3cret")
+        welcome = recv_type(s, "welcome")
+        # The server proves it knows the secret too: a fake server cannot hand out MASTER_ADDR.
+        self.assertEqual(welcome["proof"], proof("s3cret", "server", server_nonce, client_nonce, "train"))
+        self.assertNotIn("s3cret", json.dumps(welcome))
+
+    def test_without_the_secret_nothing_is_read_or_joined(self):
+        for secret in ("", "guess"):
+            s = socket.create_connection(("127.0.0.1", self.daemon.port), timeout=5)
+            hello(s, "train", secret)
+            self.assertIn("secret", expect_error(s, "bad_token")["message"])
+            s.close()
+            s = socket.create_connection(("127.0.0.1", self.daemon.port), timeout=5)
+            hello(s, "", secret, role="status")
+            expect_error(s, "bad_token")
+            s.close()
+        # A proof answering another connection's challenge is refused (no replay).
+        a = socket.create_connection(("127.0.0.1", self.daemon.port), timeout=5)
+        b = socket.create_connection(("127.0.0.1", self.daemon.port), timeout=5)
+        self.addCleanup(a.close)
+        self.addCleanup(b.close)
+        recv_type(b, "challenge")
+        nonce_a = recv_type(a, "challenge")["nonce"]
+        b.sendall(frame({"type": "hello", "protocol_version": 2, "job_id": "train", "client_nonce": "c",
+                         "proof": proof("s3cret", "hello", nonce_a, "c", "train")}))
+        expect_error(b, "bad_token")
+        honest = join(self.daemon.port, "train", "honest", "s3cret")
+        self.addCleanup(honest.close)
+        self.assertEqual(recv_type(honest, "round")["assignment"]["group_rank"], 0)
+
+
+def per_job_token_file(text):
+    f = tempfile.NamedTemporaryFile("w", delete=False)
+    f.write(text)
+    f.close()
+    return f.name
+
+
+DDPLAUNCH = os.path.join(os.environ.get("DDPLAUNCH_BUILD_DIR", "build"), "bin", "ddplaunch")
+
+
+class FakeServer:
+    """A loopback listener that speaks the server's first half of the handshake and records what
+    the real client sends; the test decides what it answers."""
+
+    def __init__(self):
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(4)
+        self.listener.settimeout(30)
+        self.port = self.listener.getsockname()[1]
+        self.nonce = os.urandom(32).hex()
+        self.raw = b""
+
+    def accept_hello(self):
+        conn, _ = self.listener.accept()
+        conn.sendall(frame({"type": "challenge", "protocol_version": 2, "nonce": self.nonce}))
+        conn.settimeout(30)
+        (n,) = struct.unpack(">I", self._exact(conn, 4))
+        body = self._exact(conn, n)
+        return conn, json.loads(body)
+
+    def _exact(self, conn, n):
+        buf = b""
+        while len(buf) < n:
+            chunk = conn.recv(n - len(buf))
+            if not chunk:
+                raise EOFError("client closed")
+            buf += chunk
+        self.raw += buf
+        return buf
+
+    def close(self):
+        self.listener.close()
+
+
+class ClientProofTest(unittest.TestCase):
+    """The real clients (ddplaunch, ddp-rendezvous status) against a fake server."""
+
+    def setUp(self):
+        self.secret = "correct horse battery staple " + os.urandom(8).hex()
+        self.token = per_job_token_file(self.secret + "\n")
+        self.addCleanup(os.unlink, self.token)
+        self.fake = FakeServer()
+        self.addCleanup(self.fake.close)
+
+    def test_status_proves_the_secret_without_sending_it(self):
+        proc = subprocess.Popen([BIN, "status", "--endpoint", f"127.0.0.1:{self.fake.port}", "--token_file",
+                                 self.token, "--timeout", "20"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        try:
+            conn, hello_msg = self.fake.accept_hello()
+            self.assertEqual(hello_msg["type"], "status")
+            self.assertEqual(hello_msg["proof"], proof(self.secret, "status", self.fake.nonce,
+                                                       hello_msg["client_nonce"], ""))
+            self.assertNotIn(self.secret.encode(), self.fake.raw)
+            conn.sendall(frame({"type": "status_reply", "status": {"jobs": []}}))
+            out, err = proc.communicate(timeout=30)
+            self.assertEqual(proc.returncode, 0, err)
+            self.assertIn("no jobs", out)
+            conn.close()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+    def test_an_agent_refuses_a_server_that_cannot_prove_the_secret(self):
+        if not os.path.exists(DDPLAUNCH):
+            self.skipTest("ddplaunch is not built")
+        proc = subprocess.Popen([DDPLAUNCH, "--nnodes=1:2", "--nproc_per_node=1", "--rdzv_backend=c10d",
+                                 f"--rdzv_endpoint=127.0.0.1:{self.fake.port}", "--rdzv_id=victim",
+                                 "--rdzv_conf", f"join_timeout=20,token_file={self.token}", "--env_check=off",
+                                 "--no_python", "/bin/true"],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            conn, hello_msg = self.fake.accept_hello()
+            self.assertEqual((hello_msg["type"], hello_msg["job_id"]), ("hello", "victim"))
+            self.assertEqual(hello_msg["proof"], proof(self.secret, "hello", self.fake.nonce,
+                                                       hello_msg["client_nonce"], "victim"))
+            self.assertNotIn(self.secret.encode(), self.fake.raw)
+            # A fake server without the secret answers welcome with a made-up proof.
+            conn.sendall(frame({"type": "welcome", "protocol_version": 2, "proof": "00" * 32}))
+            out, _ = proc.communicate(timeout=60)
+            self.assertEqual(proc.returncode, 3, out)
+            self.assertIn("could not prove it knows this job's secret", out)
+            conn.close()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+class SecretsTest(unittest.TestCase):
+    def test_a_job_secret_admits_that_job_only_and_its_status_shows_that_job_only(self):
+        path = per_job_token_file("# per-job secrets\njobA secretA\njobB secretB\n")
+        self.addCleanup(os.unlink, path)
+        daemon = Daemon("--token_file", path)
+        self.addCleanup(daemon.stop)
+        a = join(daemon.port, "jobA", "hostA", "secretA")
+        self.addCleanup(a.close)
+        recv_type(a, "round")
+        b = join(daemon.port, "jobB", "hostB", "secretB")
+        self.addCleanup(b.close)
+        recv_type(b, "round")
+        s = socket.create_connection(("127.0.0.1", daemon.port), timeout=5)
+        hello(s, "jobB", "secretA")  # jobA's secret does not open jobB
+        expect_error(s, "bad_token")
+        s.close()
+        s = socket.create_connection(("127.0.0.1", daemon.port), timeout=5)
+        hello(s, "jobC", "secretA")  # no cluster secret: an unknown job is refused
+        expect_error(s, "bad_token")
+        s.close()
+        secret_a = per_job_token_file("secretA\n")
+        self.addCleanup(os.unlink, secret_a)
+        r = status(daemon.port, "--token_file", secret_a, "--job", "jobA", "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual([j["job_id"] for j in json.loads(r.stdout)["jobs"]], ["jobA"])
+        r = status(daemon.port, "--token_file", secret_a, "--job", "jobB")
+        self.assertEqual(r.returncode, 3)
+        self.assertIn("bad_token", r.stderr)
+
+    def test_the_token_file_may_come_from_the_environment(self):
+        path = per_job_token_file("clusterwide\n")
+        self.addCleanup(os.unlink, path)
+        env = dict(os.environ, DDPLAUNCH_RDZV_TOKEN_FILE=path)
+        daemon = Daemon(env=env)
+        self.addCleanup(daemon.stop)
+        self.assertIn("(token required)", daemon.text())
+        r = subprocess.run([BIN, "status", "--endpoint", f"127.0.0.1:{daemon.port}"], env=env,
+                           capture_output=True, text=True, timeout=30)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(status(daemon.port).returncode, 3)
+
+    def test_listening_beyond_loopback_without_a_secret_warns_loudly(self):
+        quiet = Daemon()
+        self.addCleanup(quiet.stop)
+        self.assertNotIn("WARNING", quiet.text())
+        unshare = shutil.which("unshare")
+        if unshare is None or os.geteuid() != 0:
+            self.skipTest("needs root and unshare(1) to listen on 0.0.0.0 inside a private network namespace")
+        # In a network namespace of its own, 0.0.0.0 reaches nobody: the test exposes nothing.
+        log = tempfile.NamedTemporaryFile("w+", delete=False)
+        self.addCleanup(os.unlink, log.name)
+        proc = subprocess.Popen([unshare, "-n", BIN, "--host", "0.0.0.0", "--port", "0"],
+                                stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.time() + 10
+            text = ""
+            while time.time() < deadline and "WARNING" not in text:
+                time.sleep(0.02)
+                with open(log.name) as f:
+                    text = f.read()
+            self.assertIn("WARNING: listening on 0.0.0.0 with no secret", text)
+            self.assertIn("token_file", text)
+        finally:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+class HostileClientTest(unittest.TestCase):
+    """Each attack of issue 11 against a daemon without a secret (the worst case): the attacker is
+    refused or contained, the daemon keeps running and an honest client is still served."""
+
+    def setUp(self):
+        self.daemon = Daemon()
+        self.addCleanup(self.daemon.stop)
+
+    def assert_still_serves(self):
+        self.assertIsNone(self.daemon.proc.poll(), "the daemon died: " + self.daemon.text())
+        job = "honest-" + os.urandom(4).hex()
+        s = join(self.daemon.port, job, "honest", max_nodes=1)
+        self.addCleanup(s.close)
+        a = recv_type(s, "round")["assignment"]
+        self.assertEqual((a["group_rank"], a["world_size"]), (0, 2))
+        r = status(self.daemon.port, "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn(job, [j["job_id"] for j in json.loads(r.stdout)["jobs"]])
+
+    def attacker(self, job="victim"):
+        s = socket.create_connection(("127.0.0.1", self.daemon.port), timeout=5)
+        self.addCleanup(s.close)
+        hello(s, job)
+        recv_type(s, "welcome")
+        return s
+
+    def test_a_fingerprint_nested_150000_deep_is_refused(self):
+        s = self.attacker()
+        deep = "{\"a\":" * 150000 + "1" + "}" * 150000
+        payload = ('{"type":"join","node":{"job_id":"victim","host":"x","fingerprint":' + deep + '}}').encode()
+        self.assertLess(len(payload), 1 << 20)
+        s.sendall(struct.pack(">I", len(payload)) + payload)
+        self.assertIn("deeper than", expect_error(s, "bad_json")["message"])
+        self.assert_still_serves()
+
+    def test_fingerprints_of_different_shapes_neither_abort_status_nor_the_round(self):
+        a = self.attacker()
+        a.sendall(frame({"type": "join", "node": node("victim", "a", fingerprint={"a": 1}, max_nodes=3,
+                                                      min_nodes=2)}))
+        b = self.attacker()
+        b.sendall(frame({"type": "join", "node": node("victim", "b", fingerprint={"a": {"b": [1]}},
+                                                      max_nodes=3, min_nodes=2)}))
+        r = status(self.daemon.port, "--json")  # compares the two fingerprints
+        self.assertEqual(r.returncode, 0, r.stderr)
+        # The last-call timer completes (or refuses) the round: either way the daemon lives.
+        m = recv_msg(a)
+        while m["type"] not in ("round", "error"):
+            m = recv_msg(a)
+        c = self.attacker()
+        c.sendall(frame({"type": "join", "node": node("victim", "c", fingerprint=[1])}))
+        self.assertIn("fingerprint", expect_error(c, "bad_join")["message"])
+        self.assert_still_serves()
+
+    def test_a_local_world_size_of_2147483647_is_refused_before_any_round(self):
+        a = self.attacker("wide")
+        a.sendall(frame({"type": "join", "node": node("wide", "a", workers=2147483647, min_nodes=2)}))
+        self.assertIn("local_world_size", expect_error(a, "bad_join")["message"])
+        for workers in (4096, 4096):  # the largest allowed: the sum still fits
+            s = self.attacker("wide")
+            s.sendall(frame({"type": "join", "node": node("wide", "n", workers=workers, min_nodes=2)}))
+        self.assertEqual(recv_type(s, "round")["assignment"]["world_size"], 8192)
+        self.assert_still_serves()
+
+    def test_oversized_job_ids_and_host_names_are_refused(self):
+        s = socket.create_connection(("127.0.0.1", self.daemon.port), timeout=5)
+        self.addCleanup(s.close)
+        hello(s, "j" * 100000)
+        self.assertIn("job_id", expect_error(s, "bad_message")["message"])
+        a = self.attacker("hosts")
+        a.sendall(frame({"type": "join", "node": node("hosts", "h" * 100000)}))
+        self.assertIn("host", expect_error(a, "bad_join")["message"])
+        b = self.attacker("hosts")
+        b.sendall(frame({"type": "join", "node": node("hosts", "h", addr="a" * 300)}))
+        self.assertIn("addr", expect_error(b, "bad_join")["message"])
+        self.assert_still_serves()
+
+    def test_a_huge_failure_message_is_truncated_with_a_marker_and_the_node_kept(self):
+        a = self.attacker("fails")
+        a.sendall(frame({"type": "join", "node": node("fails", "a", max_nodes=1, max_restarts=1)}))
+        recv_type(a, "round")
+        a.sendall(frame({"type": "failure", "failure": {"host": "a", "rank": 0, "exit_code": 1,
+                                                         "error_file_message": "E" * 900000}}))
+        restart = recv_type(a, "restart")
+        self.assertIn("[truncated by the rendezvous server]", restart["reason"])
+        self.assertLess(len(restart["reason"]), 8192)
+        a.sendall(frame({"type": "join", "node": node("fails", "a", max_nodes=1, max_restarts=1)}))
+        self.assertEqual(recv_type(a, "round")["assignment"]["restart_count"], 1)  # still a member
+        self.assert_still_serves()
+
+    def test_a_node_asking_for_another_policy_is_refused_naming_both_values(self):
+        a = self.attacker("policy")
+        a.sendall(frame({"type": "join", "node": node("policy", "a", max_restarts=3)}))
+        b = self.attacker("policy")
+        b.sendall(frame({"type": "join", "node": node("policy", "b", max_restarts=100)}))
+        m = expect_error(b, "policy_mismatch")["message"]
+        self.assertIn("--max_restarts 100", m)
+        self.assertIn("3", m)
+        c = self.attacker("policy")
+        c.sendall(frame({"type": "join", "node": node("policy", "c", max_restarts=3,
+                                                      timeouts={"last_call_timeout": 0.1, "heartbeat_timeout": 1,
+                                                                "join_timeout": 30})}))
+        m = expect_error(c, "policy_mismatch")["message"]
+        self.assertIn("heartbeat_timeout 1 s", m)
+        self.assertIn("30 s", m)
+        self.assert_still_serves()
+
+    def test_server_messages_and_garbage_types_from_a_client_are_refused(self):
+        for bad in ({"type": "round", "assignment": {}}, {"type": "hello", "protocol_version": 2, "job_id": "x"},
+                    {"type": "join", "node": "not an object"}, {"type": "failure", "failure": {"rank": "zero"}}):
+            s = self.attacker()
+            s.sendall(frame(bad))
+            recv_type(s, "error")
+        self.assert_still_serves()
 
 
 if __name__ == "__main__":

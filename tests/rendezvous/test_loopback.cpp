@@ -75,7 +75,7 @@ TEST_CASE("an agent that dies without leaving is noticed at once: the others res
   for (int i = 0; i < 2; ++i) agents.push_back(TestAgent::make(io, server.port(), node_spec("job", "h" + std::to_string(i), 2, 3)));
   RawConn victim(server.port());
   REQUIRE(victim.connected());
-  victim.send(make_hello("job", ""));
+  victim.say_hello("job", "");
   victim.send(make_join(node_spec("job", "victim", 2, 3)));
   REQUIRE(run_until(io, [&] { return all_have_rounds(agents, 1); }));
   REQUIRE(agents[0]->rounds[0].group_world_size == 3);
@@ -99,7 +99,7 @@ TEST_CASE("a silent agent is dropped after heartbeat_timeout and the others are 
   s.timeouts.heartbeat_timeout = 0.4;
   auto alive = TestAgent::make(io, server.port(), s);
   RawConn silent(server.port());
-  silent.send(make_hello("job", ""));
+  silent.say_hello("job", "");
   NodeSpec ss = s;
   ss.host = "silent";
   silent.send(make_join(ss));  // and then never a heartbeat

@@ -1,16 +1,23 @@
-// Protocol unit tests: framing, size limits, first-message checks, message round trips.
+// Protocol unit tests: the typed codec (framing, limits, decoding, encoding) and the HMAC proofs.
 #include <doctest/doctest.h>
 
+#include "rendezvous/auth.h"
 #include "rendezvous/protocol.h"
 
 using namespace ddp::rdzv;
+using nlohmann::json;
+
+namespace {
+std::string payload_of(const Frame& f) { return f->substr(kFrameHeaderBytes); }
+Decoded decode_json(const json& j) { return decode(j.dump()); }
+}  // namespace
 
 TEST_CASE("a frame is a 4-byte big-endian length followed by the JSON payload") {
-  Frame f = encode_frame({{"type", "heartbeat"}});
+  Frame f = encode(make_heartbeat());
   std::string payload = R"({"type":"heartbeat"})";
   REQUIRE(f->size() == 4 + payload.size());
   CHECK(read_frame_header(reinterpret_cast<const unsigned char*>(f->data())) == payload.size());
-  CHECK(f->substr(4) == payload);
+  CHECK(payload_of(f) == payload);
   unsigned char h[4];
   write_frame_header(0x01020304u, h);
   CHECK(h[0] == 1);
@@ -27,47 +34,200 @@ TEST_CASE("frame lengths past the limit or zero are refused before any allocatio
   CHECK(check_frame_length(0, 1 << 20)->code == "bad_frame");
 }
 
-TEST_CASE("malformed JSON and messages without a type are refused") {
-  CHECK(parse_message("{not json")
-            .error->code == "bad_json");
-  CHECK(parse_message("[1,2]").error->code == "bad_message");
-  CHECK(parse_message(R"({"type":3})").error->code == "bad_message");
-  CHECK_FALSE(parse_message(R"({"type":"join"})").error);
+TEST_CASE("the frame reader splits a byte stream fed one byte at a time or all at once") {
+  std::string stream = *encode(make_heartbeat()) + *encode(make_success()) + *encode(make_leave());
+  for (std::size_t chunk : {std::size_t{1}, std::size_t{3}, stream.size()}) {
+    FrameReader reader;
+    std::vector<std::string> got;
+    std::string payload;
+    for (std::size_t i = 0; i < stream.size(); i += chunk) {
+      reader.feed(stream.data() + i, std::min(chunk, stream.size() - i));
+      while (reader.next(payload) == FrameReader::Result::frame) got.push_back(payload);
+    }
+    REQUIRE(got.size() == 3);
+    CHECK(decode(got[0]).message->type == MessageType::heartbeat);
+    CHECK(decode(got[1]).message->type == MessageType::success);
+    CHECK(decode(got[2]).message->type == MessageType::leave);
+    CHECK(reader.buffered() == 0);
+  }
 }
 
-TEST_CASE("the first message must be hello or status with our version and the token") {
-  CHECK_FALSE(check_first_message(make_hello("job", ""), ""));
-  CHECK_FALSE(check_first_message(make_hello("job", "tok"), "tok"));
-  CHECK_FALSE(check_first_message(make_status_request("tok"), "tok"));
-  CHECK(check_first_message(make_hello("job", "bad"), "tok")->code == "bad_token");
-  CHECK(check_first_message(make_hello("job", ""), "tok")->code == "bad_token");
-  auto old = make_hello("job", "");
-  old["protocol_version"] = 99;
-  auto err = check_first_message(old, "");
-  REQUIRE(err);
-  CHECK(err->code == "version_mismatch");
-  CHECK(err->message.find("99") != std::string::npos);
-  CHECK(check_first_message(make_join(NodeSpec{}), "")->code == "bad_message");
-  CHECK(check_first_message(make_hello("", ""), "")->code == "bad_message");
+TEST_CASE("the frame reader refuses an oversized frame from its header and stays failed") {
+  FrameReader reader(1024);
+  unsigned char h[4];
+  write_frame_header(4096, h);
+  reader.feed(reinterpret_cast<char*>(h), 4);
+  std::string payload;
+  CHECK(reader.next(payload) == FrameReader::Result::error);
+  CHECK(reader.error().code == "too_large");
+  reader.feed("more", 4);
+  CHECK(reader.next(payload) == FrameReader::Result::error);
+  CHECK(reader.buffered() == 0);
 }
 
-TEST_CASE("round, restart and job_failed messages carry their data") {
+TEST_CASE("malformed JSON, messages without a type and unknown types are refused") {
+  CHECK(decode("{not json").error->code == "bad_json");
+  CHECK(decode("[1,2]").error->code == "bad_message");
+  CHECK(decode(R"({"type":3})").error->code == "bad_message");
+  auto unknown = decode(R"({"type":"launch_missiles"})");
+  REQUIRE(unknown.error);
+  CHECK(unknown.error->message.find("launch_missiles") != std::string::npos);
+  CHECK_FALSE(decode(R"({"type":"heartbeat","future_field":1})").error);
+}
+
+TEST_CASE("JSON nested deeper than the limit is refused before it is parsed") {
+  std::string deep = R"({"type":"join","node":{"fingerprint":)";
+  for (int i = 0; i < 150000; ++i) deep += "{\"a\":";
+  deep += "1";
+  for (int i = 0; i < 150000; ++i) deep += "}";
+  deep += "}}";
+  auto d = decode(deep);
+  REQUIRE(d.error);
+  CHECK(d.error->code == "bad_json");
+  CHECK(d.error->message.find("deeper than " + std::to_string(kMaxJsonDepth)) != std::string::npos);
+  // Brackets inside strings do not count.
+  CHECK(json_depth(R"({"a":"[[[[[[[[[[[[[[[[[[[[[[[[[[[[[\"{{{{{{{{{"})", kMaxJsonDepth) == 1);
+  CHECK(json_depth("[[[]]]", kMaxJsonDepth) == 3);
+}
+
+TEST_CASE("a join's fingerprint must be an object of bounded shape and size") {
+  NodeSpec spec;
+  spec.job_id = "j";
+  spec.fingerprint = {{"python", {{"version", "3.11"}}}, {"program", {{"libraries", {{"libc", "abc"}}}}},
+                      {"gpu", {{"models", {"A100", "A100"}}}}};
+  CHECK_FALSE(decode(payload_of(encode(make_join(spec)))).error);
+  json join = to_json(make_join(spec));
+  join["node"]["fingerprint"] = json::array({1});
+  CHECK(decode_json(join).error->message.find("fingerprint") != std::string::npos);
+  join["node"]["fingerprint"] = {{"a", {{"b", {{"c", {{"d", 1}}}}}}}};
+  CHECK(decode_json(join).error->message.find("deeper than 3") != std::string::npos);
+  join["node"]["fingerprint"] = {{"a", json::array({json::object()})}};
+  CHECK(decode_json(join).error);
+  join["node"]["fingerprint"] = {{"a", std::string(kMaxFingerprintBytes, 'x')}};
+  CHECK(decode_json(join).error->message.find("limit") != std::string::npos);
+  CHECK(decode_json(join).error->code == "bad_join");
+}
+
+TEST_CASE("a join's sizes and ranks are range-checked so no sum can overflow") {
+  NodeSpec spec;
+  spec.job_id = "j";
+  json join = to_json(make_join(spec));
+  auto refused = [&](const char* field, json value) {
+    json j = join;
+    j["node"][field] = value;
+    auto d = decode_json(j);
+    return d.error && d.error->message.find(field) != std::string::npos;
+  };
+  CHECK(refused("local_world_size", 2147483647));
+  CHECK(refused("local_world_size", 0));
+  CHECK(refused("local_world_size", "4"));
+  CHECK(refused("local_world_size", 2.5));
+  CHECK(refused("local_world_size", 18446744073709551615ull));
+  CHECK(refused("max_nodes", kMaxNodes + 1));
+  CHECK(refused("requested_rank", -2));
+  CHECK(refused("master_port", 70000));
+  CHECK(refused("max_restarts", -1));
+  CHECK(refused("job_id", std::string(kMaxIdBytes + 1, 'j')));
+  CHECK(refused("host", std::string(kMaxHostBytes + 1, 'h')));
+  CHECK(refused("addr", std::string(kMaxHostBytes + 1, 'a')));
+  json t = join;
+  t["node"]["timeouts"]["join_timeout"] = 1e300;
+  CHECK(decode_json(t).error->message.find("join_timeout") != std::string::npos);
+  // The largest job the limits allow still has a world size that fits an int.
+  CHECK(static_cast<long long>(kMaxLocalWorldSize) * kMaxNodes < 2147483647LL);
+}
+
+TEST_CASE("a failure's message over the cap is truncated with a marker, not refused") {
+  WorkerFailure w;
+  w.host = std::string(1000, 'h');
+  w.error_file_message = std::string(100000, 'e');
+  auto d = decode(payload_of(encode(make_failure(w))));
+  REQUIRE_FALSE(d.error);
+  const auto& got = std::get<WorkerFailure>(d.message->body);
+  CHECK(got.error_file_message.size() < kMaxFailureMessageBytes + 100);
+  CHECK(got.error_file_message.find(kTruncatedMarker) != std::string::npos);
+  CHECK(got.host.size() < kMaxHostBytes + 100);
+}
+
+TEST_CASE("every message survives encode then decode with its data") {
   Assignment a;
   a.generation = 7;
   a.group_rank = 2;
+  a.group_world_size = 3;
+  a.world_size = 24;
   a.rank_offset = 16;
   a.master_addr = "10.1.2.3";
-  auto back = make_round(a)["assignment"].get<Assignment>();
+  auto round = decode(payload_of(encode(make_round(a))));
+  REQUIRE_FALSE(round.error);
+  CHECK(round.message->type == MessageType::round);
+  const auto& back = std::get<Assignment>(round.message->body);
   CHECK(back.generation == 7);
   CHECK(back.rank_offset == 16);
   CHECK(back.master_addr == "10.1.2.3");
-  auto r = make_restart("node x lost", false, 2, 3);
-  CHECK(r["counted"] == false);
-  CHECK(r["restart_count"] == 2);
+  auto r = decode(payload_of(encode(make_restart("node x lost", false, 2, 3))));
+  REQUIRE_FALSE(r.error);
+  CHECK(std::get<Restart>(r.message->body).restart_count == 2);
+  CHECK(std::get<Restart>(r.message->body).reason == "node x lost");
   WorkerFailure w;
   w.host = "h";
   w.exit_code = 3;
-  auto jf = make_job_failed(w, "summary");
-  CHECK(jf["failure"].get<WorkerFailure>().exit_code == 3);
-  CHECK(jf["summary"] == "summary");
+  auto jf = decode(payload_of(encode(make_job_failed(w, "summary"))));
+  REQUIRE_FALSE(jf.error);
+  CHECK(std::get<JobFailed>(jf.message->body).failure.exit_code == 3);
+  CHECK(std::get<JobFailed>(jf.message->body).summary == "summary");
+  auto e = decode(payload_of(encode(make_error("bad_token", "wrong"))));
+  CHECK(std::get<ErrorMessage>(e.message->body).code == "bad_token");
+  auto c = decode(payload_of(encode(make_challenge("abcd"))));
+  CHECK(std::get<Challenge>(c.message->body).nonce == "abcd");
+  auto s = decode(payload_of(encode(make_status_reply({{"jobs", json::array()}}))));
+  CHECK(std::get<StatusReply>(s.message->body).status["jobs"].is_array());
+  // A round whose ranks contradict each other is refused by the client's decoder.
+  json bad = to_json(make_round(a));
+  bad["assignment"]["group_rank"] = 5;
+  CHECK(decode_json(bad).error);
+}
+
+TEST_CASE("the first message must be hello or status with our version and, for hello, a job") {
+  Hello h;
+  h.job_id = "job";
+  CHECK_FALSE(check_first_message(make_hello(h)));
+  CHECK_FALSE(check_first_message(make_status_request(Hello{})));
+  Hello old = h;
+  old.protocol_version = 1;
+  auto err = check_first_message(make_hello(old));
+  REQUIRE(err);
+  CHECK(err->code == "version_mismatch");
+  CHECK(err->message.find("version 1 ") != std::string::npos);
+  CHECK(check_first_message(make_join(NodeSpec{}))->code == "bad_message");
+  CHECK(check_first_message(make_hello(Hello{}))->code == "bad_message");
+}
+
+TEST_CASE("proofs depend on the secret, the role, both nonces and the job") {
+  const std::string p = auth_proof("s3cret", "hello", "n1", "c1", "job");
+  CHECK(p.size() == 64);
+  CHECK(proofs_equal(p, auth_proof("s3cret", "hello", "n1", "c1", "job")));
+  CHECK_FALSE(proofs_equal(p, auth_proof("s3creT", "hello", "n1", "c1", "job")));
+  CHECK_FALSE(proofs_equal(p, auth_proof("s3cret", "server", "n1", "c1", "job")));
+  CHECK_FALSE(proofs_equal(p, auth_proof("s3cret", "hello", "n2", "c1", "job")));
+  CHECK_FALSE(proofs_equal(p, auth_proof("s3cret", "hello", "n1", "c2", "job")));
+  CHECK_FALSE(proofs_equal(p, auth_proof("s3cret", "hello", "n1", "c1", "job2")));
+  CHECK_FALSE(proofs_equal("", ""));
+  CHECK(random_hex(32).size() == 64);
+  CHECK(random_hex() != random_hex());
+}
+
+TEST_CASE("secrets: a job's own secret wins over the cluster's; with only job secrets others are refused") {
+  Secrets open;
+  CHECK(open.open());
+  CHECK(open.for_job("any") == std::string());
+  Secrets s("cluster");
+  s.set_job("a", "sa");
+  CHECK(s.for_job("a") == std::string("sa"));
+  CHECK(s.for_job("b") == std::string("cluster"));
+  CHECK(s.for_job("") == std::string("cluster"));
+  CHECK_FALSE(s.is_cluster_secret("a"));
+  Secrets jobs_only;
+  jobs_only.set_job("a", "sa");
+  CHECK_FALSE(jobs_only.for_job("b"));
+  CHECK_FALSE(jobs_only.for_job(""));
 }

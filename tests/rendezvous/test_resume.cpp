@@ -68,7 +68,7 @@ std::vector<Known> run_first_round(int n, int min_nodes, int restarts_before = 0
     Known k;
     k.node = spec("node" + std::to_string(i), min_nodes, n);
     k.round = rounds.back()["assignment"].get<Assignment>();
-    k.secret = rounds.back()["secret"].get<std::string>();
+    k.secret = rounds.back()["assignment"]["secret"].get<std::string>();
     CHECK(k.secret.size() >= kMinSecretChars);
     known.push_back(k);
   }
@@ -238,7 +238,7 @@ TEST_CASE("on a daemon that never went away, a node's new connection replaces it
   StateMachine sm{clock, out};
   sm.join(1, spec("node1", 2, 2));
   sm.join(2, spec("node2", 2, 2));
-  Known k{spec("node2", 2, 2), out.round(2), out.of(2, "round").back()["secret"].get<std::string>()};
+  Known k{spec("node2", 2, 2), out.round(2), out.of(2, "round").back()["assignment"]["secret"].get<std::string>()};
   sm.resume(20, k.request());
   CHECK(out.of(20, "resumed").size() == 1);
   CHECK(out.dropped.count(2));  // the old connection is closed as replaced
@@ -255,7 +255,7 @@ TEST_CASE("a node resuming a round that has ended is told to restart and can joi
   StateMachine sm{clock, out};
   sm.join(1, spec("node1", 1, 2));
   sm.join(2, spec("node2", 1, 2));
-  Known k{spec("node2", 1, 2), out.round(2), out.of(2, "round").back()["secret"].get<std::string>()};
+  Known k{spec("node2", 1, 2), out.round(2), out.of(2, "round").back()["assignment"]["secret"].get<std::string>()};
   sm.disconnected(2, "network cut");  // lost: node1 restarts and runs alone
   sm.join(1, spec("node1", 1, 2));
   REQUIRE(out.round(1).group_world_size == 1);
@@ -349,19 +349,19 @@ TEST_CASE("a hostile client's resume is refused on a real server and a healthy j
   // A healthy one-node job with its round.
   RawConn healthy(st.port());
   REQUIRE(healthy.connected());
-  healthy.send(make_hello("job", ""));
+  healthy.say_hello("job");
   REQUIRE(healthy.recv_type("welcome"));
   NodeSpec s = spec("node1", 1, 1);
   s.timeouts.heartbeat_timeout = 30;
   healthy.send(make_join(s));
   auto round = healthy.recv_type("round");
   REQUIRE(round);
-  Known k{s, (*round)["assignment"].get<Assignment>(), (*round)["secret"].get<std::string>()};
+  Known k{s, (*round)["assignment"].get<Assignment>(), (*round)["assignment"]["secret"].get<std::string>()};
 
   auto expect_refused = [&](const nlohmann::json& message, const std::string& code) {
     RawConn bad(st.port());
     REQUIRE(bad.connected());
-    bad.send(make_hello("job", ""));
+    bad.say_hello("job");
     REQUIRE(bad.recv_type("welcome"));
     bad.send(message);
     auto err = bad.recv_type("error");

@@ -53,7 +53,7 @@ struct Healthy {
   RawConn conn;
   Healthy(unsigned short port, const std::string& token = "") : conn(port) {
     REQUIRE(conn.connected());
-    conn.send(make_hello("healthy-job", token));
+    conn.say_hello("healthy-job", token);
     REQUIRE(conn.recv_type("welcome"));
     conn.send(make_join(one_node("healthy-job")));
     REQUIRE(conn.recv_type("round"));
@@ -64,7 +64,7 @@ struct Healthy {
     CHECK(conn.recv_type("heartbeat_ack"));
     RawConn fresh(port);
     REQUIRE(fresh.connected());
-    fresh.send(make_hello("other-job", token));
+    fresh.say_hello("other-job", token);
     CHECK(fresh.recv_type("welcome"));
     fresh.send(make_join(one_node("other-job")));
     auto round = fresh.recv_type("round");
@@ -88,7 +88,7 @@ TEST_CASE("a wrong token gets a bad_token error and that connection closes; othe
   ServerThread st(o);
   Healthy healthy(st.port(), "s3cret");
   RawConn bad(st.port());
-  bad.send(make_hello("healthy-job", "guess"));
+  bad.say_hello("healthy-job", "guess");
   auto err = bad.recv_type("error");
   REQUIRE(err);
   CHECK((*err)["code"] == "bad_token");
@@ -115,9 +115,8 @@ TEST_CASE("a wrong protocol version gets a version_mismatch error naming both ve
   ServerThread st({});
   Healthy healthy(st.port());
   RawConn bad(st.port());
-  auto hello = make_hello("x", "");
-  hello["protocol_version"] = 42;
-  bad.send(hello);
+  REQUIRE(bad.recv_type("challenge"));
+  bad.send(nlohmann::json{{"type", "hello"}, {"protocol_version", 42}, {"job_id", "x"}});
   auto err = bad.recv_type("error");
   REQUIRE(err);
   CHECK((*err)["code"] == "version_mismatch");
@@ -141,7 +140,7 @@ TEST_CASE("malformed JSON gets a bad_json error, before and after hello") {
   }
   {
     RawConn bad(st.port());
-    bad.send(make_hello("j", ""));
+    bad.say_hello("j", "");
     REQUIRE(bad.recv_type("welcome"));
     bad.send_raw_payload("\xff\xfe garbage");
     auto err = bad.recv_type("error");
@@ -151,16 +150,17 @@ TEST_CASE("malformed JSON gets a bad_json error, before and after hello") {
   }
   {
     RawConn bad(st.port());
-    bad.send(make_hello("j", ""));
+    bad.say_hello("j", "");
     REQUIRE(bad.recv_type("welcome"));
     bad.send({{"type", "join"}, {"node", {{"local_world_size", "four"}}}});
     auto err = bad.recv_type("error");
     REQUIRE(err);
-    CHECK((*err)["code"] == "bad_message");
+    CHECK((*err)["code"] == "bad_join");
+    CHECK((*err)["message"].get<std::string>().find("local_world_size") != std::string::npos);
   }
   {
     RawConn bad(st.port());
-    bad.send(make_hello("j", ""));
+    bad.say_hello("j", "");
     REQUIRE(bad.recv_type("welcome"));
     bad.send({{"type", "launch_missiles"}});
     auto err = bad.recv_type("error");
@@ -187,7 +187,7 @@ TEST_CASE("an oversized frame is refused from its header without allocating it")
   CHECK(rss_bytes() < before + (64u << 20));
   // Just over the default limit: refused too.
   RawConn bad2(st.port());
-  bad2.send(make_hello("j", ""));
+  bad2.say_hello("j", "");
   REQUIRE(bad2.recv_type("welcome"));
   bad2.send_raw_payload("{\"type\":\"heartbeat\",\"pad\":\"" + std::string(kDefaultMaxFrameBytes, 'x') + "\"}");
   auto err2 = bad2.recv_type("error");
@@ -233,7 +233,9 @@ TEST_CASE("a flood of connections is capped and the server keeps serving") {
   std::vector<std::unique_ptr<RawConn>> authed;
   for (int i = 0; i < 60; ++i) {
     auto c = std::make_unique<RawConn>(st.port());
-    c->send(make_hello("flood-" + std::to_string(i), ""));
+    Hello h;  // no secret on this server: hello needs no answer to the challenge
+    h.job_id = "flood-" + std::to_string(i);
+    c->send(make_hello(h));
     authed.push_back(std::move(c));
   }
   // The existing session is unaffected while the flood sits there.
@@ -263,7 +265,7 @@ TEST_CASE("a busy server tells an extra connection why it is refused") {
   ServerThread st(o);
   Healthy healthy(st.port());
   RawConn second(st.port());
-  second.send(make_hello("j", ""));
+  second.say_hello("j", "");
   REQUIRE(second.recv_type("welcome"));
   RawConn third(st.port());
   auto err = third.recv_type("error");
@@ -280,11 +282,11 @@ TEST_CASE("a client that never reads cannot make the server grow without bound")
   ServerThread st(o);
   Healthy healthy(st.port());
   RawConn hog(st.port());
-  hog.send(make_hello("hog", ""));
+  hog.say_hello("hog", "");
   // Thousands of heartbeats whose acks are never read: the kernel buffers fill, then the
   // server's queue limit cuts the connection rather than growing.
   std::string burst;
-  for (int i = 0; i < 2000; ++i) burst += *encode_frame(make_heartbeat());
+  for (int i = 0; i < 2000; ++i) burst += *encode(make_heartbeat());
   for (int i = 0; i < 1000; ++i) {
     if (!hog.send_bytes(burst)) break;
   }

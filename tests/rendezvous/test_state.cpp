@@ -688,3 +688,98 @@ TEST_CASE("env check: a lock file named on one node only is a breaking differenc
   CHECK(f.out.dropped[1].code == "round_refused");
   CHECK(contains(f.out.dropped[1].message, "node node1 (10.0.0.1) has lock file sha256 (none); node node2 has bbbbbbbbbbbb"));
 }
+
+// ---- Issue 11: refused rounds at a deadline, join churn, policy, input the codec would refuse.
+
+TEST_CASE("a round refused at the last-call deadline forgets the job without touching it again") {
+  // The round completes from tick() (the last-call timer), the check refuses it and every member
+  // leaves: the job must be erased only once tick() is done with it (run under scripts/test
+  // --sanitize, a use after free here is a failure).
+  EnvFixture f;
+  f.sm.join(1, env_spec("node1", 2, 3, "2.1.0+cu121"));
+  f.sm.join(2, env_spec("node2", 2, 3, "2.1.0+cu118"));
+  CHECK(f.out.dropped.empty());
+  f.clock.advance(5.1);
+  f.sm.tick();
+  CHECK(f.out.dropped.count(1) == 1);
+  CHECK(f.out.dropped.count(2) == 1);
+  CHECK(f.sm.job_count() == 0);
+  CHECK(f.sm.node_count() == 0);
+  f.sm.tick();  // nothing left to touch
+  CHECK(f.sm.job_count() == 0);
+}
+
+TEST_CASE("restarts caused by a node that keeps joining and leaving back off") {
+  Fixture f;
+  f.sm.join(1, spec("node1", 1, 2));
+  f.clock.advance(5);
+  f.sm.tick();
+  REQUIRE(f.out.of(1, "round").size() == 1);
+  auto churn = [&](ConnId conn) {  // a newcomer joins the running round, then leaves again
+    f.sm.join(conn, spec("node2", 1, 2));
+  };
+  auto rejoin_all = [&](std::initializer_list<ConnId> conns) {
+    for (ConnId c : conns) f.sm.join(c, spec(c == 1 ? "node1" : "node2", 1, 2));
+  };
+  // First and second join-caused restarts are immediate.
+  churn(2);
+  CHECK(f.out.of(1, "restart").size() == 1);
+  rejoin_all({1});
+  REQUIRE(f.out.of(1, "round").size() == 2);
+  f.sm.leave(2);
+  CHECK(f.out.of(1, "restart").size() == 2);  // a leave is never delayed
+  rejoin_all({1});
+  REQUIRE(f.out.of(1, "round").size() == 3);
+  churn(3);
+  CHECK(f.out.of(1, "restart").size() == 3);
+  rejoin_all({1});
+  f.sm.join(3, spec("node3", 1, 2));
+  REQUIRE(f.out.of(1, "round").size() == 4);
+  f.sm.leave(3);
+  rejoin_all({1});
+  REQUIRE(f.out.of(1, "round").size() == 5);
+  // The third within the window waits: the newcomer does not restart the running round at once.
+  f.sm.join(4, spec("node4", 1, 2));
+  CHECK(f.out.of(1, "restart").size() == 4);  // only the leave of node3 since
+  CHECK(f.out.of(4, "round").empty());
+  f.clock.advance(0.5);
+  f.sm.tick();
+  CHECK(f.out.of(1, "restart").size() == 4);
+  f.clock.advance(0.6);  // 1 s after the last join-caused restart
+  f.sm.tick();
+  CHECK(f.out.of(1, "restart").size() == 5);
+  rejoin_all({1});
+  REQUIRE(f.out.of(4, "round").size() == 1);
+  CHECK(f.out.round(4).group_world_size == 2);
+}
+
+TEST_CASE("a node asking for another max_restarts or timeout than the job's is refused naming both") {
+  Fixture f;
+  f.sm.join(1, spec("node1", 2, 2));
+  NodeSpec other = spec("node2", 2, 2);
+  other.max_restarts = 7;
+  f.sm.join(2, other);
+  REQUIRE(f.out.dropped.count(2) == 1);
+  CHECK(f.out.dropped[2].code == "policy_mismatch");
+  CHECK(f.out.dropped[2].message.find("--max_restarts 7") != std::string::npos);
+  CHECK(f.out.dropped[2].message.find("job's 0") != std::string::npos);
+  NodeSpec slow = spec("node3", 2, 2);
+  slow.timeouts.join_timeout = 61;
+  f.sm.join(3, slow);
+  CHECK(f.out.dropped[3].message.find("join_timeout 61 s differs from job job's 60 s") != std::string::npos);
+  f.sm.join(4, spec("node4", 2, 2));
+  CHECK(f.out.of(1, "round").size() == 1);  // the job itself is undisturbed
+}
+
+TEST_CASE("specs the codec would refuse are refused by the state machine too") {
+  Fixture f;
+  NodeSpec wide = spec("node1", 2, 2);
+  wide.local_world_size = 2147483647;
+  f.sm.join(1, wide);
+  CHECK(f.out.dropped[1].code == "bad_join");
+  NodeSpec flat = spec("node2", 1, 1);
+  flat.fingerprint = nlohmann::json::array({1});
+  f.sm.join(2, flat);
+  CHECK(f.out.dropped[2].message.find("fingerprint") != std::string::npos);
+  CHECK(f.sm.job_count() == 0);
+}

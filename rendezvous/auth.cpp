@@ -1,0 +1,117 @@
+#include "rendezvous/auth.h"
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+namespace ddp::rdzv {
+namespace {
+
+std::string hex(const unsigned char* data, std::size_t n) {
+  static const char* digits = "0123456789abcdef";
+  std::string out(2 * n, '0');
+  for (std::size_t i = 0; i < n; ++i) {
+    out[2 * i] = digits[data[i] >> 4];
+    out[2 * i + 1] = digits[data[i] & 15];
+  }
+  return out;
+}
+
+std::string trim(std::string s) {
+  const char* space = " \t\r\n";
+  s.erase(0, s.find_first_not_of(space) == std::string::npos ? s.size() : s.find_first_not_of(space));
+  s.erase(s.find_last_not_of(space) + 1);
+  return s;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw SecretError("cannot read the token file " + path + ": " + std::strerror(errno));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+std::string random_hex(std::size_t bytes) {
+  std::string raw(bytes, '\0');
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(raw.data()), static_cast<int>(bytes)) != 1) {
+    throw std::runtime_error("OpenSSL RAND_bytes failed: no randomness for the rendezvous nonce");
+  }
+  return hex(reinterpret_cast<const unsigned char*>(raw.data()), raw.size());
+}
+
+std::string auth_proof(std::string_view secret, std::string_view role, std::string_view server_nonce,
+                       std::string_view client_nonce, std::string_view job_id) {
+  std::string text = "ddplaunch-rdzv-2\n";
+  text.append(role).append("\n").append(server_nonce).append("\n").append(client_nonce).append("\n").append(job_id);
+  unsigned char mac[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()), reinterpret_cast<const unsigned char*>(text.data()),
+       text.size(), mac, &len);
+  return hex(mac, len);
+}
+
+bool proofs_equal(std::string_view a, std::string_view b) {
+  if (a.size() != b.size() || a.empty()) return false;
+  return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+Secrets Secrets::load(const std::string& path) {
+  Secrets s;
+  std::istringstream lines(read_file(path));
+  std::string line;
+  int number = 0;
+  while (std::getline(lines, line)) {
+    ++number;
+    line = trim(line.substr(0, line.find('#')));
+    if (line.empty()) continue;
+    std::istringstream words(line);
+    std::string first, second, extra;
+    words >> first >> second >> extra;
+    if (!extra.empty()) {
+      throw SecretError("token file " + path + " line " + std::to_string(number) +
+                        ": expected SECRET or JOB_ID SECRET, got more words");
+    }
+    if (second.empty()) {
+      if (!s.cluster_.empty()) {
+        throw SecretError("token file " + path + " line " + std::to_string(number) +
+                          ": a second cluster secret (one-word line); per-job secrets are written JOB_ID SECRET");
+      }
+      s.cluster_ = first;
+    } else {
+      s.jobs_[first] = second;
+    }
+  }
+  if (s.open()) throw SecretError("token file " + path + " holds no secret");
+  return s;
+}
+
+std::optional<std::string> Secrets::for_job(const std::string& job_id) const {
+  if (!job_id.empty()) {
+    auto it = jobs_.find(job_id);
+    if (it != jobs_.end()) return it->second;
+  }
+  if (!cluster_.empty()) return cluster_;
+  if (open()) return std::string();
+  return std::nullopt;
+}
+
+bool Secrets::is_cluster_secret(const std::string& job_id) const {
+  return open() || job_id.empty() || jobs_.count(job_id) == 0;
+}
+
+std::string read_secret_file(const std::string& path) {
+  std::string secret = trim(read_file(path));
+  if (secret.empty()) throw SecretError("the token file " + path + " is empty: write the shared secret into it");
+  return secret;
+}
+
+}  // namespace ddp::rdzv

@@ -1,0 +1,65 @@
+// Authentication of the rendezvous protocol (docs/security.md): an HMAC-SHA256 challenge-response
+// over nonces, so the shared secret never crosses the wire. No Boost.Asio here.
+//
+// The server sends a fresh random nonce first (challenge). A client proves it knows the secret
+// with proof(secret, "hello" or "status", server_nonce, client_nonce, job_id); the server
+// answers welcome with proof(secret, "server", ...) so that the agent knows it talks to the
+// real server (a fake one would hand out MASTER_ADDR).
+#pragma once
+
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+namespace ddp::rdzv {
+
+// Reading a secret file failed (missing, unreadable, empty, malformed). A usage error.
+class SecretError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// `bytes` fresh random bytes from OpenSSL's generator, as lowercase hex.
+std::string random_hex(std::size_t bytes = 32);
+
+// Hex HMAC-SHA256 under `secret` of the role, both nonces and the job id.
+std::string auth_proof(std::string_view secret, std::string_view role, std::string_view server_nonce,
+                       std::string_view client_nonce, std::string_view job_id);
+
+// Compares two proofs in time independent of where they differ.
+bool proofs_equal(std::string_view a, std::string_view b);
+
+// The secrets a server accepts: one for the whole cluster and/or one per job.
+//
+// File format (--token_file): lines; `#` starts a comment; a line `JOB_ID SECRET` sets the
+// secret of one job; a line holding one word is the cluster secret (used by every job without its
+// own). A file holding a single line is therefore also what an agent's token_file holds.
+class Secrets {
+ public:
+  Secrets() = default;
+  // A cluster secret only (empty = none).
+  explicit Secrets(std::string cluster) : cluster_(std::move(cluster)) {}
+  // REQUIRES: nothing. Throws SecretError naming the file and the line.
+  static Secrets load(const std::string& path);
+
+  void set_cluster(std::string secret) { cluster_ = std::move(secret); }
+  void set_job(const std::string& job_id, std::string secret) { jobs_[job_id] = std::move(secret); }
+  // True when no secret at all is configured: every client is accepted (docs/security.md).
+  bool open() const { return cluster_.empty() && jobs_.empty(); }
+  // The secret a client of `job_id` must prove ("" = the cluster's); nullopt when secrets are
+  // configured but none applies (the client is refused).
+  std::optional<std::string> for_job(const std::string& job_id) const;
+  // True when the secret proven for a status query grants every job (not one job's only).
+  bool is_cluster_secret(const std::string& job_id) const;
+
+ private:
+  std::string cluster_;
+  std::map<std::string, std::string> jobs_;
+};
+
+// Reads an agent's secret file: the whole file, trailing whitespace removed. Throws SecretError.
+std::string read_secret_file(const std::string& path);
+
+}  // namespace ddp::rdzv
