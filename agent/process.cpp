@@ -42,15 +42,26 @@ class PosixProcesses final : public Processes {
     }
     // Whatever was opened since the last spawn (a rendezvous socket) becomes close-on-exec.
     mark_open_fds_cloexec();
-    bp::environment env;
-    for (const auto& [k, v] : request.env) env[k] = v;
-    env[Containment::kMarkerVariable] = containment_.marker_value();
+    // The environment block execve gets, built here: Boost.Process 1.74's bp::environment reads
+    // past the end of shorter keys on every lookup (boostorg/process#246, found by ASan).
+    std::vector<std::string> env_strings;
+    env_strings.reserve(request.env.size() + 1);
+    for (const auto& [k, v] : request.env) {
+      if (k != Containment::kMarkerVariable) env_strings.push_back(k + "=" + v);
+    }
+    env_strings.push_back(std::string(Containment::kMarkerVariable) + "=" + containment_.marker_value());
+    std::vector<char*> envp;
+    envp.reserve(env_strings.size() + 1);
+    for (auto& e : env_strings) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    char** const env_block = envp.data();
     const pid_t parent = ::getpid();
     const int out_fd = request.stdout_fd, err_fd = request.stderr_fd;
     const int cgroup_procs = containment_.cgroup_procs_fd();
     const PreparedBinding numa = request.numa;
-    auto setup = [parent, out_fd, err_fd, cgroup_procs, numa](auto& /*executor*/) {
+    auto setup = [parent, out_fd, err_fd, cgroup_procs, numa, env_block](auto& executor) {
       // Runs in the child between fork and exec: only async-signal-safe calls.
+      executor.env = env_block;  // the block above, alive in the parent's frame until exec
       ::setpgid(0, 0);
       // Into the worker group's cgroup, which cgroup.kill ends whole (docs/agent.md).
       if (cgroup_procs >= 0) (void)!::write(cgroup_procs, "0", 1);
@@ -73,8 +84,7 @@ class PosixProcesses final : public Processes {
     };
     std::vector<std::string> args(request.argv.begin() + 1, request.argv.end());
     std::error_code ec;
-    bp::child child(bp::exe = exe, bp::args = args, bp::env = env,
-                    bp::extend::on_exec_setup = setup, ec);
+    bp::child child(bp::exe = exe, bp::args = args, bp::extend::on_exec_setup = setup, ec);
     if (ec) throw SpawnError("cannot start " + request.argv.at(0) + ": " + ec.message());
     const int pid = child.id();
     child.detach();  // reaped by the SIGCHLD loop below

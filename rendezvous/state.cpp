@@ -38,10 +38,13 @@ std::optional<std::string> validate(const NodeSpec& s) {
     return "invalid --nnodes " + std::to_string(s.min_nodes) + ":" + std::to_string(s.max_nodes) +
            ": need 1 <= MIN <= MAX";
   }
-  if (s.requested_rank < -1 || s.requested_rank >= s.min_nodes) {
+  if (s.requested_rank < -1 || s.requested_rank >= s.max_nodes) {
+    // Bounded by MAX, as the launcher bounds it (a usage error there, never a rendezvous failure
+    // here). A rank a smaller round cannot honour (MIN <= rank, fewer nodes) takes the lowest free
+    // rank of that round (complete_round), as torchrun's elastic rendezvous does.
     return "--node_rank " + std::to_string(s.requested_rank) + " is out of range: with --nnodes " +
            std::to_string(s.min_nodes) + ":" + std::to_string(s.max_nodes) + " it must be in 0.." +
-           std::to_string(s.min_nodes - 1) + " (below MIN, so every round can honour it)";
+           std::to_string(s.max_nodes - 1);
   }
   if (s.max_restarts < 0) return "--max_restarts must be >= 0";
   const Timeouts& t = s.timeouts;

@@ -37,7 +37,7 @@ sys.exit(code)
 """
 
 # Differences on purpose (docs/cli.md, "Differences from torchrun 2.x"): name -> what differs.
-ONLY_DDPLAUNCH = {"DDPLAUNCH_GENERATION", "NCCL_ASYNC_ERROR_HANDLING"}
+ONLY_DDPLAUNCH = {"DDPLAUNCH_GENERATION", "NCCL_ASYNC_ERROR_HANDLING", "DDPLAUNCH_SUPERVISOR"}
 ONLY_TORCHRUN = set()
 DIFFERENT_VALUE = {"TORCHELASTIC_USE_AGENT_STORE"}   # torchrun "True", ddplaunch "False"
 PER_RUN = {"MASTER_PORT", "TORCHELASTIC_ERROR_FILE"}  # a port / a path of each run, compared apart

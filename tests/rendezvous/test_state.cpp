@@ -326,6 +326,24 @@ TEST_CASE("--node_rank is honoured; a taken or out-of-range rank is refused clea
   CHECK(f.out.round(3).group_rank == 1);
 }
 
+TEST_CASE("--node_rank is bounded by MAX nodes; in a round too small for it the node takes a free rank") {
+  Fixture f;
+  NodeSpec a = spec("node1", 1, 3), b = spec("node2", 1, 3);
+  a.requested_rank = 2;  // >= MIN, < MAX: accepted (the launcher bounds it the same way)
+  f.sm.join(1, a);
+  f.sm.join(2, b);
+  CHECK(f.out.dropped.count(1) == 0);
+  f.clock.advance(5);
+  f.sm.tick();  // last call: a round of 2 cannot have group rank 2
+  CHECK(f.out.round(1).group_rank == 0);
+  CHECK(f.out.round(2).group_rank == 1);
+  NodeSpec c = spec("node3", 1, 3);
+  c.requested_rank = 3;
+  f.sm.join(3, c);
+  REQUIRE(f.out.dropped.count(3) == 1);
+  CHECK(f.out.dropped[3].message.find("0..2") != std::string::npos);
+}
+
 TEST_CASE("a join with another --nnodes than the job's is refused") {
   Fixture f;
   f.sm.join(1, spec("node1", 2, 2));
