@@ -1,5 +1,5 @@
 // The agent: supervises this node's worker group for one job. It joins a round through its
-// RendezvousHandler, starts nproc workers with the environment of DESIGN.md, watches them
+// RendezvousHandler, starts nproc workers with the environment of docs/architecture.md, watches them
 // (child exit is an event), stops the whole group when one fails, reports to the rendezvous,
 // and restarts them or ends the job as the rendezvous decides. It forwards the signals it
 // handles to the workers and owns their console/log output.

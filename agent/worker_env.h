@@ -1,4 +1,4 @@
-// What each worker is started with: its command line and the environment of DESIGN.md
+// What each worker is started with: its command line and the environment of docs/architecture.md
 // ("The worker environment"). Pure functions, no processes: tested in tests/agent.
 #pragma once
 

@@ -5,7 +5,7 @@
 // periodically; it answers through an Outbox. Owned by the Server (or a test); called on one
 // thread only (the server's io_context thread), so it holds no locks.
 //
-// Semantics (DESIGN.md "Rendezvous semantics", decisions in docs/rendezvous.md):
+// Semantics (docs/architecture.md "Lifecycle of a rendezvous round", decisions in docs/rendezvous.md):
 //  - A round completes at MAX waiting nodes; at MIN once last_call_timeout has passed since MIN
 //    was reached; and, after the first round, as soon as every connected node of the job has
 //    rejoined (at least MIN), because nobody else is expected.

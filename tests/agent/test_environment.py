@@ -1,4 +1,4 @@
-"""ddplaunch gives each worker the environment of DESIGN.md, and real PyTorch workers can use it
+"""ddplaunch gives each worker the environment of docs/architecture.md, and real PyTorch workers can use it
 to form a Gloo process group and all-reduce."""
 
 import os

@@ -13,7 +13,7 @@
 
 using namespace ddp::agent;
 
-TEST_SUITE("the worker environment follows DESIGN.md") {
+TEST_SUITE("the worker environment follows docs/architecture.md") {
   TEST_CASE("ranks are the rank offset plus the local rank, and every variable is set") {
     RoundEnv round;
     round.assignment.generation = 7;
