@@ -12,6 +12,7 @@
 
 #include "agent/devices.h"
 #include "launcher/command_line.h"
+#include "launcher/slurm.h"
 
 namespace ddp::launcher {
 namespace {
@@ -413,7 +414,7 @@ LaunchConfig parse_command_line(int argc, const char* const* argv, const ParseCo
   std::ostream& out = context.out != nullptr ? *context.out : std::cout;
   std::ostream& err = context.err != nullptr ? *context.err : std::cerr;
 
-  const CommandLine line = read_command_line(argc, argv);
+  CommandLine line = read_command_line(argc, argv);
   if (line.help) {
     out << help_text();
     throw UsageError("", ExitCode::kSuccess);
@@ -422,9 +423,13 @@ LaunchConfig parse_command_line(int argc, const char* const* argv, const ParseCo
     out << version_text() << "\n";
     throw UsageError("", ExitCode::kSuccess);
   }
+  // Slurm's variables fill what the command line and PET_ variables left out (launcher/slurm.h).
+  std::vector<std::string> from_slurm =
+      add_slurm_values(line.values, [](const char* name) { return std::getenv(name); });
   const RawValues& raw = line.values;
 
   LaunchConfig config;
+  config.from_slurm = std::move(from_slurm);
   if (auto g = raw.find("nnodes")) parse_nnodes(*g, config);
   if (auto g = raw.find("nproc_per_node")) parse_nproc(*g, config, context);
   std::optional<double> shutdown_key;

@@ -1,5 +1,6 @@
 // The resolved configuration of one ddplaunch run: command-line flags, then PET_<NAME>
-// environment variables, then defaults (torchrun's order). parse_command_line() reads argv once
+// environment variables, then (inside a Slurm allocation) Slurm's variables, then defaults
+// (torchrun's order, with Slurm added before the defaults). parse_command_line() reads argv once
 // (launcher/command_line.h) and resolves it here, checking every rule that ties flags together
 // in one place; main.cpp then builds the agent from the typed result.
 #pragma once
@@ -86,6 +87,9 @@ struct LaunchConfig {
   EnvCheckMode env_check = EnvCheckMode::kStrict;  // --env_check (issue 6)
   std::string env_lock;                // --env_lock FILE (issue 6)
   bool check_env = false;              // --check_env (issue 6)
+  // The options Slurm's variables supplied (launcher/slurm.h), one "--flag=value (VARIABLE)"
+  // each, for the start-up line; empty outside a Slurm allocation.
+  std::vector<std::string> from_slurm;
   std::string program;                 // training script, module or executable
   std::vector<std::string> program_args;
 };

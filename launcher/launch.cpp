@@ -277,6 +277,12 @@ int check_env(const LaunchConfig& config) {
 }
 
 int launch(const LaunchConfig& config) {
+  if (!config.from_slurm.empty()) {
+    std::string line;
+    for (const std::string& item : config.from_slurm) line += (line.empty() ? "" : ", ") + item;
+    std::fprintf(stderr, "ddplaunch: from Slurm: %s (flags and PET_ variables override these)\n",
+                 line.c_str());
+  }
   if (config.check_env) return check_env(config);
   const ResolvedProgram program = resolve_program(program_request(config));
   if (!program.note.empty()) std::fprintf(stderr, "ddplaunch: %s\n", program.note.c_str());
