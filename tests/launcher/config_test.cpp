@@ -36,7 +36,9 @@ const char* const kAllVariables[] = {
     "PET_LOCAL_RANKS_FILTER", "PET_ENV_CHECK", "PET_ENV_LOCK", "PET_CHECK_ENV", "PYTHON_EXEC",
     "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "PET_VIRTUAL_LOCAL_RANK", "PET_NUMA_BINDING",
     "PET_DUPLICATE_STDOUT_FILTERS", "PET_DUPLICATE_STDERR_FILTERS", "PET_LOGS_SPECS",
-    "PET_EVENT_LOG_HANDLER", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"};
+    "PET_EVENT_LOG_HANDLER", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT",
+    // Inside a Slurm allocation Slurm's variables are a source too (launcher/slurm.h).
+    "SLURM_JOB_ID"};
 
 // Sets and unsets environment variables for one test and restores them afterwards. Starts by
 // unsetting every variable the parser reads, so the caller's environment cannot leak in.

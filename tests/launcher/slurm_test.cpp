@@ -222,7 +222,7 @@ TEST_SUITE("malformed hostlists are refused with the position and the reason") {
   }
 }
 
-TEST_SUITE("inside Slurm, options come from Slurm's variables unless given") {
+TEST_SUITE("inside Slurm the options come from Slurm's variables unless given") {
   TEST_CASE("a 2-node step: nodes, rank, job id, the first host as endpoint, GPUs, grace") {
     SlurmEnv env;
     env.two_node_step(1);
