@@ -12,6 +12,7 @@
 #include <boost/asio.hpp>
 
 #include "rendezvous/auth.h"
+#include "rendezvous/notify.h"
 #include "rendezvous/server.h"
 #include "rendezvous/status.h"
 
@@ -84,6 +85,7 @@ int serve(const std::string& host, unsigned short port, const std::string& token
   signals.async_wait([&](const boost::system::error_code& e, int signo) {
     if (e) return;
     options.log(std::string("stopping on ") + (signo == SIGINT ? "SIGINT" : "SIGTERM"));
+    if (auto error = ddp::rdzv::notify_systemd("STOPPING=1"); !error.empty()) options.log(error);
     server->stop();
     io.stop();
   });
@@ -96,6 +98,12 @@ int serve(const std::string& host, unsigned short port, const std::string& token
         "--token_file=PATH and every agent --rdzv_conf token_file=PATH (see docs/security.md)";
     options.log(warning);
     std::cerr << "ddp-rendezvous: " << warning << "\n";
+  }
+  // Under systemd (Type=notify): the port accepts connections from here on.
+  if (auto error = ddp::rdzv::notify_systemd("READY=1\nSTATUS=listening on " + host + ":" +
+                                             std::to_string(server->port()));
+      !error.empty()) {
+    options.log("cannot tell systemd that the daemon is ready: " + error);
   }
   io.run();
   return kExitOk;
