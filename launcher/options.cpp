@@ -281,7 +281,11 @@ std::string help_text() {
        "        key shutdown_timeout are not given (else 30 seconds).\n"
        "    OMP_NUM_THREADS\n"
        "        Set to 1 for the workers when unset and more than one worker runs\n"
-       "        per node.\n";
+       "        per node.\n"
+       "    SLURM_JOB_ID, SLURM_NNODES, SLURM_NODEID, SLURM_*NODELIST, SLURM_*GPUS*\n"
+       "        Inside a Slurm allocation: defaults for --nnodes, --node_rank,\n"
+       "        --rdzv_id, the rendezvous endpoint (first node of the list),\n"
+       "        --nproc_per_node and --shutdown_timeout (25), after PET_<NAME>.\n";
   h += "\nEXAMPLES\n"
        "    One node, four workers:\n"
        "        ddplaunch --nproc_per_node=4 train.py --epochs 3\n"

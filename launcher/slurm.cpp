@@ -206,6 +206,101 @@ bool rdzv_conf_names(const RawValues& raw, const std::string& key) {
   return false;
 }
 
+// Fills one RawValues from Slurm's variables, one concern per method (add_slurm_values' phases).
+struct SlurmSource {
+  RawValues& raw;
+  const EnvLookup& env;
+  std::vector<std::string> added;  // "--flag=value (note)" per option supplied
+
+  // Sets `option` unless the command line or a PET_ variable gave it.
+  void supply(const char* option, const std::string& value, const std::string& source,
+              const std::string& note) {
+    if (raw.find(option) != nullptr) return;
+    raw.set(option, Given{value, source});
+    added.push_back("--" + std::string(option) + "=" + value + " (" + note + ")");
+  }
+
+  // --nnodes from SLURM_NNODES; returns Slurm's node count (1 when unset).
+  long add_nodes() {
+    if (get(env, "SLURM_NNODES") == nullptr) return 1;
+    const long nodes = slurm_integer(env, "SLURM_NNODES", 1, "a node count >= 1");
+    supply("nnodes", std::to_string(nodes), "SLURM_NNODES", "SLURM_NNODES");
+    return nodes;
+  }
+
+  // --node_rank from SLURM_NODEID. Every task of a node shares its SLURM_NODEID, so several
+  // ddplaunch per node would all claim one rank: ddplaunch starts the node's workers itself.
+  void add_node_rank() {
+    if (get(env, "SLURM_NODEID") == nullptr || raw.find("node_rank") != nullptr) return;
+    const char* tasks = get(env, "SLURM_STEP_NUM_TASKS");
+    const char* step_nodes = get(env, "SLURM_STEP_NUM_NODES");
+    if (tasks != nullptr && step_nodes != nullptr) {
+      const long t = slurm_integer(env, "SLURM_STEP_NUM_TASKS", 1, "a task count >= 1");
+      const long n = slurm_integer(env, "SLURM_STEP_NUM_NODES", 1, "a node count >= 1");
+      if (t > n) {
+        refuse("srun started " + std::to_string(t) + " tasks on " + std::to_string(n) +
+               " node(s) (SLURM_STEP_NUM_TASKS=" + tasks + ", SLURM_STEP_NUM_NODES=" + step_nodes +
+               "), but ddplaunch runs once per node and starts that node's workers itself: use "
+               "srun --ntasks-per-node=1 (see examples/slurm/train.sbatch), or give --node_rank "
+               "to each task yourself");
+      }
+    }
+    const long rank = slurm_integer(env, "SLURM_NODEID", 0, "a node index >= 0");
+    supply("node_rank", std::to_string(rank), "SLURM_NODEID", "SLURM_NODEID");
+  }
+
+  // The rendezvous on more than one node (by Slurm, or by an explicit --nnodes such as an
+  // elastic range): the first node of the step hosts it (the c10d backend's in-process server).
+  void add_rendezvous(long nodes) {
+    const Given* nnodes = raw.find("nnodes");
+    const bool several = nodes > 1 || (nnodes != nullptr && trim(nnodes->value) != "1");
+    if (!several || raw.find("rdzv_endpoint") != nullptr) return;
+    const char* list_name = nullptr;
+    for (const char* name : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}) {
+      if (get(env, name) != nullptr) {
+        list_name = name;
+        break;
+      }
+    }
+    if (list_name == nullptr) return;
+    std::string host;
+    try {
+      host = first_host(get(env, list_name));
+    } catch (const HostlistError& e) {
+      refuse(std::string(list_name) + ": " + e.what() + "; give --rdzv_endpoint=HOST:PORT to "
+             "name the rendezvous yourself");
+    }
+    const std::string source = std::string("the first host of ") + list_name;
+    const std::string endpoint = host + ":" + std::to_string(kSlurmRendezvousPort);
+    const Given* backend = raw.find("rdzv_backend");
+    const std::string backend_value = backend != nullptr ? lower(trim(backend->value)) : "";
+    const bool master_given = raw.find("master_addr") != nullptr;
+    if (backend == nullptr && !master_given) {
+      supply("rdzv_backend", "c10d", list_name, "a Slurm job on several nodes");
+      supply("rdzv_endpoint", endpoint, source, source);
+    } else if (backend_value == "c10d" || backend_value == "ddp") {
+      supply("rdzv_endpoint", endpoint, source, source);
+    } else if (backend_value == "static" && !master_given) {
+      supply("master_addr", host, source, source);
+    }
+  }
+
+  // --nproc_per_node from the GPUs Slurm gave the node, when it gave any.
+  void add_workers() {
+    if (raw.find("nproc_per_node") != nullptr) return;
+    const auto [gpus, variable] = slurm_gpus(env);
+    if (gpus > 0) supply("nproc_per_node", std::to_string(gpus), variable, "GPUs from " + variable);
+  }
+
+  // --shutdown_timeout under Slurm's KillWait, unless a grace is given in any form.
+  void add_grace() {
+    if (get(env, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT") != nullptr || rdzv_conf_names(raw, "shutdown_timeout")) return;
+    std::ostringstream grace;
+    grace << kSlurmShutdownTimeout;
+    supply("shutdown_timeout", grace.str(), "Slurm", "5 s less than Slurm's default KillWait of 30 s");
+  }
+};
+
 }  // namespace
 
 std::vector<std::string> expand_hostlist(const std::string& list, std::size_t max_hosts) {
@@ -231,90 +326,16 @@ std::vector<std::string> expand_hostlist(const std::string& list, std::size_t ma
 std::string first_host(const std::string& list) { return item_host(parse(list).front(), 0); }
 
 std::vector<std::string> add_slurm_values(RawValues& raw, const EnvLookup& env) {
-  std::vector<std::string> added;
   const char* job_id = get(env, "SLURM_JOB_ID");
-  if (job_id == nullptr || raw.flag("standalone")) return added;
-
-  auto supply = [&](const char* option, const std::string& value, const std::string& source,
-                    const std::string& note) {
-    if (raw.find(option) != nullptr) return;
-    raw.set(option, Given{value, source});
-    added.push_back("--" + std::string(option) + "=" + value + " (" + note + ")");
-  };
-
-  long nodes = 1;
-  if (get(env, "SLURM_NNODES") != nullptr) {
-    nodes = slurm_integer(env, "SLURM_NNODES", 1, "a node count >= 1");
-    supply("nnodes", std::to_string(nodes), "SLURM_NNODES", "SLURM_NNODES");
-  }
-  if (get(env, "SLURM_NODEID") != nullptr && raw.find("node_rank") == nullptr) {
-    // Every task of a node shares its SLURM_NODEID: several ddplaunch per node would all claim
-    // the same rank. ddplaunch starts the node's workers itself: one task per node.
-    const char* tasks = get(env, "SLURM_STEP_NUM_TASKS");
-    const char* step_nodes = get(env, "SLURM_STEP_NUM_NODES");
-    if (tasks != nullptr && step_nodes != nullptr) {
-      const long t = slurm_integer(env, "SLURM_STEP_NUM_TASKS", 1, "a task count >= 1");
-      const long n = slurm_integer(env, "SLURM_STEP_NUM_NODES", 1, "a node count >= 1");
-      if (t > n) {
-        refuse("srun started " + std::to_string(t) + " tasks on " + std::to_string(n) +
-               " node(s) (SLURM_STEP_NUM_TASKS=" + tasks + ", SLURM_STEP_NUM_NODES=" + step_nodes +
-               "), but ddplaunch runs once per node and starts that node's workers itself: use "
-               "srun --ntasks-per-node=1 (see examples/slurm/train.sbatch), or give --node_rank "
-               "to each task yourself");
-      }
-    }
-    const long rank = slurm_integer(env, "SLURM_NODEID", 0, "a node index >= 0");
-    supply("node_rank", std::to_string(rank), "SLURM_NODEID", "SLURM_NODEID");
-  }
-  supply("rdzv_id", trim(job_id), "SLURM_JOB_ID", "SLURM_JOB_ID");
-
-  // The rendezvous: the first node of the step hosts it (the c10d backend's in-process server).
-  const char* list_name = nullptr;
-  for (const char* name : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}) {
-    if (get(env, name) != nullptr) {
-      list_name = name;
-      break;
-    }
-  }
-  const Given* backend = raw.find("rdzv_backend");
-  const std::string backend_value = backend != nullptr ? lower(trim(backend->value)) : "";
-  const bool endpoint_given = raw.find("rdzv_endpoint") != nullptr;
-  const bool master_given = raw.find("master_addr") != nullptr;
-  // More than one node, by Slurm or by an explicit --nnodes (an elastic range inside Slurm).
-  const Given* nnodes = raw.find("nnodes");
-  const bool several = nodes > 1 || (nnodes != nullptr && trim(nnodes->value) != "1");
-  if (list_name != nullptr && several && !endpoint_given) {
-    std::string host;
-    try {
-      host = first_host(get(env, list_name));
-    } catch (const HostlistError& e) {
-      refuse(std::string(list_name) + ": " + e.what() + "; give --rdzv_endpoint=HOST:PORT to "
-             "name the rendezvous yourself");
-    }
-    const std::string source = std::string("the first host of ") + list_name;
-    if (backend == nullptr && !master_given) {
-      supply("rdzv_backend", "c10d", list_name, "Slurm job on " + std::to_string(nodes) + " nodes");
-      supply("rdzv_endpoint", host + ":" + std::to_string(kSlurmRendezvousPort), source, source);
-    } else if (backend_value == "c10d" || backend_value == "ddp") {
-      supply("rdzv_endpoint", host + ":" + std::to_string(kSlurmRendezvousPort), source, source);
-    } else if (backend_value == "static" && !master_given) {
-      supply("master_addr", host, source, source);
-    }
-  }
-
-  if (raw.find("nproc_per_node") == nullptr) {
-    const auto [gpus, variable] = slurm_gpus(env);
-    if (gpus > 0) supply("nproc_per_node", std::to_string(gpus), variable, "GPUs from " + variable);
-  }
-
-  const char* torch_grace = get(env, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
-  if (torch_grace == nullptr && !rdzv_conf_names(raw, "shutdown_timeout")) {
-    std::ostringstream grace;
-    grace << kSlurmShutdownTimeout;
-    supply("shutdown_timeout", grace.str(), "Slurm",
-           "5 s less than Slurm's default KillWait of 30 s");
-  }
-  return added;
+  if (job_id == nullptr || raw.flag("standalone")) return {};
+  SlurmSource slurm{raw, env, {}};
+  const long nodes = slurm.add_nodes();
+  slurm.add_node_rank();
+  slurm.supply("rdzv_id", trim(job_id), "SLURM_JOB_ID", "SLURM_JOB_ID");
+  slurm.add_rendezvous(nodes);
+  slurm.add_workers();
+  slurm.add_grace();
+  return std::move(slurm.added);
 }
 
 }  // namespace ddp::launcher
