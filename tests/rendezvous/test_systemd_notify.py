@@ -78,7 +78,8 @@ class SystemdNotifyTest(unittest.TestCase):
 
     def test_an_unusable_notify_socket_is_logged_and_the_daemon_serves_on(self):
         for bad, reason in ((os.path.join(self.tmp, "nobody-listens"), "send: No such file or directory"),
-                            ("vsock:2:1234", "not a unix socket path")):
+                            ("vsock:2:1234", "not a unix socket path"),
+                            ("/" + "x" * 200, "name longer than 107 bytes")):
             port = free_port()
             p = self.start(bad, port)
             wait_for(lambda: "cannot tell systemd" in p.stdout() or p.poll() is not None, DEADLINE,
