@@ -47,9 +47,17 @@ bool name_char(char c) {
   return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '-' || c == '.' || c == '_';
 }
 
+// A long list (Slurm's can run to kilobytes) is shown as the part around the error.
+std::string excerpt(const std::string& list, std::size_t at) {
+  constexpr std::size_t kShown = 100;
+  if (list.size() <= kShown) return list;
+  const std::size_t start = at > kShown / 2 ? at - kShown / 2 : 0;
+  return (start > 0 ? "..." : "") + list.substr(start, kShown) + (start + kShown < list.size() ? "..." : "");
+}
+
 [[noreturn]] void bad(const std::string& list, std::size_t at, const std::string& what) {
   std::ostringstream message;
-  message << "malformed hostlist '" << list << "' at position " << at + 1 << ": " << what
+  message << "malformed hostlist '" << excerpt(list, at) << "' at position " << at + 1 << ": " << what
           << " (Slurm's syntax: NAME, NAME[1-4,7], NAME[01-04]-SUFFIX, items separated by commas)";
   throw HostlistError(message.str());
 }

@@ -215,6 +215,16 @@ TEST_SUITE("malformed hostlists are refused with the position and the reason") {
       }
     }
   }
+  TEST_CASE("a long list is shown as the part around the error") {
+    std::string list;
+    for (int i = 0; i < 300; ++i) list += "node" + std::to_string(i) + ",";
+    list += "bad@name";
+    const std::string message = hostlist_refusal(list);
+    CHECK(contains(message, "malformed hostlist '..."));
+    CHECK(contains(message, "node299,bad@name' at position " + std::to_string(list.find('@') + 1)));
+    CHECK_FALSE(contains(message, "node0,"));
+    CHECK(message.size() < 400);
+  }
   TEST_CASE("the position points at the offending character (1-based)") {
     CHECK(contains(hostlist_refusal("gpu[4-1]"), "at position 7:"));
     CHECK(contains(hostlist_refusal("ab,cd,,e"), "at position 7:"));
