@@ -228,11 +228,20 @@ struct SlurmSource {
     added.push_back("--" + std::string(option) + "=" + value + " (" + note + ")");
   }
 
-  // --nnodes from SLURM_NNODES; returns Slurm's node count (1 when unset).
+  // --nnodes from SLURM_NNODES; returns Slurm's node count (1 when unset). A step on part of
+  // the allocation (srun -N1 in a 2-node job) runs on SLURM_STEP_NUM_NODES nodes: waiting for
+  // the allocation's count would wait for nodes that never come.
   long add_nodes() {
-    if (get(env, "SLURM_NNODES") == nullptr) return 1;
-    const long nodes = slurm_integer(env, "SLURM_NNODES", 1, "a node count >= 1");
-    supply("nnodes", std::to_string(nodes), "SLURM_NNODES", "SLURM_NNODES");
+    const char* name = "SLURM_NNODES";
+    if (get(env, "SLURM_STEP_NUM_NODES") != nullptr &&
+        (get(env, name) == nullptr ||
+         slurm_integer(env, "SLURM_STEP_NUM_NODES", 1, "a node count >= 1") !=
+             slurm_integer(env, name, 1, "a node count >= 1"))) {
+      name = "SLURM_STEP_NUM_NODES";
+    }
+    if (get(env, name) == nullptr) return 1;
+    const long nodes = slurm_integer(env, name, 1, "a node count >= 1");
+    supply("nnodes", std::to_string(nodes), name, name);
     return nodes;
   }
 

@@ -49,7 +49,7 @@ constexpr double kSlurmShutdownTimeout = 25.0;
 // e.g. "SLURM_NNODES"), and returns one "--flag=value (from VARIABLE)" text per option added,
 // for the start-up line. Does nothing outside Slurm (SLURM_JOB_ID unset or empty) or with
 // --standalone. Supplies:
-//   --nnodes          SLURM_NNODES
+//   --nnodes          SLURM_NNODES (SLURM_STEP_NUM_NODES when the step has fewer nodes)
 //   --node_rank       SLURM_NODEID
 //   --rdzv_id         SLURM_JOB_ID
 //   --rdzv_backend=c10d and --rdzv_endpoint=FIRST_HOST:29400, on more than one node, when no

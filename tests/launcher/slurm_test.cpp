@@ -307,6 +307,16 @@ TEST_SUITE("inside Slurm the options come from Slurm's variables unless given") 
     env.set("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "40");
     CHECK(parse({}).timeouts.shutdown_timeout == 40.0);
   }
+  TEST_CASE("a step on part of the allocation counts the step's nodes") {
+    SlurmEnv env;
+    env.two_node_step(0);
+    env.set("SLURM_NNODES", "4");  // the allocation; srun -N2 runs the step on two of them
+    env.set("SLURM_JOB_NODELIST", "gpu[05-08]");
+    const LaunchConfig c = parse({});
+    CHECK(c.max_nodes == 2);
+    CHECK(c.rdzv_endpoint->text() == "gpu07:29400");
+    CHECK(contains(joined(c.from_slurm), "--nnodes=2 (SLURM_STEP_NUM_NODES)"));
+  }
   TEST_CASE("one node keeps the in-process rendezvous") {
     SlurmEnv env;
     env.set("SLURM_JOB_ID", "77");
