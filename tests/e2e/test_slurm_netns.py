@@ -12,7 +12,9 @@ The node list is written with Slurm's hostlist syntax over the cluster's address
 (`10.213.0.[11-12]`), not host names: the namespaces share the host's /etc/hosts, in which their
 names do not exist, and scripts/netns-cluster keeps no per-namespace hosts file. The parser's
 handling of names (`gpu[01-04,07]`, `rack[1-2]-n[01-02]`, ...) is covered by
-tests/launcher/slurm_test.cpp. Needs root and `ip netns`; skips with the reason otherwise.
+tests/launcher/slurm_test.cpp; a second test forms the job from lists of three other shapes
+(`10.213.0.1[1-2]`, `10.213.0.[11,12]`, `10.213.0.11,10.213.0.[12]`), without torch. Needs root
+and `ip netns`; skips with the reason otherwise.
 """
 
 import json
@@ -128,6 +130,41 @@ class SlurmNetnsTest(unittest.TestCase):
             expected_group = 0 if e["MN_NODE"] == "node1" else 1
             self.assertEqual(e["GROUP_RANK"], str(expected_group), e)
             self.assertEqual(int(e["RANK"]) // 2, expected_group, e)
+
+    def test_node_lists_of_several_shapes_name_the_same_first_host(self):
+        # Without torch (mn_worker --no-gloo): only the rendezvous depends on the node list.
+        addrs = [self.cluster.addr(1), self.cluster.addr(2)]
+        prefix, last = addrs[0].rsplit(".", 1)[0], [a.rsplit(".", 1)[1] for a in addrs]
+        self.assertEqual(last[0][:-1], last[1][:-1], addrs)  # e.g. 11 and 12: a shared leading digit
+        shapes = ["%s.%s[%s-%s]" % (prefix, last[0][:-1], last[0][-1], last[1][-1]),  # 10.213.0.1[1-2]
+                  "%s.[%s,%s]" % (prefix, last[0], last[1]),                          # 10.213.0.[11,12]
+                  "%s,%s.[%s]" % (addrs[0], prefix, last[1])]                         # a.b.c.11,a.b.c.[12]
+        for n, nodelist in enumerate(shapes):
+            with self.subTest(nodelist=nodelist):
+                out = os.path.join(self.tmp, "shape%d" % n)
+                os.mkdir(out)
+                job_id = "74%d%d" % (os.getpid(), n)
+                procs = []
+                for node_id, node in ((1, 2), (0, 1)):
+                    env = dict(slurm_task_env(node_id, nodelist, job_id), MN_NODE="node%d" % node,
+                               TMPDIR=self.tmp, SLURM_GPUS_ON_NODE="1", SLURM_STEP_GPUS="0",
+                               SLURM_JOB_GPUS="0", CUDA_VISIBLE_DEVICES="0")
+                    procs.append(self.cluster.spawn(node, [DDPLAUNCH, WORKER, out, "--no-gloo"], env=env,
+                                                    cwd=self.tmp, name="ddplaunch@node%d" % node))
+                try:
+                    codes = wait_all(procs, DEADLINE)
+                except TimeoutError as e:
+                    self.fail("%s\n%s" % (e, "\n".join(p.describe() for p in procs)))
+                self.assertEqual(codes, [0, 0], "\n".join(p.describe() for p in procs))
+                self.assertIn("--rdzv_endpoint=%s:29400 (the first host of SLURM_STEP_NODELIST)" % addrs[0],
+                              procs[1].stderr())
+                envs = []
+                for name in os.listdir(out):
+                    if name.startswith("done-"):
+                        with open(os.path.join(out, name)) as f:
+                            envs.append(json.load(f)["env"])
+                self.assertEqual(sorted((e["MN_NODE"], e["RANK"], e["WORLD_SIZE"]) for e in envs),
+                                 [("node1", "0", "2"), ("node2", "1", "2")], envs)
 
 
 if __name__ == "__main__":
