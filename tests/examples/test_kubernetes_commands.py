@@ -5,7 +5,9 @@ the Job container's command, arguments and environment, filled in as the kubelet
 downward API gives `job-name` = the Job's name and the completion index 0 and 1, and `$(VAR)`
 in the arguments is expanded from the container's environment. They must form one 2-node job
 with the node ranks of the indices and the run id of the Job's name, proving the PET_ variables,
-the token wiring and the argument expansion of the manifests work together.
+the token wiring and the argument expansion of the manifests work together. Likewise two pods of
+the PyTorchJob's Worker, with the PET_ variables training-operator derives from its
+elasticPolicy and nprocPerNode (written down here from its elastic env generator).
 
 What stands in for the cluster, and is therefore not checked here (docs/kubernetes.md):
 - the Service name `ddp-rendezvous` is replaced by 127.0.0.1 and a free port (no cluster DNS;
@@ -124,14 +126,58 @@ class KubernetesCommandsTest(unittest.TestCase):
         container = job["spec"]["template"]["spec"]["containers"][0]
         service_host = "%s:%d" % (service["metadata"]["name"],
                                   next(p["port"] for p in service["spec"]["ports"] if p["name"] == "rendezvous"))
-        out = os.path.join(self.tmp, "out")
-        os.mkdir(out)
-        pods = []
+        envs = []
         for index in range(job["spec"]["completions"]):
             env = pod_env(container, {"job-name": job["metadata"]["name"]},
                           {"batch.kubernetes.io/job-completion-index": str(index)}, self.secret_dir)
             self.assertEqual(env["PET_RDZV_ENDPOINT"], service_host)  # the Service, by name
-            env["PET_RDZV_ENDPOINT"] = "127.0.0.1:%d" % port
+            envs.append(env)
+        records = self.run_pods(container, envs, port, daemon)
+        self.assertEqual(sorted((e["MN_NODE"], e["GROUP_RANK"], e["WORLD_SIZE"]) for e in records),
+                         [("pod0", "0", "2"), ("pod1", "1", "2")], records)
+        self.assertEqual({e["TORCHELASTIC_RUN_ID"] for e in records}, {job["metadata"]["name"]}, records)
+
+    def test_the_pytorchjob_container_with_kubeflows_variables_forms_one_job(self):
+        rdzv = load("rendezvous.yaml")
+        ptj = load("pytorchjob.yaml")["PyTorchJob"]
+        daemon_container = rdzv["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+        port, metrics_port = free_port(), free_port()
+        help_text = run([self.bin["ddp-rendezvous"], "--help"], timeout=30).check().stdout
+        daemon = spawn(self.daemon_command(daemon_container, port, metrics_port, help_text), name="daemon")
+        self.addCleanup(daemon.kill)
+        spec = ptj["spec"]
+        ep = spec["elasticPolicy"]
+        worker = spec["pytorchReplicaSpecs"]["Worker"]
+        container = worker["template"]["spec"]["containers"][0]
+        self.assertEqual(container["name"], "pytorch")
+        envs = []
+        for index in range(worker["replicas"]):
+            env = pod_env(container, {"training.kubeflow.org/job-name": ptj["metadata"]["name"]}, {},
+                          self.secret_dir)
+            # What training-operator adds for an elasticPolicy (its elastic env generator).
+            env.update(PET_NNODES="%d:%d" % (ep["minReplicas"], ep["maxReplicas"]),
+                       PET_RDZV_BACKEND=ep["rdzvBackend"],
+                       PET_RDZV_ENDPOINT="%s:%d" % (ep["rdzvHost"], ep["rdzvPort"]),
+                       PET_MAX_RESTARTS=str(ep["maxRestarts"]), PET_NPROC_PER_NODE=spec["nprocPerNode"])
+            self.assertEqual(env["PET_RDZV_ENDPOINT"], "%s:%d" % (
+                rdzv["Service"]["metadata"]["name"],
+                next(p["port"] for p in rdzv["Service"]["spec"]["ports"] if p["name"] == "rendezvous")))
+            envs.append(env)
+        records = self.run_pods(container, envs, port, daemon)
+        # Both pods joined before the first round's last call (30 s): one round at MAX, 2 nodes.
+        final = max(int(e["DDPLAUNCH_GENERATION"]) for e in records)
+        last = [e for e in records if int(e["DDPLAUNCH_GENERATION"]) == final]
+        self.assertEqual(sorted((e["GROUP_RANK"], e["WORLD_SIZE"]) for e in last), [("0", "2"), ("1", "2")], records)
+        self.assertEqual({e["TORCHELASTIC_RUN_ID"] for e in records}, {ptj["metadata"]["name"]}, records)
+
+    def run_pods(self, container, envs, port, daemon):
+        """Starts one pod per environment (PET_RDZV_ENDPOINT pointed at the loopback daemon,
+        `train` replaced by the test worker), waits for all, returns the workers' records."""
+        out = os.path.join(self.tmp, "out")
+        os.mkdir(out)
+        pods = []
+        for index, env in enumerate(envs):
+            env = dict(env, PET_RDZV_ENDPOINT="127.0.0.1:%d" % port)
             if env.get("PET_NPROC_PER_NODE") == "gpu":
                 env["PET_NPROC_PER_NODE"] = "1"
             argv = [expand(w, env) for w in container["command"] + container["args"]]
@@ -147,16 +193,13 @@ class KubernetesCommandsTest(unittest.TestCase):
             codes = wait_all(pods, DEADLINE)
         except TimeoutError as e:
             self.fail("%s\n%s" % (e, "\n".join(p.describe() for p in pods + [daemon])))
-        self.assertEqual(codes, [0, 0], "\n".join(p.describe() for p in pods + [daemon]))
-        envs = []
+        self.assertEqual(codes, [0] * len(pods), "\n".join(p.describe() for p in pods + [daemon]))
+        records = []
         for name in os.listdir(out):
             if name.startswith("done-"):
                 with open(os.path.join(out, name)) as f:
-                    envs.append(json.load(f)["env"])
-        self.assertEqual(sorted((e["MN_NODE"], e["GROUP_RANK"], e["WORLD_SIZE"]) for e in envs),
-                         [("pod0", "0", "2"), ("pod1", "1", "2")], envs)
-        self.assertEqual({e["TORCHELASTIC_RUN_ID"] for e in envs}, {job["metadata"]["name"]}, envs)
-
+                    records.append(json.load(f)["env"])
+        return records
 
 if __name__ == "__main__":
     unittest.main()
