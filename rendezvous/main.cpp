@@ -99,7 +99,9 @@ int serve(const std::string& host, unsigned short port, const std::string& token
     options.log(warning);
     std::cerr << "ddp-rendezvous: " << warning << "\n";
   }
-  // Under systemd (Type=notify): the port accepts connections from here on.
+  // Under systemd (Type=notify): the port accepts connections from here on; with WatchdogSec=,
+  // keep-alives from the event loop itself.
+  ddp::rdzv::SystemdWatchdog watchdog(io, options.log);
   if (auto error = ddp::rdzv::notify_systemd("READY=1\nSTATUS=listening on " + host + ":" +
                                              std::to_string(server->port()));
       !error.empty()) {

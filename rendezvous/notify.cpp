@@ -1,4 +1,4 @@
-// systemd's readiness protocol (rendezvous/notify.h).
+// systemd's service protocol: readiness and the watchdog (rendezvous/notify.h).
 #include "rendezvous/notify.h"
 
 #include <sys/socket.h>
@@ -44,6 +44,39 @@ std::string notify_systemd(const std::string& state) {
   if (sent < 0) return where + "send: " + std::strerror(error);
   if (static_cast<std::size_t>(sent) != state.size()) return where + "send: the message was cut short";
   return "";
+}
+
+std::chrono::microseconds systemd_watchdog_interval() {
+  const char* usec = std::getenv("WATCHDOG_USEC");
+  if (usec == nullptr || *usec == '\0') return std::chrono::microseconds(0);
+  if (const char* pid = std::getenv("WATCHDOG_PID"); pid != nullptr && *pid != '\0') {
+    char* end = nullptr;
+    const long long value = std::strtoll(pid, &end, 10);
+    if (*end != '\0' || value != static_cast<long long>(::getpid())) return std::chrono::microseconds(0);
+  }
+  char* end = nullptr;
+  const long long value = std::strtoll(usec, &end, 10);
+  if (*end != '\0' || value <= 0) return std::chrono::microseconds(0);
+  return std::chrono::microseconds(value);
+}
+
+SystemdWatchdog::SystemdWatchdog(boost::asio::io_context& io, std::function<void(const std::string&)> log)
+    : timer_(io), period_(systemd_watchdog_interval() / 2), log_(std::move(log)) {
+  if (period_.count() > 0) schedule();
+}
+
+void SystemdWatchdog::stop() { timer_.cancel(); }
+
+void SystemdWatchdog::schedule() {
+  timer_.expires_after(period_);
+  timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (ec) return;  // operation_aborted: stopping
+    if (auto error = notify_systemd("WATCHDOG=1"); !error.empty() && !error_logged_) {
+      error_logged_ = true;  // once: a broken socket would otherwise log at every beat
+      if (log_) log_("cannot send the systemd watchdog keep-alive: " + error);
+    }
+    schedule();
+  });
 }
 
 }  // namespace ddp::rdzv

@@ -3,8 +3,8 @@
 The test plays systemd: it binds a unix datagram socket, starts the daemon with NOTIFY_SOCKET
 naming it (a path, and an abstract name written '@name'), and reads the datagrams. READY=1 must
 come only once the port accepts connections (a connection made right on receipt succeeds);
-SIGTERM brings STOPPING=1 and exit 0. A NOTIFY_SOCKET that cannot be used is logged and the
-daemon serves on. Loopback only; every wait has a deadline.
+SIGTERM brings STOPPING=1 and exit 0. With WATCHDOG_USEC set (WatchdogSec=), keep-alives
+(WATCHDOG=1) follow. A NOTIFY_SOCKET that cannot be used is logged and the daemon serves on. Loopback only; every wait has a deadline.
 """
 
 import os
@@ -75,6 +75,23 @@ class SystemdNotifyTest(unittest.TestCase):
     def test_ready_and_stopping_on_an_abstract_socket(self):
         name = "ddp-notify-test-%d" % os.getpid()
         self.check_ready_then_stopping(self.listen("\0" + name), "@" + name)
+
+    def test_watchdog_keepalives_come_at_half_the_interval_systemd_asks_for(self):
+        path = os.path.join(self.tmp, "notify")
+        sock = self.listen(path)
+        env = dict(os.environ, NOTIFY_SOCKET=path, WATCHDOG_USEC="200000")  # WatchdogSec=0.2
+        p = spawn([BIN, "--host", "127.0.0.1", "--port", str(free_port())], env=env, name="ddp-rendezvous")
+        self.addCleanup(p.kill)
+        seen = []
+        try:
+            while seen.count("WATCHDOG") < 3:
+                seen += [k for k in fields(sock.recv(4096)) if k in ("READY", "WATCHDOG")]
+        except socket.timeout:
+            self.fail("got %s, not READY and 3 watchdog keep-alives within %.0f s\n%s"
+                      % (seen, DEADLINE, p.describe()))
+        self.assertEqual(seen[0], "READY", seen)
+        p.signal(signal.SIGTERM)
+        self.assertEqual(p.wait(DEADLINE), 0, p.describe())
 
     def test_an_unusable_notify_socket_is_logged_and_the_daemon_serves_on(self):
         for bad, reason in ((os.path.join(self.tmp, "nobody-listens"), "send: No such file or directory"),
