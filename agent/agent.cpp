@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <functional>
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include <boost/asio/posix/stream_descriptor.hpp>
@@ -20,6 +21,7 @@
 
 #include "agent/exit_codes.h"
 #include "agent/failure.h"
+#include "agent/file_timer.h"
 #include "agent/logs.h"
 
 namespace asio = boost::asio;
@@ -27,6 +29,24 @@ namespace asio = boost::asio;
 namespace ddp::agent {
 
 namespace {
+
+double monotonic_seconds() {
+  using namespace std::chrono;
+  return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+
+std::chrono::steady_clock::duration to_duration(double seconds) {
+  return std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(seconds));
+}
+
+// "5", "5.3": a stall in seconds, to a tenth.
+std::string tenths(double seconds) {
+  std::ostringstream os;
+  os.setf(std::ios::fixed);
+  os.precision(seconds < 100 ? 1 : 0);
+  os << seconds;
+  return os.str();
+}
 
 double now_seconds() {
   using namespace std::chrono;
@@ -161,6 +181,10 @@ struct Worker {
   std::shared_ptr<LineTail> stderr_tail;  // when stderr passes through the agent (tee)
   std::string stdout_log, stderr_log;     // paths, when redirected or tee'd to a file
   bool given_up = false;                  // did not exit after SIGKILL (stuck in the kernel)
+  bool python = false;                    // runs under the Python interpreter (faulthandler)
+  bool hung = false;                      // declared hung: its exit is a failure, whatever its status
+  bool recorded = false;                  // its failure is in `failures`
+  std::string note;                       // why the agent stopped it; heads its failure message
 };
 
 int std_bits(const std::vector<int>& per_rank, int local_rank) {
@@ -181,7 +205,11 @@ struct Agent::Impl {
         signals(io),
         kill_timer(io),
         give_up_timer(io),
-        inherited(current_environment()) {}
+        progress_timer(io),
+        dump_timer(io),
+        inherited(current_environment()),
+        board(this->options.node.local_world_size),
+        monitor(this->options.hang, this->options.node.local_world_size) {}
 
   asio::io_context& io;
   AgentOptions options;
@@ -190,6 +218,8 @@ struct Agent::Impl {
   asio::signal_set signals;
   asio::steady_timer kill_timer;
   asio::steady_timer give_up_timer;
+  asio::steady_timer progress_timer;  // samples the progress board (--hang_timeout)
+  asio::steady_timer dump_timer;      // SIGKILLs hung workers that did not die of their dump signal
   // Tee'd output into log files: its own queue and thread, so a stalled console does not
   // hold up the files, nor a hung file system the console. 64 MiB before bytes are dropped.
   std::shared_ptr<OutputQueue> files = std::make_shared<OutputQueue>("the log file system", 64 << 20);
@@ -206,6 +236,17 @@ struct Agent::Impl {
   int exit_code = static_cast<int>(ExitCode::kSuccess);
   int handled_signal = 0;
   bool omp_warned = false;
+  ProgressBoard board;   // the workers' heartbeats
+  HangMonitor monitor;   // what the board says about this round
+  std::unique_ptr<FileTimerServer> file_timer;  // TORCHELASTIC_ENABLE_FILE_TIMER=1
+  // Crash loops: the best step and checkpoint any round reported, and the restarts in a row
+  // that got no further (--max_restarts_without_progress).
+  int64_t job_best_step = -1, job_best_checkpoint = -1;
+  int restarts_without_progress = 0;
+  int round_restart_count = 0;
+  // Set when the job must end instead of restarting (--no_restart_exit_codes, a crash loop).
+  std::string stop_reason;
+  std::optional<rdzv::WorkerFailure> reported_this_round;  // what this node reported, if anything
 
   int run() {
     RendezvousEvents events;
@@ -223,6 +264,7 @@ struct Agent::Impl {
     }
     // A closed console must not kill the agent (and with it, every worker): writes fail instead.
     ::signal(SIGPIPE, SIG_IGN);
+    if (!options.file_timer_path.empty() && !start_file_timer()) return exit_code;
     wait_for_signal();
     join_round();
     io.run();
@@ -310,6 +352,11 @@ struct Agent::Impl {
     }
     failures.clear();
     workers.clear();
+    reported_this_round.reset();
+    round_restart_count = a.restart_count;
+    board.reset();
+    monitor.reset(monotonic_seconds());
+    if (file_timer) file_timer->clear();
     state = State::kRunning;
     const auto argv = worker_argv(options.command);
     for (int lr = 0; lr < round.local_world_size; ++lr) {
@@ -323,6 +370,7 @@ struct Agent::Impl {
         return;
       }
     }
+    if (options.hang.enabled()) schedule_progress_check();
   }
 
   void start_worker(const RoundEnv& round, int local_rank, const std::vector<std::string>& argv) {
@@ -341,6 +389,8 @@ struct Agent::Impl {
     req.argv = argv;
     req.env = inherited;
     for (auto& [k, v] : worker_env(round, local_rank, w.error_file, inherited)) req.env[k] = v;
+    add_watchdog_env(req.env, local_rank);
+    w.python = !options.command.no_python;
     if (local_rank < static_cast<int>(options.numa_bindings.size())) {
       req.numa = prepare_binding(options.numa_bindings[local_rank]);
     }
@@ -408,8 +458,15 @@ struct Agent::Impl {
     it->alive = false;
     it->status = st;
     const bool all_exited = std::none_of(workers.begin(), workers.end(), [](const Worker& w) { return w.alive; });
+    if (state == State::kStopping && it->hung && !it->recorded) {
+      // A hung worker that died of its dump signal after the stop began: its stacks belong in
+      // the summary with the others'.
+      for (auto& p : it->pipes) p->drain_and_close();
+      record_failure(*it);
+      last_failures.push_back(failures.back());
+    }
     if (state == State::kRunning) {
-      if (!st.success()) {
+      if (!st.success() || it->hung) {
         // Its last output may still sit in its pipes: read it before the tail is taken.
         for (auto& p : it->pipes) p->drain_and_close();
         record_failure(*it);
@@ -438,7 +495,13 @@ struct Agent::Impl {
     }
   }
 
-  void record_failure(const Worker& w) {
+  void record_failure(Worker& w) {
+    w.recorded = true;
+    if (stop_reason.empty() && w.status.signal == 0 && !w.hung &&
+        std::count(options.no_restart_exit_codes.begin(), options.no_restart_exit_codes.end(), w.status.exit_code)) {
+      stop_reason = "worker " + std::to_string(w.rank) + " exited with code " + std::to_string(w.status.exit_code) +
+                    ", which --no_restart_exit_codes lists: not restarting";
+    }
     LocalFailure lf;
     auto& f = lf.failure;
     f.host = options.node.host;
@@ -459,6 +522,9 @@ struct Agent::Impl {
       f.error_file_message = content.problem;
     } else {
       f.error_file_message = stderr_tail_message(w);
+    }
+    if (!w.note.empty()) {
+      f.error_file_message = f.error_file_message.empty() ? w.note : w.note + "\n" + f.error_file_message;
     }
     for (const auto& path : {w.stdout_log, w.stderr_log}) {
       if (!path.empty()) lf.log_files.push_back(path);
@@ -494,6 +560,7 @@ struct Agent::Impl {
       return rdzv::explains(a.failure, b.failure);
     });
     last_failures = failures;
+    reported_this_round = first->failure;
     say("worker " + std::to_string(first->failure.rank) + " (local rank " +
         std::to_string(first->failure.local_rank) + ", pid " + std::to_string(first->failure.pid) + ") " +
         (first->failure.signal ? "was killed by " + signal_name(first->failure.signal)
@@ -576,6 +643,7 @@ struct Agent::Impl {
   void stop_done() {
     kill_timer.cancel();
     give_up_timer.cancel();
+    dump_timer.cancel();
     // Leftovers in the workers' process groups (their own children) go with them, and with a
     // cgroup, also those that left their group (setsid).
     for (auto& w : workers) {
@@ -600,6 +668,11 @@ struct Agent::Impl {
 
   void on_restart(const std::string& reason, bool counted) {
     if (state == State::kDone || handled_signal) return;
+    if (counted) note_round_progress();
+    if (!stop_reason.empty()) {
+      end_job_here();
+      return;
+    }
     say("restarting the workers: " + reason);
     when_stopped([this] { join_round(); });
   }
@@ -624,6 +697,129 @@ struct Agent::Impl {
       if (!summary.empty()) say("job failed: " + summary);
       finish(static_cast<int>(ExitCode::kJobFailed));
     });
+  }
+
+  // The job ends on this node's decision (--no_restart_exit_codes, a crash loop) rather than the
+  // rendezvous': the summary of what this node reported, and the reason.
+  void end_job_here() {
+    if (reported_this_round) {
+      on_job_failed(*reported_this_round, stop_reason);
+      return;
+    }
+    when_stopped([this] {
+      say("job failed: " + stop_reason);
+      finish(static_cast<int>(ExitCode::kJobFailed));
+    });
+  }
+
+  // ---- progress, hangs, crash loops, torch's file timer -------------------------------------
+
+  void add_watchdog_env(std::map<std::string, std::string>& env, int local_rank) {
+    env["DDPLAUNCH_PROGRESS_FILE"] = board.path();
+    env["DDPLAUNCH_PROGRESS_SLOT"] = std::to_string(local_rank);
+    if (!options.file_timer_path.empty()) env["TORCHELASTIC_TIMER_FILE"] = options.file_timer_path;
+    if (options.command.no_python) return;
+    if (!options.python_helper_dir.empty()) {
+      auto& path = env["PYTHONPATH"];
+      path = path.empty() ? options.python_helper_dir : path + ":" + options.python_helper_dir;
+    }
+    // Stacks of a hung Python worker: faulthandler prints every thread's traceback on SIGABRT.
+    if (options.hang.enabled() && inherited.count("PYTHONFAULTHANDLER") == 0) env["PYTHONFAULTHANDLER"] = "1";
+  }
+
+  void sample_progress(double now) {
+    for (const auto& w : workers) {
+      if (w.local_rank < board.slots()) monitor.observe(w.local_rank, board.read(w.local_rank), now);
+    }
+  }
+
+  // Samples often enough that a hang is declared within 2% of the timeout (at most every second).
+  void schedule_progress_check() {
+    const double period =
+        options.hang.automatic ? 1.0 : std::clamp(options.hang.timeout / 50.0, 0.02, 1.0);
+    progress_timer.expires_after(to_duration(period));
+    progress_timer.async_wait([this](const boost::system::error_code& ec) {
+      if (ec || state != State::kRunning) return;
+      const double now = monotonic_seconds();
+      sample_progress(now);
+      auto hangs = monitor.check(now);
+      if (!hangs.empty()) {
+        declare_hangs(hangs);
+        return;
+      }
+      schedule_progress_check();
+    });
+  }
+
+  // Each hung worker is asked for its stacks (Python: SIGABRT, which faulthandler answers with
+  // every thread's traceback before the process dies) or, when it cannot answer, killed; its
+  // exit is then a failure like any other, headed by what the board said about it.
+  void declare_hangs(const std::vector<Hang>& hangs) {
+    for (const auto& h : hangs) {
+      auto it = std::find_if(workers.begin(), workers.end(),
+                             [&](const Worker& w) { return w.alive && w.local_rank == h.slot; });
+      if (it == workers.end() || it->hung) continue;
+      it->hung = true;
+      it->note = "rank " + std::to_string(it->rank) + " made no progress for " + tenths(h.stalled_for) +
+                 " s (last step " + std::to_string(h.step) + (h.phase.empty() ? "" : ", phase " + h.phase) +
+                 "; --hang_timeout " + seconds_text(h.timeout) + " s)";
+      say(it->note + (it->python ? "; sending SIGABRT for its Python stacks" : "; killing it"));
+      processes->signal_process(it->pid, it->python ? SIGABRT : SIGKILL);
+    }
+    dump_timer.expires_after(std::chrono::seconds(5));
+    dump_timer.async_wait([this](const boost::system::error_code& ec) {
+      if (ec) return;
+      for (auto& w : workers) {
+        if (w.alive && w.hung) processes->signal_group(w.pid, SIGKILL);
+      }
+    });
+  }
+
+  // After a failed round: did any rank get beyond the job's best step or checkpoint?
+  void note_round_progress() {
+    sample_progress(monotonic_seconds());
+    const bool progressed = monitor.best_step() > job_best_step || monitor.best_checkpoint() > job_best_checkpoint;
+    job_best_step = std::max(job_best_step, monitor.best_step());
+    job_best_checkpoint = std::max(job_best_checkpoint, monitor.best_checkpoint());
+    if (progressed) {
+      restarts_without_progress = 0;
+    } else if (round_restart_count > 0) {
+      ++restarts_without_progress;
+    }
+    const int limit = options.max_restarts_without_progress;
+    if (limit > 0 && restarts_without_progress >= limit && stop_reason.empty()) {
+      stop_reason = std::to_string(restarts_without_progress) +
+                    " restart(s) in a row made no progress (no rank reported a step beyond " +
+                    std::to_string(job_best_step) + " or a checkpoint beyond " + std::to_string(job_best_checkpoint) +
+                    "); --max_restarts_without_progress=" + std::to_string(limit);
+    }
+  }
+
+  bool start_file_timer() {
+    FileTimerServer::Callbacks cb;
+    cb.is_worker = [this](int pid) {
+      return std::any_of(workers.begin(), workers.end(), [pid](const Worker& w) { return w.alive && w.pid == pid; });
+    };
+    cb.on_expired = [this](const TimerRequest& r) { on_timer_expired(r); };
+    cb.say = [](const std::string& line) { say(line); };
+    try {
+      boost::system::error_code ignored;  // mkfifo below names the path when this failed
+      boost::filesystem::create_directories(boost::filesystem::path(options.file_timer_path).parent_path(), ignored);
+      file_timer = std::make_unique<FileTimerServer>(io, options.file_timer_path, std::move(cb));
+    } catch (const std::exception& e) {
+      say(e.what());
+      exit_code = static_cast<int>(ExitCode::kUsage);
+      return false;
+    }
+    return true;
+  }
+
+  void on_timer_expired(const TimerRequest& r) {
+    auto it = std::find_if(workers.begin(), workers.end(), [&](const Worker& w) { return w.alive && w.pid == r.pid; });
+    if (it == workers.end()) return;
+    it->note = "its timer '" + r.scope_id + "' (torch.distributed.elastic.timer) expired; sent " + signal_name(r.signal);
+    say("worker " + std::to_string(it->rank) + " (pid " + std::to_string(it->pid) + "): " + it->note);
+    processes->signal_process(it->pid, r.signal);
   }
 
   void on_rendezvous_error(const std::string& message) {
@@ -667,6 +863,9 @@ struct Agent::Impl {
     signals.cancel(ignored);
     kill_timer.cancel();
     give_up_timer.cancel();
+    progress_timer.cancel();
+    dump_timer.cancel();
+    file_timer.reset();
     io.stop();
   }
 };

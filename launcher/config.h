@@ -13,6 +13,7 @@
 
 #include "agent/exit_codes.h"
 #include "agent/numa.h"
+#include "agent/progress.h"
 #include "launcher/endpoint.h"
 #include "launcher/options.h"
 #include "launcher/values.h"
@@ -61,6 +62,9 @@ struct LaunchConfig {
   bool standalone = false;
   int max_restarts = 0;
   double monitor_interval = 0.1;       // accepted; we watch child exits as events, not by polling
+  agent::HangPolicy hang;              // --hang_timeout; default off
+  int max_restarts_without_progress = 0;   // --max_restarts_without_progress; 0 = off
+  std::vector<int> no_restart_exit_codes;  // --no_restart_exit_codes; default none
   StartMethod start_method = StartMethod::kSpawn;
   std::string role = "default";
   bool module = false;                 // -m/--module

@@ -1,0 +1,189 @@
+"""Hung workers are found, shown and restarted; torch's file timer works; crash loops stop
+(issue 12). Real processes on loopback; waits have deadlines, timings are measured, not slept."""
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ddplaunch_helpers import BUILD_DIR, PYTHON, LaunchTestCase, main  # noqa: E402
+
+# Two ranks, Gloo; each step all-reduces, then reports progress. On the first attempt rank 1
+# blocks forever before the all-reduce of step 3, so both ranks stop making progress.
+DDP_HANG = """
+import time
+STARTED = time.time()
+import json, os, threading
+import ddplaunch
+import torch
+import torch.distributed as dist
+
+def block_forever():
+    threading.Event().wait()
+
+attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+rank = int(os.environ["RANK"])
+with open(os.path.join(os.environ["OUT_DIR"], "start_%d_%d.json" % (attempt, rank)), "w") as f:
+    json.dump({"started": STARTED}, f)
+dist.init_process_group("gloo", init_method="env://")
+for step in range(1, 6):
+    if attempt == 0 and rank == 1 and step == 3:
+        block_forever()
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    ddplaunch.step(step)
+    with open(os.path.join(os.environ["OUT_DIR"], "step_%d_%d.json" % (attempt, rank)), "w") as f:
+        json.dump({"step": step, "time": time.time()}, f)
+dist.destroy_process_group()
+"""
+
+TIMER = """
+import json, os, signal, sys, time
+from torch.distributed.elastic.timer import FileTimerClient, configure, expires
+attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+out = os.environ["OUT_DIR"]
+path = os.environ["TORCHELASTIC_TIMER_FILE"]
+if attempt == 0:
+    # Hostile lines first: garbage, and a well-formed request that targets a process that is not
+    # a worker (it must survive), then torch's own client.
+    fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+    os.write(fd, b"garbage\\n" + b"x" * 9000 + b"\\n")
+    os.write(fd, (json.dumps({"version": 1, "pid": int(os.environ["BYSTANDER"]), "scope_id": "evil",
+                              "expiration_time": 1, "signal": 9}) + "\\n").encode())
+    os.close(fd)
+    configure(FileTimerClient(path, signal=signal.SIGKILL))
+    with open(os.path.join(out, "armed.json"), "w") as f:
+        json.dump({"time": time.time()}, f)
+    with expires(after=1):
+        time.sleep(120)
+    sys.exit(5)  # not reached: the agent kills it
+with open(os.path.join(out, "second.json"), "w") as f:
+    json.dump({"attempt": attempt}, f)
+"""
+
+EXIT_AT_START = """
+import os, sys
+attempt = os.environ["TORCHELASTIC_RESTART_COUNT"]
+open(os.path.join(os.environ["OUT_DIR"], "attempt_" + attempt), "w").close()
+sys.exit(int(os.environ["EXIT_CODE"]))
+"""
+
+TRAIN = os.path.join(BUILD_DIR, "bin", "train")
+
+
+def load(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+class HangDetection(LaunchTestCase):
+    def test_python_rank_blocked_before_allreduce_is_restarted_within_timeout_plus_one_second(self):
+        timeout = 3
+        script = self.script("ddp_hang.py", DDP_HANG)
+        r = self.launch(["--nproc_per_node=2", "--max_restarts=1", "--hang_timeout=%d" % timeout, script],
+                        timeout=180, env={"OUT_DIR": self.out})
+        self.assertEqual(r.returncode, 0, r.describe())
+        self.assertIn("made no progress for", r.stderr, r.describe())
+        # Both ranks of the second attempt ran to the end.
+        self.assertEqual(load(os.path.join(self.out, "step_1_0.json"))["step"], 5, r.describe())
+        self.assertEqual(load(os.path.join(self.out, "step_1_1.json"))["step"], 5, r.describe())
+        # The hang began at the last progress of the first attempt; the hang is declared
+        # `timeout` later, and every worker of the next attempt must run within 1 s of that.
+        last_progress = max(load(p)["time"] for p in glob.glob(os.path.join(self.out, "step_0_*.json")))
+        restarted = max(load(os.path.join(self.out, "start_1_%d.json" % rank))["started"] for rank in (0, 1))
+        print("hang -> every worker restarted: %.2f s (hang_timeout %d s)" % (restarted - last_progress, timeout))
+        self.assertLessEqual(restarted - last_progress, timeout + 1.0)
+
+    def test_summary_names_the_hung_rank_and_shows_its_python_traceback(self):
+        script = self.script("ddp_hang.py", DDP_HANG)
+        r = self.launch(["--nproc_per_node=2", "--max_restarts=0", "--hang_timeout=3", "--tee=3", script],
+                        timeout=180, env={"OUT_DIR": self.out})
+        self.assertEqual(r.returncode, 1, r.describe())
+        summary = r.stderr[r.stderr.find("FAILED"):]
+        self.assertIn("rank 1 made no progress for", summary, r.describe())
+        self.assertIn("(last step 2;", summary, r.describe())
+        self.assertIn("block_forever", summary, r.describe())  # rank 1's faulthandler traceback
+        self.assertIn("SIGABRT", summary, r.describe())
+
+    def test_sdk_train_hung_at_a_step_is_stopped_with_its_step_and_phase(self):
+        if not os.path.exists(TRAIN):
+            self.skipTest("the worker SDK's train program is not built (DDPLAUNCH_BUILD_WORKER_SDK=OFF)")
+        r = self.launch(["--nproc_per_node=2", "--max_restarts=0", "--hang_timeout=3", "--no_python", TRAIN,
+                         "--epochs", "1", "--samples", "512", "--hang-at-step", "4", "--hang-rank", "1"],
+                        timeout=240)
+        self.assertEqual(r.returncode, 1, r.describe())
+        summary = r.stderr[r.stderr.find("FAILED"):]
+        self.assertIn("rank 1 made no progress for", summary, r.describe())
+        self.assertIn("last step 4, phase --hang-at-step", summary, r.describe())
+
+    def test_sdk_train_hang_restarts_and_the_second_attempt_finishes(self):
+        if not os.path.exists(TRAIN):
+            self.skipTest("the worker SDK's train program is not built (DDPLAUNCH_BUILD_WORKER_SDK=OFF)")
+        r = self.launch(["--nproc_per_node=2", "--max_restarts=1", "--hang_timeout=3", "--no_python", TRAIN,
+                         "--epochs", "1", "--samples", "512", "--hang-at-step", "4"],
+                        timeout=240)
+        self.assertEqual(r.returncode, 0, r.describe())
+        self.assertIn("rank 0 made no progress for", r.stderr, r.describe())
+        self.assertIn("restarting the workers", r.stderr, r.describe())
+
+
+class FileTimer(LaunchTestCase):
+    def run_timer(self, python):
+        bystander = subprocess.Popen(["sleep", "120"])
+        self.addCleanup(bystander.wait)
+        self.addCleanup(bystander.kill)
+        script = self.script("timer.py", TIMER)
+        fifo = os.path.join(self.tmp, "timer.fifo")
+        r = self.launch(["--nproc_per_node=1", "--max_restarts=1", "--python", python, script], timeout=180,
+                        env={"OUT_DIR": self.out, "TORCHELASTIC_ENABLE_FILE_TIMER": "1",
+                             "TORCHELASTIC_TIMER_FILE": fifo, "BYSTANDER": str(bystander.pid)})
+        self.assertEqual(r.returncode, 0, r.describe())
+        self.assertIn("(torch.distributed.elastic.timer) expired; sent SIGKILL", r.stderr, r.describe())
+        self.assertIn("was killed by SIGKILL", r.stderr, r.describe())
+        self.assertEqual(load(os.path.join(self.out, "second.json"))["attempt"], 1, r.describe())
+        self.assertIn("ignored a timer request", r.stderr, r.describe())
+        self.assertIn("is not one of this node's workers", r.stderr, r.describe())
+        self.assertIsNone(bystander.poll(), "a request for a process that is not a worker was obeyed")
+        self.assertFalse(os.path.exists(fifo), "the FIFO ddplaunch created is removed at exit")
+
+    def test_torch_file_timer_client_of_the_test_python_kills_the_worker_and_the_group_restarts(self):
+        self.run_timer(PYTHON)
+
+    def test_torch_1_13_file_timer_client_of_debian_python_works_too(self):
+        debian = "/usr/bin/python3"
+        probe = subprocess.run([debian, "-c", "import torch.distributed.elastic.timer"], capture_output=True)
+        if probe.returncode != 0:
+            self.skipTest("Debian's python3 has no torch here")
+        self.run_timer(debian)
+
+
+class CrashLoops(LaunchTestCase):
+    def test_restarts_without_progress_end_the_job(self):
+        script = self.script("exit_at_start.py", EXIT_AT_START)
+        r = self.launch(["--nproc_per_node=1", "--max_restarts=10", "--max_restarts_without_progress=2", script],
+                        timeout=120, env={"OUT_DIR": self.out, "EXIT_CODE": "1"})
+        self.assertEqual(r.returncode, 1, r.describe())
+        self.assertEqual(sorted(os.listdir(self.out)), ["attempt_0", "attempt_1", "attempt_2"], r.describe())
+        self.assertIn("2 restart(s) in a row made no progress", r.stderr, r.describe())
+        self.assertIn("FAILED", r.stderr, r.describe())
+
+    def test_a_no_restart_exit_code_ends_the_job_at_once(self):
+        script = self.script("exit_at_start.py", EXIT_AT_START)
+        r = self.launch(["--nproc_per_node=2", "--max_restarts=5", "--no_restart_exit_codes=3,4", script],
+                        timeout=120, env={"OUT_DIR": self.out, "EXIT_CODE": "3"})
+        self.assertEqual(r.returncode, 1, r.describe())
+        self.assertEqual(sorted(os.listdir(self.out)), ["attempt_0"], r.describe())
+        self.assertIn("which --no_restart_exit_codes lists: not restarting", r.stderr, r.describe())
+
+    def test_a_bad_exit_code_list_is_refused(self):
+        r = self.launch(["--no_restart_exit_codes=3,x", "--nproc_per_node=1", "/bin/true"], timeout=30)
+        self.assertEqual(r.returncode, 2, r.describe())
+        self.assertIn("'x' is not an exit code", r.stderr, r.describe())
+
+
+if __name__ == "__main__":
+    main()
