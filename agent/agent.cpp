@@ -19,6 +19,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/filesystem.hpp>
 
+#include "agent/devices.h"
 #include "agent/exit_codes.h"
 #include "agent/failure.h"
 #include "agent/file_timer.h"
@@ -207,6 +208,8 @@ struct Agent::Impl {
         give_up_timer(io),
         progress_timer(io),
         dump_timer(io),
+        health_timer(io),
+        health_deadline(io),
         inherited(current_environment()),
         board(this->options.node.local_world_size),
         monitor(this->options.hang, this->options.node.local_world_size) {}
@@ -220,6 +223,8 @@ struct Agent::Impl {
   asio::steady_timer give_up_timer;
   asio::steady_timer progress_timer;  // samples the progress board (--hang_timeout)
   asio::steady_timer dump_timer;      // SIGKILLs hung workers that did not die of their dump signal
+  asio::steady_timer health_timer;    // the next --health_check (retry before a join, or periodic)
+  asio::steady_timer health_deadline; // kills a check that runs too long
   // Tee'd output into log files: its own queue and thread, so a stalled console does not
   // hold up the files, nor a hung file system the console. 64 MiB before bytes are dropped.
   std::shared_ptr<OutputQueue> files = std::make_shared<OutputQueue>("the log file system", 64 << 20);
@@ -247,6 +252,15 @@ struct Agent::Impl {
   // Set when the job must end instead of restarting (--no_restart_exit_codes, a crash loop).
   std::string stop_reason;
   std::optional<rdzv::WorkerFailure> reported_this_round;  // what this node reported, if anything
+  // --health_check: the running check (0: none), what to do with its result, whether the last
+  // one failed (a passing one after that is said), and pids of the last round's workers (the
+  // built-in GPU check looks for them).
+  int health_pid = 0;
+  bool health_timed_out = false;
+  std::function<void(bool ok, const std::string& why)> health_then;
+  bool health_failing = false;
+  bool gpu_skip_said = false;
+  std::vector<int> previous_pids;
 
   int run() {
     RendezvousEvents events;
@@ -320,6 +334,31 @@ struct Agent::Impl {
 
   void join_round() {
     state = State::kJoining;
+    if (!options.health_check.empty()) {
+      run_health_check([this](bool ok, const std::string& why) {
+        if (state != State::kJoining) return;
+        if (ok) {
+          if (health_failing) say("health check passes again; this node joins the job");
+          health_failing = false;
+          join_now();
+          return;
+        }
+        if (!health_failing) {
+          say("health check failed: " + why + "; this node stays out of the job and checks again every " +
+              seconds_text(options.health_check_interval) + " s");
+        }
+        health_failing = true;
+        health_timer.expires_after(to_duration(options.health_check_interval));
+        health_timer.async_wait([this](const boost::system::error_code& ec) {
+          if (!ec && state == State::kJoining) join_round();
+        });
+      });
+      return;
+    }
+    join_now();
+  }
+
+  void join_now() {
     if (options.pick_master_port) {
       try {
         options.node.master_port = pick_free_port(options.master_port_bind_addr);
@@ -351,6 +390,8 @@ struct Agent::Impl {
           " workers do not overload this machine; set it yourself to tune performance.");
     }
     failures.clear();
+    previous_pids.clear();
+    for (const auto& w : workers) previous_pids.push_back(w.pid);
     workers.clear();
     reported_this_round.reset();
     round_restart_count = a.restart_count;
@@ -371,6 +412,7 @@ struct Agent::Impl {
       }
     }
     if (options.hang.enabled()) schedule_progress_check();
+    if (!options.health_check.empty()) schedule_health_check();
   }
 
   void start_worker(const RoundEnv& round, int local_rank, const std::vector<std::string>& argv) {
@@ -453,6 +495,10 @@ struct Agent::Impl {
   // ---- worker exits ----------------------------------------------------------------------
 
   void on_exit(int pid, ExitStatus st) {
+    if (pid == health_pid && pid != 0) {
+      on_health_exit(st);
+      return;
+    }
     auto it = std::find_if(workers.begin(), workers.end(), [pid](const Worker& w) { return w.alive && w.pid == pid; });
     if (it == workers.end()) return;  // not ours (or from an earlier round)
     it->alive = false;
@@ -822,6 +868,110 @@ struct Agent::Impl {
     processes->signal_process(it->pid, r.signal);
   }
 
+  // ---- health checks -------------------------------------------------------------------------
+
+  std::string health_log_path() const { return options.log_dir + "/" + options.run_id + "/health_check.log"; }
+
+  // The command of --health_check, with the built-in GPU check first when GPUs are visible.
+  std::string health_command() {
+    std::string gpu;
+    if (count_visible_gpus() > 0) {
+      std::string pids;
+      for (int pid : previous_pids) pids += (pids.empty() ? "" : "|") + std::to_string(pid);
+      gpu = "nvidia-smi --query-gpu=index,memory.used --format=csv,noheader >/dev/null 2>&1 || "
+            "{ echo 'built-in GPU check: nvidia-smi gets no answer from every GPU'; exit 1; }; ";
+      if (!pids.empty()) {
+        gpu += "held=$(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null | grep -Ex '" + pids +
+               "'); [ -z \"$held\" ] || { echo \"built-in GPU check: GPU memory still held by the last "
+               "round's workers (pids $held)\"; exit 1; }; ";
+      }
+    } else if (!gpu_skip_said) {
+      gpu_skip_said = true;
+      say("built-in GPU health check skipped: no GPU is visible on this node");
+    }
+    if (options.health_check == "gpu") return gpu.empty() ? "true" : gpu + "true";
+    return gpu + options.health_check;
+  }
+
+  // Runs the check in a process of its own (reaped like a worker, never blocking the loop); its
+  // output goes to <log_dir>/<run_id>/health_check.log, whose tail explains a failure.
+  void run_health_check(std::function<void(bool, const std::string&)> then) {
+    if (health_pid != 0) return;  // one at a time; the running one answers
+    health_then = std::move(then);
+    const std::string log = health_log_path();
+    boost::system::error_code ignored;
+    boost::filesystem::create_directories(boost::filesystem::path(log).parent_path(), ignored);
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    SpawnRequest req;
+    req.argv = {"/bin/sh", "-c", health_command()};
+    req.env = inherited;
+    req.stdout_fd = req.stderr_fd = fd;
+    try {
+      health_pid = processes->spawn(req);
+    } catch (const std::exception& e) {
+      if (fd >= 0) ::close(fd);
+      auto then_now = std::move(health_then);
+      asio::post(io, [then_now, why = std::string(e.what())] { then_now(false, why); });
+      return;
+    }
+    if (fd >= 0) ::close(fd);
+    health_timed_out = false;
+    health_deadline.expires_after(to_duration(options.health_check_timeout));
+    health_deadline.async_wait([this](const boost::system::error_code& ec) {
+      if (ec || health_pid == 0) return;
+      health_timed_out = true;
+      processes->signal_group(health_pid, SIGKILL);
+    });
+  }
+
+  void on_health_exit(ExitStatus st) {
+    health_pid = 0;
+    health_deadline.cancel();
+    std::string why;
+    if (!st.success()) {
+      why = "`" + options.health_check + "` ";
+      why += health_timed_out ? "ran longer than " + seconds_text(options.health_check_timeout) + " s (killed)"
+             : st.signal ? "was killed by " + signal_name(st.signal)
+                         : "exited with code " + std::to_string(st.exit_code);
+      const std::string tail = tail_of_file(health_log_path(), 5, 1024);
+      if (!tail.empty()) why += ": " + tail;
+      while (!why.empty() && (why.back() == '\n' || why.back() == ' ')) why.pop_back();
+    }
+    auto then = std::move(health_then);
+    health_then = nullptr;
+    if (then) then(st.success(), why);
+  }
+
+  void schedule_health_check() {
+    health_timer.expires_after(to_duration(options.health_check_interval));
+    health_timer.async_wait([this](const boost::system::error_code& ec) {
+      if (ec || state != State::kRunning) return;
+      run_health_check([this](bool ok, const std::string& why) {
+        if (state != State::kRunning) return;  // the round ended meanwhile: the next join checks again
+        if (ok) {
+          schedule_health_check();
+          return;
+        }
+        say("health check failed: " + why + "; this node leaves the round: its failure is reported and its "
+            "workers stopped, and it joins again once the check passes");
+        rdzv::WorkerFailure f;
+        f.host = options.node.host;
+        f.rank = -1;
+        f.local_rank = -1;
+        f.exit_code = 1;
+        f.timestamp = now_seconds();
+        f.error_file_message = "health check failed on " + options.node.host + ": " + why;
+        LocalFailure lf;
+        lf.failure = f;
+        failures.push_back(lf);
+        last_failures = failures;
+        reported_this_round = f;
+        rendezvous->report_failure(f);
+        stop_workers(SIGTERM, nullptr);
+      });
+    });
+  }
+
   void on_rendezvous_error(const std::string& message) {
     if (state == State::kDone) return;
     say("rendezvous failed: " + message);
@@ -865,6 +1015,9 @@ struct Agent::Impl {
     give_up_timer.cancel();
     progress_timer.cancel();
     dump_timer.cancel();
+    health_timer.cancel();
+    health_deadline.cancel();
+    if (health_pid != 0) processes->signal_group(health_pid, SIGKILL);
     file_timer.reset();
     io.stop();
   }

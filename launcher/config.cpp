@@ -208,6 +208,14 @@ void resolve_fault_tolerance(const RawValues& raw, LaunchConfig& config,
   if (auto g = raw.find("max_restarts_without_progress")) {
     config.max_restarts_without_progress = parse_non_negative(*g, "an integer >= 0 (0: off)");
   }
+  if (auto g = raw.find("health_check")) {
+    if (trim(g->value).empty()) refuse(g->shown() + ": must not be empty (a shell command, or 'gpu')");
+    config.health_check = trim(g->value);
+  }
+  if (auto g = raw.find("health_check_interval")) {
+    config.health_check_interval = parse_seconds(*g);
+    if (config.health_check_interval <= 0) refuse(g->shown() + ": must be greater than 0 seconds");
+  }
   if (auto g = raw.find("no_restart_exit_codes")) {
     for (const auto& item : split(g->value, ',')) {
       const std::string code = trim(item);

@@ -223,6 +223,8 @@ agent::AgentOptions make_agent_options(const LaunchConfig& config, const Resolve
   o.max_restarts_without_progress = config.max_restarts_without_progress;
   o.no_restart_exit_codes = config.no_restart_exit_codes;
   o.python_helper_dir = python_helper_dir();
+  o.health_check = config.health_check;
+  o.health_check_interval = config.health_check_interval;
   o.file_timer_path = file_timer_path(log_dir);
   // A single node picks a fresh MASTER_PORT per round unless --master_port was given; the
   // static backend across nodes uses --master_port on every node.

@@ -10,7 +10,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ddplaunch_helpers import BUILD_DIR, PYTHON, LaunchTestCase, main  # noqa: E402
+from ddplaunch_helpers import BUILD_DIR, PYTHON, LaunchTestCase, main, wait_for  # noqa: E402
 
 # Two ranks, Gloo; each step all-reduces, then reports progress. On the first attempt rank 1
 # blocks forever before the all-reduce of step 3, so both ranks stop making progress.
@@ -159,6 +159,49 @@ class FileTimer(LaunchTestCase):
         if probe.returncode != 0:
             self.skipTest("Debian's python3 has no torch here")
         self.run_timer(debian)
+
+
+HEALTH_WORKER = """
+import os, time
+attempt = os.environ["TORCHELASTIC_RESTART_COUNT"]
+out = os.environ["OUT_DIR"]
+open(os.path.join(out, "start_%s_%s" % (attempt, os.environ["LOCAL_RANK"])), "w").close()
+if attempt == "0" and os.environ.get("RUN_FOREVER"):
+    while True:
+        time.sleep(1)
+"""
+
+
+class HealthCheck(LaunchTestCase):
+    def health_args(self, healthy, script):
+        return ["--nproc_per_node=1", "--max_restarts=1", "--health_check=test -e %s" % healthy,
+                "--health_check_interval=0.2", script]
+
+    def test_a_failing_check_keeps_the_node_out_and_it_joins_once_the_check_passes(self):
+        healthy = os.path.join(self.tmp, "healthy")
+        script = self.script("worker.py", HEALTH_WORKER)
+        proc = self.spawn_launch(self.health_args(healthy, script), env={"OUT_DIR": self.out})
+        wait_for(lambda: "stays out of the job" in proc.stderr(), 60, "the failed check to be said")
+        self.assertIn("exited with code 1", proc.stderr(), proc.describe())
+        self.assertEqual(os.listdir(self.out), [], "a worker started although the check failed")
+        open(healthy, "w").close()
+        self.assertEqual(proc.wait(60), 0, proc.describe())
+        self.assertEqual(os.listdir(self.out), ["start_0_0"], proc.describe())
+        self.assertIn("health check passes again", proc.stderr(), proc.describe())
+
+    def test_a_check_failing_while_training_stops_the_workers_until_it_passes(self):
+        healthy = os.path.join(self.tmp, "healthy")
+        open(healthy, "w").close()
+        script = self.script("worker.py", HEALTH_WORKER)
+        proc = self.spawn_launch(self.health_args(healthy, script), env={"OUT_DIR": self.out, "RUN_FOREVER": "1"})
+        wait_for(lambda: os.path.exists(os.path.join(self.out, "start_0_0")), 60, "the first worker")
+        os.unlink(healthy)
+        wait_for(lambda: "stays out of the job" in proc.stderr(), 60, "the node to leave")
+        self.assertIn("this node leaves the round", proc.stderr(), proc.describe())
+        self.assertFalse(os.path.exists(os.path.join(self.out, "start_1_0")), proc.describe())
+        open(healthy, "w").close()
+        self.assertEqual(proc.wait(60), 0, proc.describe())
+        self.assertTrue(os.path.exists(os.path.join(self.out, "start_1_0")), proc.describe())
 
 
 class CrashLoops(LaunchTestCase):
