@@ -67,12 +67,16 @@ def enabled():
 def step(n=None):
     """Reports a completed step: `n` is its number (default: one more than the last)."""
     global _beats, _step
-    if _words is None:
+    words = _words
+    if words is None:
         return
-    _step = _step + 1 if n is None else int(n)
-    _words[1] = _step & 0xFFFFFFFFFFFFFFFF
+    if n is None:
+        _step += 1
+    else:
+        _step = n
+    words[1] = _step  # a step number >= 0 (it is stored unsigned)
     _beats += 1
-    _words[0] = _beats  # last: the agent sees the step with the beat
+    words[0] = _beats  # last: the agent sees the step with the beat
 
 
 def checkpoint(n=None):
