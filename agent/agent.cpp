@@ -834,9 +834,11 @@ struct Agent::Impl {
     }
     const int limit = options.max_restarts_without_progress;
     if (limit > 0 && restarts_without_progress >= limit && stop_reason.empty()) {
-      stop_reason = std::to_string(restarts_without_progress) +
-                    " restart(s) in a row made no progress (no rank reported a step beyond " +
-                    std::to_string(job_best_step) + " or a checkpoint beyond " + std::to_string(job_best_checkpoint) +
+      const std::string best = job_best_step < 0 && job_best_checkpoint < 0
+                                   ? "no rank ever reported a step or a checkpoint"
+                                   : "no rank reported a step beyond " + std::to_string(job_best_step) +
+                                         " or a checkpoint beyond " + std::to_string(job_best_checkpoint);
+      stop_reason = std::to_string(restarts_without_progress) + " restart(s) in a row made no progress (" + best +
                     "); --max_restarts_without_progress=" + std::to_string(limit);
     }
   }

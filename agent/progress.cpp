@@ -80,7 +80,7 @@ void ProgressBoard::write(int slot, const ProgressSample& sample) {
 HangMonitor::HangMonitor(HangPolicy policy, int slots) : policy_(policy), slots_(static_cast<std::size_t>(std::max(slots, 1))) {}
 
 void HangMonitor::reset(double now) {
-  for (auto& s : slots_) s = Slot{0, now, 0, {}, 0};
+  for (auto& s : slots_) s = Slot{0, now, 0, {}, 0, false};
   best_step_ = -1;
   best_checkpoint_ = -1;
   any_beat_ = false;
@@ -91,6 +91,12 @@ void HangMonitor::observe(int slot, const ProgressSample& sample, double now) {
   Slot& s = slots_[static_cast<std::size_t>(slot)];
   s.phase = sample.phase;
   if (sample.checkpoint_step > best_checkpoint_) best_checkpoint_ = sample.checkpoint_step;
+  if (sample.beats == kDoneBeats) {
+    s.done = true;
+    if (sample.step > best_step_) best_step_ = sample.step;
+    return;
+  }
+  s.done = false;
   if (sample.beats == s.beats) return;
   if (s.beats > 0 && s.beats >= static_cast<uint64_t>(policy_.auto_skip)) {
     // Samples are taken periodically: several beats may fall into one interval, so the interval
@@ -108,7 +114,7 @@ void HangMonitor::observe(int slot, const ProgressSample& sample, double now) {
 
 double HangMonitor::timeout_for(int slot) const {
   const Slot& s = slots_.at(static_cast<std::size_t>(slot));
-  if (s.beats == 0) return 0;
+  if (s.beats == 0 || s.done) return 0;
   if (!policy_.automatic) return policy_.timeout;
   if (s.counted < policy_.auto_warmup) return 0;
   return std::max(policy_.auto_floor, policy_.auto_factor * slowest_);

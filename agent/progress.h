@@ -6,7 +6,8 @@
 // DDPLAUNCH_PROGRESS_SLOT, without a system call per step; the agent samples the slots. The
 // layout is a contract with the worker SDK (worker_sdk/include/ddp/progress.h) and the Python
 // helper (python/ddplaunch/__init__.py), written down in docs/worker-sdk.md:
-//   offset  0: uint64 beats            incremented by every step() (the heartbeat)
+//   offset  0: uint64 beats            incremented by every step() (the heartbeat); all ones
+//                                      (kDoneBeats): the worker finished its steps, do not watch
 //   offset  8: int64  step             the last step the worker reported
 //   offset 16: int64  checkpoint_step  the last checkpoint it reported saving, -1 = none
 //   offset 24: char   phase[40]        what it is doing (NUL-terminated; may be torn)
@@ -21,6 +22,10 @@
 #include <vector>
 
 namespace ddp::agent {
+
+// `beats` of a worker that said it is done with its steps (teardown, a final evaluation may
+// follow, for however long): it is no longer watched until it beats again.
+constexpr uint64_t kDoneBeats = ~uint64_t{0};
 
 struct ProgressSample {
   uint64_t beats = 0;
@@ -104,6 +109,7 @@ class HangMonitor {
     int64_t step = 0;
     std::string phase;
     int counted = 0;  // intervals counted toward auto
+    bool done = false;  // said kDoneBeats: not watched
   };
   HangPolicy policy_;
   std::vector<Slot> slots_;

@@ -8,6 +8,7 @@
     with ddplaunch.phase("checkpoint"):  # what the worker is doing, shown when it hangs
         save(...)
     ddplaunch.checkpoint(step)           # a checkpoint was saved (crash-loop detection)
+    ddplaunch.done()                     # steps are over: teardown is not a hang
 
 ddplaunch gives each worker a shared-memory slot (DDPLAUNCH_PROGRESS_FILE,
 DDPLAUNCH_PROGRESS_SLOT); step() writes a counter there, no system call, well under a
@@ -19,7 +20,7 @@ import mmap
 import os
 import struct
 
-__all__ = ["step", "phase", "checkpoint", "enabled"]
+__all__ = ["step", "phase", "checkpoint", "done", "enabled"]
 
 _SLOT_SIZE = 64
 _PHASE_OFFSET = 24
@@ -57,6 +58,9 @@ def _open():
 
 
 _open()
+if _words is not None:
+    import atexit
+    atexit.register(done)
 
 
 def enabled():
@@ -77,6 +81,14 @@ def step(n=None):
     words[1] = _step  # a step number >= 0 (it is stored unsigned)
     _beats += 1
     words[0] = _beats  # last: the agent sees the step with the beat
+
+
+def done():
+    """Says that this worker's steps are over: what follows (a final evaluation, saving,
+    destroy_process_group, interpreter exit) may take any time without being taken for a hang.
+    A later step() resumes watching. Called at exit too."""
+    if _words is not None:
+        _words[0] = 0xFFFFFFFFFFFFFFFF
 
 
 def checkpoint(n=None):

@@ -72,6 +72,18 @@ TEST_SUITE("progress heartbeats decide when a rank hangs") {
     CHECK(m.check(1000).empty());
   }
 
+  TEST_CASE("a rank that said it is done is not watched, until it beats again") {
+    HangMonitor m(fixed(5), 1);
+    m.reset(0);
+    m.observe(0, beat(3, 3), 1);
+    m.observe(0, beat(kDoneBeats, 3), 2);
+    CHECK(m.check(100).empty());
+    CHECK(m.best_step() == 3);
+    m.observe(0, beat(4, 4), 200);
+    CHECK(m.check(204.9).empty());
+    CHECK(m.check(205).size() == 1);
+  }
+
   TEST_CASE("a new round forgets the beats of the last one") {
     HangMonitor m(fixed(5), 1);
     m.reset(0);

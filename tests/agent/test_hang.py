@@ -38,6 +38,7 @@ for step in range(1, 6):
     ddplaunch.step(step)
     with open(os.path.join(os.environ["OUT_DIR"], "step_%d_%d.json" % (attempt, rank)), "w") as f:
         json.dump({"step": step, "time": time.time()}, f)
+ddplaunch.done()  # the teardown below is not a hang
 dist.destroy_process_group()
 """
 

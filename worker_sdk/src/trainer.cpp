@@ -392,6 +392,7 @@ TrainResult Trainer::fit() {
     }
     if (!stop) result.epochs_completed = epoch + 1;
   }
+  progress.done();  // the final checkpoint and evaluation below are not a hang
   if (position.epoch >= options_.epochs) result.epochs_completed = options_.epochs;
 
   if (step != last_saved || result.stopped_by_signal) {

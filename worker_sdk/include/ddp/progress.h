@@ -26,6 +26,11 @@ class Progress {
     slot_[1].store(static_cast<uint64_t>(step), std::memory_order_relaxed);
     slot_[0].store(++beats_, std::memory_order_release);
   }
+  // The steps are over (the Trainer calls it when fit() leaves its loop): teardown, a final
+  // checkpoint or evaluation are not taken for a hang. A later step() resumes watching.
+  void done() noexcept {
+    if (slot_) slot_[0].store(~uint64_t{0}, std::memory_order_release);
+  }
   // A checkpoint of `step` was saved.
   void checkpoint(int64_t step) noexcept {
     if (slot_) slot_[2].store(static_cast<uint64_t>(step), std::memory_order_release);
