@@ -11,6 +11,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 
 #include <boost/asio/posix/stream_descriptor.hpp>
@@ -261,6 +262,7 @@ struct Agent::Impl {
   bool health_failing = false;
   bool gpu_skip_said = false;
   std::vector<int> previous_pids;
+  std::set<int> stale_health_pids;  // checks abandoned for a newer one: their exits are ignored
 
   int run() {
     RendezvousEvents events;
@@ -278,7 +280,10 @@ struct Agent::Impl {
     }
     // A closed console must not kill the agent (and with it, every worker): writes fail instead.
     ::signal(SIGPIPE, SIG_IGN);
-    if (!options.file_timer_path.empty() && !start_file_timer()) return exit_code;
+    if (!options.file_timer_path.empty() && !start_file_timer()) {
+      flush_output();
+      return exit_code;
+    }
     wait_for_signal();
     join_round();
     io.run();
@@ -499,6 +504,7 @@ struct Agent::Impl {
       on_health_exit(st);
       return;
     }
+    if (stale_health_pids.erase(pid) > 0) return;
     auto it = std::find_if(workers.begin(), workers.end(), [pid](const Worker& w) { return w.alive && w.pid == pid; });
     if (it == workers.end()) return;  // not ours (or from an earlier round)
     it->alive = false;
@@ -898,7 +904,13 @@ struct Agent::Impl {
   // Runs the check in a process of its own (reaped like a worker, never blocking the loop); its
   // output goes to <log_dir>/<run_id>/health_check.log, whose tail explains a failure.
   void run_health_check(std::function<void(bool, const std::string&)> then) {
-    if (health_pid != 0) return;  // one at a time; the running one answers
+    if (health_pid != 0) {
+      // A periodic check still runs when a join needs one: it is of the last round; start over.
+      processes->signal_group(health_pid, SIGKILL);
+      stale_health_pids.insert(health_pid);
+      health_pid = 0;
+      health_deadline.cancel();
+    }
     health_then = std::move(then);
     const std::string log = health_log_path();
     boost::system::error_code ignored;

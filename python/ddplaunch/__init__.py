@@ -58,9 +58,6 @@ def _open():
 
 
 _open()
-if _words is not None:
-    import atexit
-    atexit.register(done)
 
 
 def enabled():
@@ -121,3 +118,8 @@ def phase(name):
         yield
     finally:
         _set_phase(previous)
+
+
+if _words is not None:
+    import atexit
+    atexit.register(done)
