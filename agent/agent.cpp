@@ -246,7 +246,7 @@ struct Agent::Impl {
   HangMonitor monitor;   // what the board says about this round
   std::unique_ptr<FileTimerServer> file_timer;  // TORCHELASTIC_ENABLE_FILE_TIMER=1
   // Crash loops: the best step and checkpoint any round reported, and the restarts in a row
-  // that got no further (--max_restarts_without_progress).
+  // that got no further (--crash_loop_limit).
   int64_t job_best_step = -1, job_best_checkpoint = -1;
   int restarts_without_progress = 0;
   int round_restart_count = 0;
@@ -845,7 +845,7 @@ struct Agent::Impl {
                                    : "no rank reported a step beyond " + std::to_string(job_best_step) +
                                          " or a checkpoint beyond " + std::to_string(job_best_checkpoint);
       stop_reason = std::to_string(restarts_without_progress) + " restart(s) in a row made no progress (" + best +
-                    "); --max_restarts_without_progress=" + std::to_string(limit);
+                    "); --crash_loop_limit=" + std::to_string(limit);
     }
   }
 

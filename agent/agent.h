@@ -66,7 +66,7 @@ struct AgentOptions {
   // TORCHELASTIC_ENABLE_FILE_TIMER=1: the FIFO the agent serves torch's FileTimerClient on
   // (agent/file_timer.h), exported as TORCHELASTIC_TIMER_FILE. Empty (default): off.
   std::string file_timer_path;
-  // --max_restarts_without_progress: after this many restarts in a row during which no rank
+  // --crash_loop_limit: after this many restarts in a row during which no rank
   // reported a step or a checkpoint beyond the best seen so far, the job fails. 0 (default): off.
   int max_restarts_without_progress = 0;
   // --no_restart_exit_codes: a worker exiting with one of these ends the job at once. Default none.

@@ -205,7 +205,7 @@ void resolve_fault_tolerance(const RawValues& raw, LaunchConfig& config,
       if (config.hang.timeout <= 0) refuse(g->shown() + ": must be greater than 0 seconds, or 'auto'");
     }
   }
-  if (auto g = raw.find("max_restarts_without_progress")) {
+  if (auto g = raw.find("crash_loop_limit")) {
     config.max_restarts_without_progress = parse_non_negative(*g, "an integer >= 0 (0: off)");
   }
   if (auto g = raw.find("health_check")) {

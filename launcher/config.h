@@ -63,7 +63,7 @@ struct LaunchConfig {
   int max_restarts = 0;
   double monitor_interval = 0.1;       // accepted; we watch child exits as events, not by polling
   agent::HangPolicy hang;              // --hang_timeout; default off
-  int max_restarts_without_progress = 0;   // --max_restarts_without_progress; 0 = off
+  int max_restarts_without_progress = 0;   // --crash_loop_limit; 0 = off
   std::vector<int> no_restart_exit_codes;  // --no_restart_exit_codes; default none
   std::string health_check;                // --health_check; empty = none
   double health_check_interval = 30;       // --health_check_interval, seconds > 0

@@ -84,7 +84,7 @@ const std::vector<OptionSpec> kOptions = {
    Group::kFaultTolerance, "A rank that reported progress (ddplaunch.step() in Python, every "
    "step of the worker SDK) and then reports none for SECONDS hangs: its stacks are dumped and "
    "the group restarts. 'auto': 5 x the slowest step seen, at least 60 s (docs/agent.md)."},
-  {"max_restarts_without_progress", 0, false, "N", "0 (off)",
+  {"crash_loop_limit", 0, false, "N", "0 (off)",
    Group::kFaultTolerance, "Fail the job after N restarts in a row in which no rank reported a "
    "step or checkpoint beyond the best seen so far."},
   {"no_restart_exit_codes", 0, false, "CODE,CODE,...", "none",

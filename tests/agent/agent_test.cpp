@@ -315,7 +315,7 @@ TEST_SUITE("the agent ends hangs and crash loops") {
     CHECK(f.records.size() == 3);
   }
 
-  TEST_CASE("restarts that report no progress end the job after --max_restarts_without_progress") {
+  TEST_CASE("restarts that report no progress end the job after --crash_loop_limit") {
     Fixture f;
     f.tweak = [](AgentOptions& o) { o.max_restarts_without_progress = 2; };
     int code = 0;

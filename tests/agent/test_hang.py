@@ -134,6 +134,34 @@ class HangDetection(LaunchTestCase):
         self.assertIn("restarting the workers", r.stderr, r.describe())
 
 
+class MultiNodeHang(LaunchTestCase):
+    """Two agents on one ddp-rendezvous daemon on loopback, one rank each."""
+
+    def test_a_rank_hung_on_one_node_restarts_the_job_on_both(self):
+        import processes
+        from processes import free_port, spawn
+        rendezvous = os.path.join(BUILD_DIR, "bin", "ddp-rendezvous")
+        if not os.path.exists(rendezvous):
+            self.fail("ddp-rendezvous not built: %s" % rendezvous)
+        port = free_port()
+        daemon = spawn([rendezvous, "--host", "127.0.0.1", "--port", str(port)], name="ddp-rendezvous")
+        self.addCleanup(daemon.kill)
+        wait_for(lambda: processes.port_open(port) or daemon.poll() is not None, 15, "the daemon to listen")
+        script = self.script("ddp_hang.py", DDP_HANG)
+        conf = "heartbeat_interval=0.5,heartbeat_timeout=2,last_call_timeout=1,join_timeout=60"
+        nodes = [self.spawn_launch(["--nnodes=2", "--nproc_per_node=1", "--rdzv_backend=c10d",
+                                    "--rdzv_endpoint=127.0.0.1:%d" % port, "--rdzv_id=hang-mn", "--rdzv_conf", conf,
+                                    "--max_restarts=1", "--hang_timeout=3", "--python", PYTHON, script],
+                                   env={"OUT_DIR": self.out}) for _ in range(2)]
+        codes = [n.wait(240) for n in nodes]
+        both = "\n".join(n.describe() for n in nodes)
+        self.assertEqual(codes, [0, 0], both)
+        self.assertIn("rank 1 made no progress for", both)
+        self.assertIn("restarting the workers", nodes[0].stderr() + nodes[1].stderr())
+        self.assertEqual(load(os.path.join(self.out, "step_1_0.json"))["step"], 5, both)
+        self.assertEqual(load(os.path.join(self.out, "step_1_1.json"))["step"], 5, both)
+
+
 class FileTimer(LaunchTestCase):
     def run_timer(self, python):
         bystander = subprocess.Popen(["sleep", "120"])
@@ -210,7 +238,7 @@ class HealthCheck(LaunchTestCase):
 class CrashLoops(LaunchTestCase):
     def test_restarts_without_progress_end_the_job(self):
         script = self.script("exit_at_start.py", EXIT_AT_START)
-        r = self.launch(["--nproc_per_node=1", "--max_restarts=10", "--max_restarts_without_progress=2", script],
+        r = self.launch(["--nproc_per_node=1", "--max_restarts=10", "--crash_loop_limit=2", script],
                         timeout=120, env={"OUT_DIR": self.out, "EXIT_CODE": "1"})
         self.assertEqual(r.returncode, 1, r.describe())
         self.assertEqual(sorted(os.listdir(self.out)), ["attempt_0", "attempt_1", "attempt_2"], r.describe())
