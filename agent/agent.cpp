@@ -224,7 +224,7 @@ struct Agent::Impl {
   asio::steady_timer give_up_timer;
   asio::steady_timer progress_timer;  // samples the progress board (--hang_timeout)
   asio::steady_timer dump_timer;      // SIGKILLs hung workers that did not die of their dump signal
-  asio::steady_timer health_timer;    // the next --health_check (retry before a join, or periodic)
+  asio::steady_timer health_timer;    // the next --check_health (retry before a join, or periodic)
   asio::steady_timer health_deadline; // kills a check that runs too long
   // Tee'd output into log files: its own queue and thread, so a stalled console does not
   // hold up the files, nor a hung file system the console. 64 MiB before bytes are dropped.
@@ -253,7 +253,7 @@ struct Agent::Impl {
   // Set when the job must end instead of restarting (--no_restart_exit_codes, a crash loop).
   std::string stop_reason;
   std::optional<rdzv::WorkerFailure> reported_this_round;  // what this node reported, if anything
-  // --health_check: the running check (0: none), what to do with its result, whether the last
+  // --check_health: the running check (0: none), what to do with its result, whether the last
   // one failed (a passing one after that is said), and pids of the last round's workers (the
   // built-in GPU check looks for them).
   int health_pid = 0;
@@ -880,7 +880,7 @@ struct Agent::Impl {
 
   std::string health_log_path() const { return options.log_dir + "/" + options.run_id + "/health_check.log"; }
 
-  // The command of --health_check, with the built-in GPU check first when GPUs are visible.
+  // The command of --check_health, with the built-in GPU check first when GPUs are visible.
   std::string health_command() {
     std::string gpu;
     if (count_visible_gpus() > 0) {

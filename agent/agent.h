@@ -71,7 +71,7 @@ struct AgentOptions {
   int max_restarts_without_progress = 0;
   // --no_restart_exit_codes: a worker exiting with one of these ends the job at once. Default none.
   std::vector<int> no_restart_exit_codes;
-  // --health_check: a shell command (/bin/sh -c) run before this node joins each round (it
+  // --check_health: a shell command (/bin/sh -c) run before this node joins each round (it
   // stays out, retrying every health_check_interval, until the command exits 0) and every
   // health_check_interval seconds while its workers run (a failure is this node's failure).
   // "gpu" runs only the built-in GPU check. Empty (default): no checks.

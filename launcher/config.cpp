@@ -208,11 +208,11 @@ void resolve_fault_tolerance(const RawValues& raw, LaunchConfig& config,
   if (auto g = raw.find("crash_loop_limit")) {
     config.max_restarts_without_progress = parse_non_negative(*g, "an integer >= 0 (0: off)");
   }
-  if (auto g = raw.find("health_check")) {
+  if (auto g = raw.find("check_health")) {
     if (trim(g->value).empty()) refuse(g->shown() + ": must not be empty (a shell command, or 'gpu')");
     config.health_check = trim(g->value);
   }
-  if (auto g = raw.find("health_check_interval")) {
+  if (auto g = raw.find("check_health_interval")) {
     config.health_check_interval = parse_seconds(*g);
     if (config.health_check_interval <= 0) refuse(g->shown() + ": must be greater than 0 seconds");
   }

@@ -65,8 +65,8 @@ struct LaunchConfig {
   agent::HangPolicy hang;              // --hang_timeout; default off
   int max_restarts_without_progress = 0;   // --crash_loop_limit; 0 = off
   std::vector<int> no_restart_exit_codes;  // --no_restart_exit_codes; default none
-  std::string health_check;                // --health_check; empty = none
-  double health_check_interval = 30;       // --health_check_interval, seconds > 0
+  std::string health_check;                // --check_health; empty = none
+  double health_check_interval = 30;       // --check_health_interval, seconds > 0
   StartMethod start_method = StartMethod::kSpawn;
   std::string role = "default";
   bool module = false;                 // -m/--module

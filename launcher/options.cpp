@@ -90,13 +90,13 @@ const std::vector<OptionSpec> kOptions = {
   {"no_restart_exit_codes", 0, false, "CODE,CODE,...", "none",
    Group::kFaultTolerance, "A worker exiting with one of these codes ends the job at once, "
    "without a restart (e.g. a configuration error)."},
-  {"health_check", 0, false, "CMD|gpu", "none",
+  {"check_health", 0, false, "CMD|gpu", "none",
    Group::kFaultTolerance, "Shell command run before this node joins each round (it stays out "
-   "until CMD exits 0) and every --health_check_interval while training (a failure stops this "
+   "until CMD exits 0) and every --check_health_interval while training (a failure stops this "
    "node's workers as a failure). With GPUs visible a built-in GPU check runs first; 'gpu' "
    "runs only that."},
-  {"health_check_interval", 0, false, "SECONDS", "30",
-   Group::kFaultTolerance, "Period of --health_check while training, and of its retries while "
+  {"check_health_interval", 0, false, "SECONDS", "30",
+   Group::kFaultTolerance, "Period of --check_health while training, and of its retries while "
    "it fails."},
   {"signals_to_handle", 0, false, "SIGNALS", "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
    Group::kFaultTolerance, "Signals forwarded to the workers (names or numbers, comma "

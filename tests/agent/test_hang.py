@@ -205,8 +205,8 @@ if attempt == "0" and os.environ.get("RUN_FOREVER"):
 
 class HealthCheck(LaunchTestCase):
     def health_args(self, healthy, script):
-        return ["--nproc_per_node=1", "--max_restarts=1", "--health_check=test -e %s" % healthy,
-                "--health_check_interval=0.2", script]
+        return ["--nproc_per_node=1", "--max_restarts=1", "--check_health=test -e %s" % healthy,
+                "--check_health_interval=0.2", script]
 
     def test_a_failing_check_keeps_the_node_out_and_it_joins_once_the_check_passes(self):
         healthy = os.path.join(self.tmp, "healthy")
