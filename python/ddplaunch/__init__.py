@@ -74,8 +74,8 @@ def step(n=None):
     if n is None:
         _step += 1
     else:
-        _step = n
-    words[1] = _step  # a step number >= 0 (it is stored unsigned)
+        _step = int(n) & 0xFFFFFFFFFFFFFFFF  # stored unsigned; never an error in a training loop
+    words[1] = _step
     _beats += 1
     words[0] = _beats  # last: the agent sees the step with the beat
 
