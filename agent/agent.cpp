@@ -10,6 +10,8 @@
 #include <cstdio>
 #include <functional>
 #include <map>
+#include <optional>
+#include <set>
 #include <sstream>
 
 #include <boost/asio/posix/stream_descriptor.hpp>
@@ -18,8 +20,10 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/filesystem.hpp>
 
+#include "agent/devices.h"
 #include "agent/exit_codes.h"
 #include "agent/failure.h"
+#include "agent/file_timer.h"
 #include "agent/logs.h"
 
 namespace asio = boost::asio;
@@ -27,6 +31,24 @@ namespace asio = boost::asio;
 namespace ddp::agent {
 
 namespace {
+
+double monotonic_seconds() {
+  using namespace std::chrono;
+  return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+
+std::chrono::steady_clock::duration to_duration(double seconds) {
+  return std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(seconds));
+}
+
+// "5", "5.3": a stall in seconds, to a tenth.
+std::string tenths(double seconds) {
+  std::ostringstream os;
+  os.setf(std::ios::fixed);
+  os.precision(seconds < 100 ? 1 : 0);
+  os << seconds;
+  return os.str();
+}
 
 double now_seconds() {
   using namespace std::chrono;
@@ -161,6 +183,10 @@ struct Worker {
   std::shared_ptr<LineTail> stderr_tail;  // when stderr passes through the agent (tee)
   std::string stdout_log, stderr_log;     // paths, when redirected or tee'd to a file
   bool given_up = false;                  // did not exit after SIGKILL (stuck in the kernel)
+  bool python = false;                    // runs under the Python interpreter (faulthandler)
+  bool hung = false;                      // declared hung: its exit is a failure, whatever its status
+  bool recorded = false;                  // its failure is in `failures`
+  std::string note;                       // why the agent stopped it; heads its failure message
 };
 
 int std_bits(const std::vector<int>& per_rank, int local_rank) {
@@ -181,7 +207,13 @@ struct Agent::Impl {
         signals(io),
         kill_timer(io),
         give_up_timer(io),
-        inherited(current_environment()) {}
+        progress_timer(io),
+        dump_timer(io),
+        health_timer(io),
+        health_deadline(io),
+        inherited(current_environment()),
+        board(this->options.node.local_world_size),
+        monitor(this->options.hang, this->options.node.local_world_size) {}
 
   asio::io_context& io;
   AgentOptions options;
@@ -190,6 +222,10 @@ struct Agent::Impl {
   asio::signal_set signals;
   asio::steady_timer kill_timer;
   asio::steady_timer give_up_timer;
+  asio::steady_timer progress_timer;  // samples the progress board (--hang_timeout)
+  asio::steady_timer dump_timer;      // SIGKILLs hung workers that did not die of their dump signal
+  asio::steady_timer health_timer;    // the next --check_health (retry before a join, or periodic)
+  asio::steady_timer health_deadline; // kills a check that runs too long
   // Tee'd output into log files: its own queue and thread, so a stalled console does not
   // hold up the files, nor a hung file system the console. 64 MiB before bytes are dropped.
   std::shared_ptr<OutputQueue> files = std::make_shared<OutputQueue>("the log file system", 64 << 20);
@@ -206,6 +242,27 @@ struct Agent::Impl {
   int exit_code = static_cast<int>(ExitCode::kSuccess);
   int handled_signal = 0;
   bool omp_warned = false;
+  ProgressBoard board;   // the workers' heartbeats
+  HangMonitor monitor;   // what the board says about this round
+  std::unique_ptr<FileTimerServer> file_timer;  // TORCHELASTIC_ENABLE_FILE_TIMER=1
+  // Crash loops: the best step and checkpoint any round reported, and the restarts in a row
+  // that got no further (--crash_loop_limit).
+  int64_t job_best_step = -1, job_best_checkpoint = -1;
+  int restarts_without_progress = 0;
+  int round_restart_count = 0;
+  // Set when the job must end instead of restarting (--no_restart_exit_codes, a crash loop).
+  std::string stop_reason;
+  std::optional<rdzv::WorkerFailure> reported_this_round;  // what this node reported, if anything
+  // --check_health: the running check (0: none), what to do with its result, whether the last
+  // one failed (a passing one after that is said), and pids of the last round's workers (the
+  // built-in GPU check looks for them).
+  int health_pid = 0;
+  bool health_timed_out = false;
+  std::function<void(bool ok, const std::string& why)> health_then;
+  bool health_failing = false;
+  bool gpu_skip_said = false;
+  std::vector<int> previous_pids;
+  std::set<int> stale_health_pids;  // checks abandoned for a newer one: their exits are ignored
 
   int run() {
     RendezvousEvents events;
@@ -223,6 +280,10 @@ struct Agent::Impl {
     }
     // A closed console must not kill the agent (and with it, every worker): writes fail instead.
     ::signal(SIGPIPE, SIG_IGN);
+    if (!options.file_timer_path.empty() && !start_file_timer()) {
+      flush_output();
+      return exit_code;
+    }
     wait_for_signal();
     join_round();
     io.run();
@@ -278,6 +339,31 @@ struct Agent::Impl {
 
   void join_round() {
     state = State::kJoining;
+    if (!options.health_check.empty()) {
+      run_health_check([this](bool ok, const std::string& why) {
+        if (state != State::kJoining) return;
+        if (ok) {
+          if (health_failing) say("health check passes again; this node joins the job");
+          health_failing = false;
+          join_now();
+          return;
+        }
+        if (!health_failing) {
+          say("health check failed: " + why + "; this node stays out of the job and checks again every " +
+              seconds_text(options.health_check_interval) + " s");
+        }
+        health_failing = true;
+        health_timer.expires_after(to_duration(options.health_check_interval));
+        health_timer.async_wait([this](const boost::system::error_code& ec) {
+          if (!ec && state == State::kJoining) join_round();
+        });
+      });
+      return;
+    }
+    join_now();
+  }
+
+  void join_now() {
     if (options.pick_master_port) {
       try {
         options.node.master_port = pick_free_port(options.master_port_bind_addr);
@@ -309,7 +395,14 @@ struct Agent::Impl {
           " workers do not overload this machine; set it yourself to tune performance.");
     }
     failures.clear();
+    previous_pids.clear();
+    for (const auto& w : workers) previous_pids.push_back(w.pid);
     workers.clear();
+    reported_this_round.reset();
+    round_restart_count = a.restart_count;
+    board.reset();
+    monitor.reset(monotonic_seconds());
+    if (file_timer) file_timer->clear();
     state = State::kRunning;
     const auto argv = worker_argv(options.command);
     for (int lr = 0; lr < round.local_world_size; ++lr) {
@@ -323,6 +416,8 @@ struct Agent::Impl {
         return;
       }
     }
+    if (options.hang.enabled()) schedule_progress_check();
+    if (!options.health_check.empty()) schedule_health_check();
   }
 
   void start_worker(const RoundEnv& round, int local_rank, const std::vector<std::string>& argv) {
@@ -341,6 +436,8 @@ struct Agent::Impl {
     req.argv = argv;
     req.env = inherited;
     for (auto& [k, v] : worker_env(round, local_rank, w.error_file, inherited)) req.env[k] = v;
+    add_watchdog_env(req.env, local_rank);
+    w.python = !options.command.no_python;
     if (local_rank < static_cast<int>(options.numa_bindings.size())) {
       req.numa = prepare_binding(options.numa_bindings[local_rank]);
     }
@@ -403,13 +500,25 @@ struct Agent::Impl {
   // ---- worker exits ----------------------------------------------------------------------
 
   void on_exit(int pid, ExitStatus st) {
+    if (pid == health_pid && pid != 0) {
+      on_health_exit(st);
+      return;
+    }
+    if (stale_health_pids.erase(pid) > 0) return;
     auto it = std::find_if(workers.begin(), workers.end(), [pid](const Worker& w) { return w.alive && w.pid == pid; });
     if (it == workers.end()) return;  // not ours (or from an earlier round)
     it->alive = false;
     it->status = st;
     const bool all_exited = std::none_of(workers.begin(), workers.end(), [](const Worker& w) { return w.alive; });
+    if (state == State::kStopping && it->hung && !it->recorded) {
+      // A hung worker that died of its dump signal after the stop began: its stacks belong in
+      // the summary with the others'.
+      for (auto& p : it->pipes) p->drain_and_close();
+      record_failure(*it);
+      last_failures.push_back(failures.back());
+    }
     if (state == State::kRunning) {
-      if (!st.success()) {
+      if (!st.success() || it->hung) {
         // Its last output may still sit in its pipes: read it before the tail is taken.
         for (auto& p : it->pipes) p->drain_and_close();
         record_failure(*it);
@@ -438,7 +547,13 @@ struct Agent::Impl {
     }
   }
 
-  void record_failure(const Worker& w) {
+  void record_failure(Worker& w) {
+    w.recorded = true;
+    if (stop_reason.empty() && w.status.signal == 0 && !w.hung &&
+        std::count(options.no_restart_exit_codes.begin(), options.no_restart_exit_codes.end(), w.status.exit_code)) {
+      stop_reason = "worker " + std::to_string(w.rank) + " exited with code " + std::to_string(w.status.exit_code) +
+                    ", which --no_restart_exit_codes lists: not restarting";
+    }
     LocalFailure lf;
     auto& f = lf.failure;
     f.host = options.node.host;
@@ -459,6 +574,9 @@ struct Agent::Impl {
       f.error_file_message = content.problem;
     } else {
       f.error_file_message = stderr_tail_message(w);
+    }
+    if (!w.note.empty()) {
+      f.error_file_message = f.error_file_message.empty() ? w.note : w.note + "\n" + f.error_file_message;
     }
     for (const auto& path : {w.stdout_log, w.stderr_log}) {
       if (!path.empty()) lf.log_files.push_back(path);
@@ -494,6 +612,7 @@ struct Agent::Impl {
       return rdzv::explains(a.failure, b.failure);
     });
     last_failures = failures;
+    reported_this_round = first->failure;
     say("worker " + std::to_string(first->failure.rank) + " (local rank " +
         std::to_string(first->failure.local_rank) + ", pid " + std::to_string(first->failure.pid) + ") " +
         (first->failure.signal ? "was killed by " + signal_name(first->failure.signal)
@@ -576,6 +695,7 @@ struct Agent::Impl {
   void stop_done() {
     kill_timer.cancel();
     give_up_timer.cancel();
+    dump_timer.cancel();
     // Leftovers in the workers' process groups (their own children) go with them, and with a
     // cgroup, also those that left their group (setsid).
     for (auto& w : workers) {
@@ -600,6 +720,11 @@ struct Agent::Impl {
 
   void on_restart(const std::string& reason, bool counted) {
     if (state == State::kDone || handled_signal) return;
+    if (counted) note_round_progress();
+    if (!stop_reason.empty()) {
+      end_job_here();
+      return;
+    }
     say("restarting the workers: " + reason);
     when_stopped([this] { join_round(); });
   }
@@ -623,6 +748,241 @@ struct Agent::Impl {
           STDERR_FILENO, format_failure_summary(options.command.program, first, error_file, others, log_files));
       if (!summary.empty()) say("job failed: " + summary);
       finish(static_cast<int>(ExitCode::kJobFailed));
+    });
+  }
+
+  // The job ends on this node's decision (--no_restart_exit_codes, a crash loop) rather than the
+  // rendezvous': the summary of what this node reported, and the reason.
+  void end_job_here() {
+    if (reported_this_round) {
+      on_job_failed(*reported_this_round, stop_reason);
+      return;
+    }
+    when_stopped([this] {
+      say("job failed: " + stop_reason);
+      finish(static_cast<int>(ExitCode::kJobFailed));
+    });
+  }
+
+  // ---- progress, hangs, crash loops, torch's file timer -------------------------------------
+
+  void add_watchdog_env(std::map<std::string, std::string>& env, int local_rank) {
+    env["DDPLAUNCH_PROGRESS_FILE"] = board.path();
+    env["DDPLAUNCH_PROGRESS_SLOT"] = std::to_string(local_rank);
+    if (!options.file_timer_path.empty()) env["TORCHELASTIC_TIMER_FILE"] = options.file_timer_path;
+    if (options.command.no_python) return;
+    if (!options.python_helper_dir.empty()) {
+      auto& path = env["PYTHONPATH"];
+      path = path.empty() ? options.python_helper_dir : path + ":" + options.python_helper_dir;
+    }
+    // Stacks of a hung Python worker: faulthandler prints every thread's traceback on SIGABRT.
+    if (options.hang.enabled() && inherited.count("PYTHONFAULTHANDLER") == 0) env["PYTHONFAULTHANDLER"] = "1";
+  }
+
+  void sample_progress(double now) {
+    for (const auto& w : workers) {
+      if (w.local_rank < board.slots()) monitor.observe(w.local_rank, board.read(w.local_rank), now);
+    }
+  }
+
+  // Samples often enough that a hang is declared within 2% of the timeout (at most every second).
+  void schedule_progress_check() {
+    const double period =
+        options.hang.automatic ? 1.0 : std::clamp(options.hang.timeout / 50.0, 0.02, 1.0);
+    progress_timer.expires_after(to_duration(period));
+    progress_timer.async_wait([this](const boost::system::error_code& ec) {
+      if (ec || state != State::kRunning) return;
+      const double now = monotonic_seconds();
+      sample_progress(now);
+      auto hangs = monitor.check(now);
+      if (!hangs.empty()) {
+        declare_hangs(hangs);
+        return;
+      }
+      schedule_progress_check();
+    });
+  }
+
+  // Each hung worker is asked for its stacks (Python: SIGABRT, which faulthandler answers with
+  // every thread's traceback before the process dies) or, when it cannot answer, killed; its
+  // exit is then a failure like any other, headed by what the board said about it.
+  void declare_hangs(const std::vector<Hang>& hangs) {
+    for (const auto& h : hangs) {
+      auto it = std::find_if(workers.begin(), workers.end(),
+                             [&](const Worker& w) { return w.alive && w.local_rank == h.slot; });
+      if (it == workers.end() || it->hung) continue;
+      it->hung = true;
+      it->note = "rank " + std::to_string(it->rank) + " made no progress for " + tenths(h.stalled_for) +
+                 " s (last step " + std::to_string(h.step) + (h.phase.empty() ? "" : ", phase " + h.phase) +
+                 "; --hang_timeout " + seconds_text(h.timeout) + " s)";
+      say(it->note + (it->python ? "; sending SIGABRT for its Python stacks" : "; killing it"));
+      processes->signal_process(it->pid, it->python ? SIGABRT : SIGKILL);
+    }
+    dump_timer.expires_after(std::chrono::seconds(5));
+    dump_timer.async_wait([this](const boost::system::error_code& ec) {
+      if (ec) return;
+      for (auto& w : workers) {
+        if (w.alive && w.hung) processes->signal_group(w.pid, SIGKILL);
+      }
+    });
+  }
+
+  // After a failed round: did any rank get beyond the job's best step or checkpoint?
+  void note_round_progress() {
+    sample_progress(monotonic_seconds());
+    const bool progressed = monitor.best_step() > job_best_step || monitor.best_checkpoint() > job_best_checkpoint;
+    job_best_step = std::max(job_best_step, monitor.best_step());
+    job_best_checkpoint = std::max(job_best_checkpoint, monitor.best_checkpoint());
+    if (progressed) {
+      restarts_without_progress = 0;
+    } else if (round_restart_count > 0) {
+      ++restarts_without_progress;
+    }
+    const int limit = options.max_restarts_without_progress;
+    if (limit > 0 && restarts_without_progress >= limit && stop_reason.empty()) {
+      const std::string best = job_best_step < 0 && job_best_checkpoint < 0
+                                   ? "no rank ever reported a step or a checkpoint"
+                                   : "no rank reported a step beyond " + std::to_string(job_best_step) +
+                                         " or a checkpoint beyond " + std::to_string(job_best_checkpoint);
+      stop_reason = std::to_string(restarts_without_progress) + " restart(s) in a row made no progress (" + best +
+                    "); --crash_loop_limit=" + std::to_string(limit);
+    }
+  }
+
+  bool start_file_timer() {
+    FileTimerServer::Callbacks cb;
+    cb.is_worker = [this](int pid) {
+      return std::any_of(workers.begin(), workers.end(), [pid](const Worker& w) { return w.alive && w.pid == pid; });
+    };
+    cb.on_expired = [this](const TimerRequest& r) { on_timer_expired(r); };
+    cb.say = [](const std::string& line) { say(line); };
+    try {
+      boost::system::error_code ignored;  // mkfifo below names the path when this failed
+      boost::filesystem::create_directories(boost::filesystem::path(options.file_timer_path).parent_path(), ignored);
+      file_timer = std::make_unique<FileTimerServer>(io, options.file_timer_path, std::move(cb));
+    } catch (const std::exception& e) {
+      say(e.what());
+      exit_code = static_cast<int>(ExitCode::kUsage);
+      return false;
+    }
+    return true;
+  }
+
+  void on_timer_expired(const TimerRequest& r) {
+    auto it = std::find_if(workers.begin(), workers.end(), [&](const Worker& w) { return w.alive && w.pid == r.pid; });
+    if (it == workers.end()) return;
+    it->note = "its timer '" + r.scope_id + "' (torch.distributed.elastic.timer) expired; sent " + signal_name(r.signal);
+    say("worker " + std::to_string(it->rank) + " (pid " + std::to_string(it->pid) + "): " + it->note);
+    processes->signal_process(it->pid, r.signal);
+  }
+
+  // ---- health checks -------------------------------------------------------------------------
+
+  std::string health_log_path() const { return options.log_dir + "/" + options.run_id + "/health_check.log"; }
+
+  // The command of --check_health, with the built-in GPU check first when GPUs are visible.
+  std::string health_command() {
+    std::string gpu;
+    if (count_visible_gpus() > 0) {
+      std::string pids;
+      for (int pid : previous_pids) pids += (pids.empty() ? "" : "|") + std::to_string(pid);
+      gpu = "nvidia-smi --query-gpu=index,memory.used --format=csv,noheader >/dev/null 2>&1 || "
+            "{ echo 'built-in GPU check: nvidia-smi gets no answer from every GPU'; exit 1; }; ";
+      if (!pids.empty()) {
+        gpu += "held=$(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null | grep -Ex '" + pids +
+               "'); [ -z \"$held\" ] || { echo \"built-in GPU check: GPU memory still held by the last "
+               "round's workers (pids $held)\"; exit 1; }; ";
+      }
+    } else if (!gpu_skip_said) {
+      gpu_skip_said = true;
+      say("built-in GPU health check skipped: no GPU is visible on this node");
+    }
+    if (options.health_check == "gpu") return gpu.empty() ? "true" : gpu + "true";
+    return gpu + options.health_check;
+  }
+
+  // Runs the check in a process of its own (reaped like a worker, never blocking the loop); its
+  // output goes to <log_dir>/<run_id>/health_check.log, whose tail explains a failure.
+  void run_health_check(std::function<void(bool, const std::string&)> then) {
+    if (health_pid != 0) {
+      // A periodic check still runs when a join needs one: it is of the last round; start over.
+      processes->signal_group(health_pid, SIGKILL);
+      stale_health_pids.insert(health_pid);
+      health_pid = 0;
+      health_deadline.cancel();
+    }
+    health_then = std::move(then);
+    const std::string log = health_log_path();
+    boost::system::error_code ignored;
+    boost::filesystem::create_directories(boost::filesystem::path(log).parent_path(), ignored);
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    SpawnRequest req;
+    req.argv = {"/bin/sh", "-c", health_command()};
+    req.env = inherited;
+    req.stdout_fd = req.stderr_fd = fd;
+    try {
+      health_pid = processes->spawn(req);
+    } catch (const std::exception& e) {
+      if (fd >= 0) ::close(fd);
+      auto then_now = std::move(health_then);
+      asio::post(io, [then_now, why = std::string(e.what())] { then_now(false, why); });
+      return;
+    }
+    if (fd >= 0) ::close(fd);
+    health_timed_out = false;
+    health_deadline.expires_after(to_duration(options.health_check_timeout));
+    health_deadline.async_wait([this](const boost::system::error_code& ec) {
+      if (ec || health_pid == 0) return;
+      health_timed_out = true;
+      processes->signal_group(health_pid, SIGKILL);
+    });
+  }
+
+  void on_health_exit(ExitStatus st) {
+    health_pid = 0;
+    health_deadline.cancel();
+    std::string why;
+    if (!st.success()) {
+      why = "`" + options.health_check + "` ";
+      why += health_timed_out ? "ran longer than " + seconds_text(options.health_check_timeout) + " s (killed)"
+             : st.signal ? "was killed by " + signal_name(st.signal)
+                         : "exited with code " + std::to_string(st.exit_code);
+      const std::string tail = tail_of_file(health_log_path(), 5, 1024);
+      if (!tail.empty()) why += ": " + tail;
+      while (!why.empty() && (why.back() == '\n' || why.back() == ' ')) why.pop_back();
+    }
+    auto then = std::move(health_then);
+    health_then = nullptr;
+    if (then) then(st.success(), why);
+  }
+
+  void schedule_health_check() {
+    health_timer.expires_after(to_duration(options.health_check_interval));
+    health_timer.async_wait([this](const boost::system::error_code& ec) {
+      if (ec || state != State::kRunning) return;
+      run_health_check([this](bool ok, const std::string& why) {
+        if (state != State::kRunning) return;  // the round ended meanwhile: the next join checks again
+        if (ok) {
+          schedule_health_check();
+          return;
+        }
+        say("health check failed: " + why + "; this node leaves the round: its failure is reported and its "
+            "workers stopped, and it joins again once the check passes");
+        rdzv::WorkerFailure f;
+        f.host = options.node.host;
+        f.rank = -1;
+        f.local_rank = -1;
+        f.exit_code = 1;
+        f.timestamp = now_seconds();
+        f.error_file_message = "health check failed on " + options.node.host + ": " + why;
+        LocalFailure lf;
+        lf.failure = f;
+        failures.push_back(lf);
+        last_failures = failures;
+        reported_this_round = f;
+        rendezvous->report_failure(f);
+        stop_workers(SIGTERM, nullptr);
+      });
     });
   }
 
@@ -667,6 +1027,12 @@ struct Agent::Impl {
     signals.cancel(ignored);
     kill_timer.cancel();
     give_up_timer.cancel();
+    progress_timer.cancel();
+    dump_timer.cancel();
+    health_timer.cancel();
+    health_deadline.cancel();
+    if (health_pid != 0) processes->signal_group(health_pid, SIGKILL);
+    file_timer.reset();
     io.stop();
   }
 };

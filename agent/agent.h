@@ -19,6 +19,7 @@
 
 #include "agent/numa.h"
 #include "agent/process.h"
+#include "agent/progress.h"
 #include "agent/rendezvous_handler.h"
 #include "agent/worker_env.h"
 #include "rendezvous/types.h"
@@ -56,6 +57,27 @@ struct AgentOptions {
   bool virtual_local_rank = false;
   // --numa_binding: the binding of each local rank (agent/numa.h); empty = none (default).
   std::vector<NumaBinding> numa_bindings;
+  // --hang_timeout (agent/progress.h): a rank whose heartbeats stop for longer is a failure.
+  // Default off.
+  HangPolicy hang;
+  // A directory holding the `ddplaunch` Python helper, appended to PYTHONPATH of Python
+  // workers so that `import ddplaunch` works. Empty (default): PYTHONPATH is left alone.
+  std::string python_helper_dir;
+  // TORCHELASTIC_ENABLE_FILE_TIMER=1: the FIFO the agent serves torch's FileTimerClient on
+  // (agent/file_timer.h), exported as TORCHELASTIC_TIMER_FILE. Empty (default): off.
+  std::string file_timer_path;
+  // --crash_loop_limit: after this many restarts in a row during which no rank
+  // reported a step or a checkpoint beyond the best seen so far, the job fails. 0 (default): off.
+  int max_restarts_without_progress = 0;
+  // --no_restart_exit_codes: a worker exiting with one of these ends the job at once. Default none.
+  std::vector<int> no_restart_exit_codes;
+  // --check_health: a shell command (/bin/sh -c) run before this node joins each round (it
+  // stays out, retrying every health_check_interval, until the command exits 0) and every
+  // health_check_interval seconds while its workers run (a failure is this node's failure).
+  // "gpu" runs only the built-in GPU check. Empty (default): no checks.
+  std::string health_check;
+  double health_check_interval = 30;  // seconds; > 0
+  double health_check_timeout = 60;   // a check still running after this fails (killed)
 };
 
 class Agent {

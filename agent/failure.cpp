@@ -50,7 +50,11 @@ void append_failure(std::ostringstream& os, int idx, const rdzv::WorkerFailure& 
   os << "[" << idx << "]:\n";
   os << "  time      : " << format_time(f.timestamp) << "\n";
   os << "  host      : " << f.host << "\n";
-  os << "  rank      : " << f.rank << " (local_rank: " << f.local_rank << ")\n";
+  if (f.rank < 0) {
+    os << "  rank      : none (the node itself, not a worker)\n";
+  } else {
+    os << "  rank      : " << f.rank << " (local_rank: " << f.local_rank << ")\n";
+  }
   if (f.signal != 0) {
     os << "  exitcode  : " << -f.signal << " (pid: " << f.pid << ")\n";
     os << "  signal    : " << f.signal << " (" << signal_name(f.signal) << ")\n";

@@ -99,6 +99,10 @@ class PosixProcesses final : public Processes {
     if (pgid > 0) ::kill(-pgid, signo);
   }
 
+  void signal_process(int pid, int signo) override {
+    if (pid > 0) ::kill(pid, signo);
+  }
+
   void kill_leftovers() override { containment_.kill_all(); }
 
   void reap_exited() override {

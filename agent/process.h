@@ -53,6 +53,9 @@ class Processes {
   virtual int spawn(const SpawnRequest& request) = 0;
   // Sends `signo` to the process group `pgid`; a group that is gone is not an error.
   virtual void signal_group(int pgid, int signo) = 0;
+  // Sends `signo` to the process `pid` alone (a hung worker asked for its stacks, a worker whose
+  // torch file timer expired); a process that is gone is not an error. The fake records nothing.
+  virtual void signal_process(int pid, int signo) { (void)pid, (void)signo; }
   // SIGKILLs whatever is left of the worker group after its workers were reaped: the members of
   // their process groups and, where the machine has a cgroup for them, everything in it
   // (processes that called setsid). The fake of the tests has nothing to clean up.

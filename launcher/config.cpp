@@ -198,6 +198,42 @@ void resolve_fault_tolerance(const RawValues& raw, LaunchConfig& config,
     config.max_restarts = parse_non_negative(*g, "an integer >= 0");
   }
   if (auto g = raw.find("monitor_interval")) config.monitor_interval = parse_seconds(*g);
+  if (auto g = raw.find("hang_timeout")) {
+    if (lower(trim(g->value)) == "auto") {
+      config.hang.automatic = true;
+    } else {
+      config.hang.timeout = parse_seconds(*g);
+      if (config.hang.timeout <= 0) refuse(g->shown() + ": must be greater than 0 seconds, or 'auto'");
+    }
+  }
+  if (auto g = raw.find("crash_loop_limit")) {
+    config.max_restarts_without_progress = parse_non_negative(*g, "an integer >= 0 (0: off)");
+  }
+  if (auto g = raw.find("check_health")) {
+    if (trim(g->value).empty()) refuse(g->shown() + ": must not be empty (a shell command, or 'gpu')");
+    config.health_check = trim(g->value);
+  }
+  if (auto g = raw.find("check_health_interval")) {
+    config.health_check_interval = parse_seconds(*g);
+    if (config.health_check_interval <= 0) refuse(g->shown() + ": must be greater than 0 seconds");
+  }
+  if (auto g = raw.find("no_restart_exit_codes")) {
+    for (const auto& item : split(g->value, ',')) {
+      const std::string code = trim(item);
+      if (code.empty()) continue;
+      std::size_t used = 0;
+      int value = -1;
+      try {
+        value = std::stoi(code, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != code.size() || value < 1 || value > 255) {
+        refuse(g->shown() + ": '" + code + "' is not an exit code from 1 to 255");
+      }
+      config.no_restart_exit_codes.push_back(value);
+    }
+  }
   // --shutdown_timeout, then the rdzv_conf key, then torchrun's TORCH_ELASTIC_SHUTDOWN_TIMEOUT.
   if (auto g = raw.find("shutdown_timeout")) {
     config.timeouts.shutdown_timeout = parse_seconds(*g);

@@ -14,6 +14,7 @@
 
 #include "agent/exit_codes.h"
 #include "agent/numa.h"
+#include "agent/progress.h"
 #include "launcher/endpoint.h"
 #include "launcher/options.h"
 #include "launcher/values.h"
@@ -62,6 +63,11 @@ struct LaunchConfig {
   bool standalone = false;
   int max_restarts = 0;
   double monitor_interval = 0.1;       // accepted; we watch child exits as events, not by polling
+  agent::HangPolicy hang;              // --hang_timeout; default off
+  int max_restarts_without_progress = 0;   // --crash_loop_limit; 0 = off
+  std::vector<int> no_restart_exit_codes;  // --no_restart_exit_codes; default none
+  std::string health_check;                // --check_health; empty = none
+  double health_check_interval = 30;       // --check_health_interval, seconds > 0
   StartMethod start_method = StartMethod::kSpawn;
   std::string role = "default";
   bool module = false;                 // -m/--module

@@ -12,6 +12,8 @@
 #include <map>
 #include <random>
 
+#include <boost/filesystem.hpp>
+
 #include "agent/fingerprint.h"
 #include "agent/local_rendezvous.h"
 #include "agent/logs.h"
@@ -155,6 +157,37 @@ std::unique_ptr<agent::RendezvousHandler> make_rendezvous(boost::asio::io_contex
   return std::make_unique<agent::LocalRendezvous>(io, opts);
 }
 
+// Where the `ddplaunch` Python helper is: installed beside the binary
+// (<prefix>/bin/ddplaunch -> <prefix>/share/ddplaunch/python or <prefix>/lib/ddplaunch/python),
+// else the source tree's python/ (a build that was not installed). Empty when none has it.
+std::string python_helper_dir() {
+  namespace fs = boost::filesystem;
+  boost::system::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  std::vector<fs::path> candidates;
+  if (!ec) {
+    const fs::path prefix = exe.parent_path().parent_path();
+    candidates = {prefix / "share" / "ddplaunch" / "python", prefix / "lib" / "ddplaunch" / "python"};
+  }
+#ifdef DDPLAUNCH_SOURCE_PYTHON_DIR
+  candidates.emplace_back(DDPLAUNCH_SOURCE_PYTHON_DIR);
+#endif
+  for (const auto& dir : candidates) {
+    if (fs::exists(dir / "ddplaunch" / "__init__.py", ec)) return dir.string();
+  }
+  return {};
+}
+
+// torchrun's TORCHELASTIC_ENABLE_FILE_TIMER=1: the FIFO named by TORCHELASTIC_TIMER_FILE, else
+// one in the log directory. Empty when the watchdog is not enabled.
+std::string file_timer_path(const std::string& log_dir) {
+  const char* enabled = std::getenv("TORCHELASTIC_ENABLE_FILE_TIMER");
+  if (enabled == nullptr || std::string(enabled) != "1") return {};
+  const char* path = std::getenv("TORCHELASTIC_TIMER_FILE");
+  if (path != nullptr && *path != '\0') return path;
+  return log_dir + "/watchdog_timer_" + std::to_string(::getpid());
+}
+
 agent::AgentOptions make_agent_options(const LaunchConfig& config, const ResolvedProgram& program,
                                        const std::string& log_dir, const std::string& run_id) {
   agent::AgentOptions o;
@@ -186,6 +219,13 @@ agent::AgentOptions make_agent_options(const LaunchConfig& config, const Resolve
   o.duplicate_stdout_filters = config.duplicate_stdout_filters;
   o.duplicate_stderr_filters = config.duplicate_stderr_filters;
   if (!config.signals_to_handle.empty()) o.signals = config.signals_to_handle;
+  o.hang = config.hang;
+  o.max_restarts_without_progress = config.max_restarts_without_progress;
+  o.no_restart_exit_codes = config.no_restart_exit_codes;
+  o.python_helper_dir = python_helper_dir();
+  o.health_check = config.health_check;
+  o.health_check_interval = config.health_check_interval;
+  o.file_timer_path = file_timer_path(log_dir);
   // A single node picks a fresh MASTER_PORT per round unless --master_port was given; the
   // static backend across nodes uses --master_port on every node.
   const bool single_node = config.standalone || config.max_nodes == 1;

@@ -80,6 +80,24 @@ const std::vector<OptionSpec> kOptions = {
    "not polled."},
   {"shutdown_timeout", 0, false, "SECONDS", "30",
    Group::kFaultTolerance, "Grace between SIGTERM and SIGKILL when workers are stopped."},
+  {"hang_timeout", 0, false, "SECONDS|auto", "off",
+   Group::kFaultTolerance, "A rank that reported progress (ddplaunch.step() in Python, every "
+   "step of the worker SDK) and then reports none for SECONDS hangs: its stacks are dumped and "
+   "the group restarts. 'auto': 5 x the slowest step seen, at least 60 s (docs/agent.md)."},
+  {"crash_loop_limit", 0, false, "N", "0 (off)",
+   Group::kFaultTolerance, "Fail the job after N restarts in a row in which no rank reported a "
+   "step or checkpoint beyond the best seen so far."},
+  {"no_restart_exit_codes", 0, false, "CODE,CODE,...", "none",
+   Group::kFaultTolerance, "A worker exiting with one of these codes ends the job at once, "
+   "without a restart (e.g. a configuration error)."},
+  {"check_health", 0, false, "CMD|gpu", "none",
+   Group::kFaultTolerance, "Shell command run before this node joins each round (it stays out "
+   "until CMD exits 0) and every --check_health_interval while training (a failure stops this "
+   "node's workers as a failure). With GPUs visible a built-in GPU check runs first; 'gpu' "
+   "runs only that."},
+  {"check_health_interval", 0, false, "SECONDS", "30",
+   Group::kFaultTolerance, "Period of --check_health while training, and of its retries while "
+   "it fails."},
   {"signals_to_handle", 0, false, "SIGNALS", "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
    Group::kFaultTolerance, "Signals forwarded to the workers (names or numbers, comma "
    "separated); ddplaunch then exits 128+N."},

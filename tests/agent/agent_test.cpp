@@ -26,6 +26,10 @@
 #include "agent/exit_codes.h"
 #include "agent/local_rendezvous.h"
 #include "agent/logs.h"
+#include "agent/progress.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
 
 using namespace ddp::agent;
 namespace asio = boost::asio;
@@ -63,6 +67,15 @@ class FakeProcesses final : public Processes {
       ExitStatus st;
       st.signal = signo;
       exit_later(pgid, st);
+    }
+  }
+  void signal_process(int pid, int signo) override {
+    signals_sent->push_back({pid, signo});
+    auto it = records->find(pid);
+    if (it != records->end() && it->second.alive) {
+      ExitStatus st;
+      st.signal = signo;
+      exit_later(pid, st);
     }
   }
   void close() override {}
@@ -255,5 +268,96 @@ TEST_SUITE("the agent supervises its worker group") {
     // The peer is listed among the other failures.
     CHECK(err.substr(0, root).find("rank      : 0 (local_rank: 0)") != std::string::npos);
     CHECK(err.find("worker 1 (local rank 1, pid 1001) was killed by SIGKILL") != std::string::npos);
+  }
+}
+
+namespace {
+
+// Writes a worker's progress slot as the SDK would, through the path the agent gave it.
+void report_step(const std::map<std::string, std::string>& env, uint64_t beats, int64_t step) {
+  const int fd = ::open(env.at("DDPLAUNCH_PROGRESS_FILE").c_str(), O_RDWR | O_CLOEXEC);
+  REQUIRE(fd >= 0);
+  const int slot = std::stoi(env.at("DDPLAUNCH_PROGRESS_SLOT"));
+  const std::size_t size = ProgressBoard::kSlotSize * static_cast<std::size_t>(slot + 1);
+  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  REQUIRE(p != MAP_FAILED);
+  auto* words = reinterpret_cast<uint64_t*>(static_cast<unsigned char*>(p) + ProgressBoard::kSlotSize * slot);
+  words[1] = static_cast<uint64_t>(step);
+  words[0] = beats;
+  ::munmap(p, size);
+}
+
+}  // namespace
+
+TEST_SUITE("the agent ends hangs and crash loops") {
+  TEST_CASE("a worker exiting with a code of --no_restart_exit_codes ends the job at once") {
+    Fixture f;
+    f.tweak = [](AgentOptions& o) { o.no_restart_exit_codes = {3, 42}; };
+    std::string err;
+    int code = 0;
+    err = capture_stderr([&] {
+      code = f.run(2, 5, [](const auto& env) -> std::optional<ExitStatus> {
+        if (env.at("LOCAL_RANK") == "1") return exited(42);
+        return std::nullopt;
+      });
+    });
+    CHECK(code == static_cast<int>(ddp::ExitCode::kJobFailed));
+    CHECK(f.records.size() == 2);  // no restart despite --max_restarts=5
+    CHECK(err.find("exited with code 42, which --no_restart_exit_codes lists") != std::string::npos);
+  }
+
+  TEST_CASE("a code not listed restarts as usual") {
+    Fixture f;
+    f.tweak = [](AgentOptions& o) { o.no_restart_exit_codes = {3}; };
+    int code = f.run(1, 2, [](const auto&) -> std::optional<ExitStatus> { return exited(1); });
+    CHECK(code == static_cast<int>(ddp::ExitCode::kJobFailed));
+    CHECK(f.records.size() == 3);
+  }
+
+  TEST_CASE("restarts that report no progress end the job after --crash_loop_limit") {
+    Fixture f;
+    f.tweak = [](AgentOptions& o) { o.max_restarts_without_progress = 2; };
+    int code = 0;
+    std::string err = capture_stderr([&] {
+      code = f.run(1, 10, [](const auto&) -> std::optional<ExitStatus> { return exited(1); });
+    });
+    CHECK(code == static_cast<int>(ddp::ExitCode::kJobFailed));
+    CHECK(f.records.size() == 3);  // the first attempt and 2 restarts that got nowhere
+    CHECK(err.find("2 restart(s) in a row made no progress") != std::string::npos);
+  }
+
+  TEST_CASE("a restart that reports a step beyond the best seen resets the count") {
+    Fixture f;
+    f.tweak = [](AgentOptions& o) { o.max_restarts_without_progress = 2; };
+    // Attempts 0..3 each get one step further, then every attempt is stuck at step 3.
+    int code = f.run(1, 10, [](const auto& env) -> std::optional<ExitStatus> {
+      const int restart = std::stoi(env.at("TORCHELASTIC_RESTART_COUNT"));
+      report_step(env, 1, std::min(restart, 3));
+      return exited(1);
+    });
+    CHECK(code == static_cast<int>(ddp::ExitCode::kJobFailed));
+    CHECK(f.records.size() == 6);  // 0..3 progress (step 0,1,2,3), 4 and 5 do not
+  }
+
+  TEST_CASE("a rank that beat and then stopped is declared hung, killed, reported and restarted") {
+    Fixture f;
+    f.tweak = [](AgentOptions& o) { o.hang.timeout = 0.2; };
+    int code = 0;
+    std::string err = capture_stderr([&] {
+      code = f.run(2, 1, [](const auto& env) -> std::optional<ExitStatus> {
+        const int restart = std::stoi(env.at("TORCHELASTIC_RESTART_COUNT"));
+        if (restart == 1) return exited(0);
+        if (env.at("LOCAL_RANK") == "1") report_step(env, 4, 17);  // then nothing: it hangs
+        return std::nullopt;  // rank 0 never beats: not watched
+      });
+    });
+    CHECK(code == 0);
+    REQUIRE(f.records.size() == 4);
+    // The hung rank (pid 1001, no Python: SIGKILL) was killed alone, then rank 0 stopped.
+    CHECK(std::count(f.signals_sent.begin(), f.signals_sent.end(), std::make_pair(1001, SIGKILL)) >= 1);
+    CHECK(std::count(f.signals_sent.begin(), f.signals_sent.end(), std::make_pair(1000, SIGTERM)) == 1);
+    CHECK(err.find("rank 1 made no progress for") != std::string::npos);
+    CHECK(err.find("(last step 17;") != std::string::npos);
   }
 }

@@ -37,9 +37,11 @@ sys.exit(code)
 """
 
 # Differences on purpose (docs/cli.md, "Differences from torchrun 2.x"): name -> what differs.
-ONLY_DDPLAUNCH = {"DDPLAUNCH_GENERATION", "NCCL_ASYNC_ERROR_HANDLING", "DDPLAUNCH_SUPERVISOR"}
+ONLY_DDPLAUNCH = {"DDPLAUNCH_GENERATION", "NCCL_ASYNC_ERROR_HANDLING", "DDPLAUNCH_SUPERVISOR",
+                  "DDPLAUNCH_PROGRESS_FILE", "DDPLAUNCH_PROGRESS_SLOT"}
 ONLY_TORCHRUN = set()
-DIFFERENT_VALUE = {"TORCHELASTIC_USE_AGENT_STORE"}   # torchrun "True", ddplaunch "False"
+DIFFERENT_VALUE = {"TORCHELASTIC_USE_AGENT_STORE",   # torchrun "True", ddplaunch "False"
+                   "PYTHONPATH"}                     # Python workers: + the ddplaunch helper's directory
 PER_RUN = {"MASTER_PORT", "TORCHELASTIC_ERROR_FILE"}  # a port / a path of each run, compared apart
 
 
@@ -121,6 +123,9 @@ class TorchrunCompat(unittest.TestCase):
                 self.assertEqual(set(t) - set(d), ONLY_TORCHRUN, "variables only torchrun sets")
                 for key in set(t) & set(d) - DIFFERENT_VALUE - PER_RUN:
                     self.assertEqual(d[key], t[key], key)
+                if "PYTHONPATH" in t:
+                    self.assertTrue(d["PYTHONPATH"] == t["PYTHONPATH"] or
+                                    d["PYTHONPATH"].startswith(t["PYTHONPATH"] + ":"), d["PYTHONPATH"])
                 self.assertEqual((t["TORCHELASTIC_USE_AGENT_STORE"], d["TORCHELASTIC_USE_AGENT_STORE"]),
                                  ("True", "False"))
                 # attempt_<restart count>/<local rank>/error.json under each launcher's log dir

@@ -18,6 +18,9 @@
 #include <iostream>
 #include <sstream>
 
+#include <chrono>
+#include <thread>
+
 #include "ddp/worker_sdk.h"
 
 namespace {
@@ -31,6 +34,8 @@ struct Flags {
   int keep_last = 3;
   uint64_t seed = 0;
   int64_t crash_at_step = -1;
+  int64_t hang_at_step = -1;
+  int hang_rank = 0;
   std::string data;
   int64_t samples = 4096;
   int64_t features = 32;
@@ -168,6 +173,17 @@ int run(const Flags& flags) {
       }
     };
   }
+  if (flags.hang_at_step >= 0 && env.restart_count == 0 && env.rank == flags.hang_rank) {
+    auto previous = trainer.on_step_begin;
+    trainer.on_step_begin = [&, previous](const ddp::StepInfo& info) {
+      if (previous) previous(info);
+      if (info.step != flags.hang_at_step) return;
+      std::cout << "[train] rank " << info.rank << ": --hang-at-step " << info.step
+                << " on the first attempt: blocking forever" << std::endl;
+      ddp::Progress::instance().set_phase("--hang-at-step");
+      for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+    };
+  }
   int log_fd = -1;
   if (!flags.sample_log.empty()) {
     log_fd = ::open(flags.sample_log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
@@ -227,6 +243,8 @@ int main(int argc, char** argv) {
   app.add_option("--keep-last", flags.keep_last, "checkpoints to keep")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--seed", flags.seed, "seed of the model, the data and the shuffling")->capture_default_str();
   app.add_option("--crash-at-step", flags.crash_at_step, "exit with code 13 before step N, on the first attempt only (TORCHELASTIC_RESTART_COUNT=0)");
+  app.add_option("--hang-at-step", flags.hang_at_step, "rank --hang-rank blocks forever before step N, on the first attempt only (TORCHELASTIC_RESTART_COUNT=0)");
+  app.add_option("--hang-rank", flags.hang_rank, "the rank --hang-at-step blocks")->capture_default_str();
   app.add_option("--data", flags.data, "CSV file: features..., integer label (default: synthetic data)");
   app.add_option("--samples", flags.samples, "synthetic training samples")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--features", flags.features, "synthetic features")->capture_default_str()->check(CLI::PositiveNumber);

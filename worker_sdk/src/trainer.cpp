@@ -13,6 +13,7 @@
 
 #include "ddp/checkpoint.h"
 #include "ddp/error.h"
+#include "ddp/progress.h"
 
 namespace ddp {
 namespace {
@@ -226,10 +227,12 @@ void Trainer::save(int64_t step, const SamplerPosition& position, TrainResult& r
     std::lock_guard<std::mutex> lock(cpu_generator().mutex());
     state.put("ddp.rng_cpu", cpu_generator().get_state());
   }
+  PhaseScope phase("checkpoint");
   save_model(*model_, state);
   save_optimizer(*optimizer_, state);
   CheckpointManager manager({options_.checkpoint_dir, options_.keep_last}, group_->rank(), log);
   result.last_checkpoint = manager.save(step, state);
+  Progress::instance().checkpoint(step);
   log("saved checkpoint " + result.last_checkpoint + " (step " + std::to_string(step) +
       ", epoch " + std::to_string(position.epoch) + ", position " +
       std::to_string(position.consumed) + "/" + std::to_string(data_.size()) + ")");
@@ -305,6 +308,8 @@ TrainResult Trainer::fit() {
   bool stop = false;
   int64_t last_saved = result.resumed_from_step.value_or(-1);
   auto flag = torch::zeros({2}, torch::kDouble);
+  // Heartbeats to the agent (--hang_timeout, crash-loop detection): one per optimizer step.
+  Progress& progress = Progress::instance();
 
   for (int64_t epoch = position.epoch; epoch < options_.epochs && !stop; ++epoch) {
     if (epoch != sampler.epoch()) sampler.set_epoch(epoch);
@@ -321,6 +326,7 @@ TrainResult Trainer::fit() {
       }
       StepInfo info{step, epoch, rank, world, &step_indices, 0};
       if (on_step_begin) on_step_begin(info);
+      progress.set_phase("forward/backward");
 
       // Agreement on stopping (and the previous step's mean loss) travels in one small
       // all-reduce that runs while this step computes.
@@ -348,7 +354,10 @@ TrainResult Trainer::fit() {
       optimizer_->step();
       ++step;
       ++result.steps_this_run;
+      progress.set_phase("step sync");
       flag_work.wait();
+      progress.step(step);
+      progress.set_phase("between steps");
       steady_end = std::chrono::steady_clock::now();
       if (result.steps_this_run == kSteadyWarmupSteps) steady_start = steady_end;
       stop = flag[0].item<double>() > 0;
@@ -383,6 +392,7 @@ TrainResult Trainer::fit() {
     }
     if (!stop) result.epochs_completed = epoch + 1;
   }
+  progress.done();  // the final checkpoint and evaluation below are not a hang
   if (position.epoch >= options_.epochs) result.epochs_completed = options_.epochs;
 
   if (step != last_saved || result.stopped_by_signal) {

@@ -7,5 +7,6 @@
 #include "ddp/env.h"
 #include "ddp/error.h"
 #include "ddp/process_group.h"
+#include "ddp/progress.h"
 #include "ddp/sampler.h"
 #include "ddp/trainer.h"

@@ -1,0 +1,137 @@
+#include "agent/progress.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <system_error>
+
+namespace ddp::agent {
+
+namespace {
+
+// The slot's 64-bit fields are written by another process with plain (aligned) stores or
+// atomics; an aligned 8-byte load never tears on the machines we run on.
+uint64_t load_u64(const unsigned char* p) {
+  return reinterpret_cast<const std::atomic<uint64_t>*>(p)->load(std::memory_order_acquire);
+}
+
+void store_u64(unsigned char* p, uint64_t v) {
+  reinterpret_cast<std::atomic<uint64_t>*>(p)->store(v, std::memory_order_release);
+}
+
+}  // namespace
+
+ProgressBoard::ProgressBoard(int slots) : slots_(std::max(slots, 1)) {
+  fd_ = ::memfd_create("ddplaunch-progress", MFD_CLOEXEC);
+  if (fd_ < 0) throw std::system_error(errno, std::generic_category(), "progress board: memfd_create");
+  const std::size_t size = kSlotSize * static_cast<std::size_t>(slots_);
+  if (::ftruncate(fd_, static_cast<off_t>(size)) != 0) {
+    const int err = errno;
+    ::close(fd_);
+    throw std::system_error(err, std::generic_category(), "progress board: ftruncate");
+  }
+  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+  if (p == MAP_FAILED) {
+    const int err = errno;
+    ::close(fd_);
+    throw std::system_error(err, std::generic_category(), "progress board: mmap");
+  }
+  base_ = static_cast<unsigned char*>(p);
+  path_ = "/proc/" + std::to_string(::getpid()) + "/fd/" + std::to_string(fd_);
+  reset();
+}
+
+ProgressBoard::~ProgressBoard() {
+  if (base_) ::munmap(base_, kSlotSize * static_cast<std::size_t>(slots_));
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void ProgressBoard::reset() {
+  for (int s = 0; s < slots_; ++s) write(s, ProgressSample{});
+}
+
+ProgressSample ProgressBoard::read(int slot) const {
+  const unsigned char* p = base_ + kSlotSize * static_cast<std::size_t>(slot);
+  ProgressSample out;
+  out.beats = load_u64(p);
+  out.step = static_cast<int64_t>(load_u64(p + 8));
+  out.checkpoint_step = static_cast<int64_t>(load_u64(p + 16));
+  for (std::size_t i = 0; i < kPhaseSize; ++i) {
+    const char c = static_cast<char>(p[kPhaseOffset + i]);
+    if (c == '\0') break;
+    out.phase += (c >= 0x20 && c < 0x7f) ? c : '?';  // a worker's bytes, shown to a person
+  }
+  return out;
+}
+
+void ProgressBoard::write(int slot, const ProgressSample& sample) {
+  unsigned char* p = base_ + kSlotSize * static_cast<std::size_t>(slot);
+  std::memset(p + kPhaseOffset, 0, kPhaseSize);
+  std::memcpy(p + kPhaseOffset, sample.phase.data(), std::min(sample.phase.size(), kPhaseSize - 1));
+  store_u64(p + 8, static_cast<uint64_t>(sample.step));
+  store_u64(p + 16, static_cast<uint64_t>(sample.checkpoint_step));
+  store_u64(p, sample.beats);
+}
+
+HangMonitor::HangMonitor(HangPolicy policy, int slots) : policy_(policy), slots_(static_cast<std::size_t>(std::max(slots, 1))) {}
+
+void HangMonitor::reset(double now) {
+  for (auto& s : slots_) s = Slot{0, now, 0, {}, 0, false};
+  best_step_ = -1;
+  best_checkpoint_ = -1;
+  any_beat_ = false;
+}
+
+void HangMonitor::observe(int slot, const ProgressSample& sample, double now) {
+  if (slot < 0 || slot >= static_cast<int>(slots_.size())) return;
+  Slot& s = slots_[static_cast<std::size_t>(slot)];
+  s.phase = sample.phase;
+  if (sample.checkpoint_step > best_checkpoint_) best_checkpoint_ = sample.checkpoint_step;
+  if (sample.beats == kDoneBeats) {
+    s.done = true;
+    if (sample.step > best_step_) best_step_ = sample.step;
+    return;
+  }
+  s.done = false;
+  if (sample.beats == s.beats) return;
+  if (s.beats > 0 && s.beats >= static_cast<uint64_t>(policy_.auto_skip)) {
+    // Samples are taken periodically: several beats may fall into one interval, so the interval
+    // per beat is an average, and a slow one is never underestimated by more than the period.
+    const double per_beat = (now - s.last_change) / static_cast<double>(sample.beats - s.beats);
+    slowest_ = std::max(slowest_, per_beat);
+    ++s.counted;
+  }
+  any_beat_ = true;
+  s.beats = sample.beats;
+  s.step = sample.step;
+  s.last_change = now;
+  if (sample.step > best_step_) best_step_ = sample.step;
+}
+
+double HangMonitor::timeout_for(int slot) const {
+  const Slot& s = slots_.at(static_cast<std::size_t>(slot));
+  if (s.beats == 0 || s.done) return 0;
+  if (!policy_.automatic) return policy_.timeout;
+  if (s.counted < policy_.auto_warmup) return 0;
+  return std::max(policy_.auto_floor, policy_.auto_factor * slowest_);
+}
+
+std::vector<Hang> HangMonitor::check(double now) const {
+  std::vector<Hang> out;
+  if (!policy_.enabled()) return out;
+  for (std::size_t i = 0; i < slots_.size(); ++i) {
+    const double timeout = timeout_for(static_cast<int>(i));
+    if (timeout <= 0) continue;
+    const Slot& s = slots_[i];
+    if (now - s.last_change >= timeout) {
+      out.push_back(Hang{static_cast<int>(i), now - s.last_change, timeout, s.step, s.phase});
+    }
+  }
+  return out;
+}
+
+}  // namespace ddp::agent

@@ -1,0 +1,122 @@
+// Progress heartbeats (issue 12): what each worker says about its training steps, and how the
+// agent decides that a worker hangs.
+//
+// ProgressBoard is a shared-memory page (a memfd) with one 64-byte slot per local rank. Workers
+// open it through DDPLAUNCH_PROGRESS_FILE (/proc/<agent pid>/fd/<n>) and write their own slot,
+// DDPLAUNCH_PROGRESS_SLOT, without a system call per step; the agent samples the slots. The
+// layout is a contract with the worker SDK (worker_sdk/include/ddp/progress.h) and the Python
+// helper (python/ddplaunch/__init__.py), written down in docs/worker-sdk.md:
+//   offset  0: uint64 beats            incremented by every step() (the heartbeat); all ones
+//                                      (kDoneBeats): the worker finished its steps, do not watch
+//   offset  8: int64  step             the last step the worker reported
+//   offset 16: int64  checkpoint_step  the last checkpoint it reported saving, -1 = none
+//   offset 24: char   phase[40]        what it is doing (NUL-terminated; may be torn)
+// HangMonitor is the pure decision, with the clock given to every call: tested without processes.
+//
+// Both are owned by the Agent and used on its io_context thread only.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ddp::agent {
+
+// `beats` of a worker that said it is done with its steps (teardown, a final evaluation may
+// follow, for however long): it is no longer watched until it beats again.
+constexpr uint64_t kDoneBeats = ~uint64_t{0};
+
+struct ProgressSample {
+  uint64_t beats = 0;
+  int64_t step = 0;
+  int64_t checkpoint_step = -1;
+  std::string phase;  // printable ASCII only
+};
+
+class ProgressBoard {
+ public:
+  static constexpr std::size_t kSlotSize = 64;
+  static constexpr std::size_t kPhaseOffset = 24;
+  static constexpr std::size_t kPhaseSize = 40;
+
+  // Creates the memfd with `slots` zeroed slots. Throws std::system_error.
+  explicit ProgressBoard(int slots);
+  ~ProgressBoard();
+  ProgressBoard(const ProgressBoard&) = delete;
+  ProgressBoard& operator=(const ProgressBoard&) = delete;
+
+  // What a worker is given: the path that opens the memfd from another process.
+  const std::string& path() const { return path_; }
+  int slots() const { return slots_; }
+  // Zeroes every slot (checkpoint_step -1): each round starts from nothing.
+  void reset();
+  // REQUIRES: 0 <= slot < slots().
+  ProgressSample read(int slot) const;
+  // Writes a slot as a worker would (tests).
+  void write(int slot, const ProgressSample& sample);
+
+ private:
+  int fd_ = -1;
+  int slots_ = 0;
+  unsigned char* base_ = nullptr;
+  std::string path_;
+};
+
+// --hang_timeout: a fixed number of seconds, or "auto".
+struct HangPolicy {
+  double timeout = 0;      // seconds; 0 = off (default)
+  bool automatic = false;  // --hang_timeout=auto
+  // auto: timeout = max(auto_floor, auto_factor * the slowest step interval seen on this node),
+  // counting intervals only after each rank's first auto_skip steps, and only once a rank has
+  // auto_warmup counted intervals (before that it is not watched).
+  double auto_factor = 5.0;
+  double auto_floor = 60.0;
+  int auto_skip = 2;
+  int auto_warmup = 5;
+  bool enabled() const { return timeout > 0 || automatic; }
+};
+
+// One rank that made no progress for too long.
+struct Hang {
+  int slot = 0;
+  double stalled_for = 0;  // seconds since its last beat
+  double timeout = 0;      // the timeout it exceeded
+  int64_t step = 0;        // its last reported step
+  std::string phase;
+};
+
+// Watches the samples of one round. Times are seconds on a monotonic clock.
+class HangMonitor {
+ public:
+  HangMonitor(HangPolicy policy, int slots);
+  // A new round: forgets every beat (the slowest interval of auto is kept: same job, same steps).
+  void reset(double now);
+  void observe(int slot, const ProgressSample& sample, double now);
+  // The ranks that have beaten at least once and not for longer than the timeout, at `now`.
+  std::vector<Hang> check(double now) const;
+  // The timeout in force for `slot` (0: not watched yet).
+  double timeout_for(int slot) const;
+  // Highest step and checkpoint any rank reported this round.
+  int64_t best_step() const { return best_step_; }
+  int64_t best_checkpoint() const { return best_checkpoint_; }
+  bool any_beat() const { return any_beat_; }
+
+ private:
+  struct Slot {
+    uint64_t beats = 0;
+    double last_change = 0;
+    int64_t step = 0;
+    std::string phase;
+    int counted = 0;  // intervals counted toward auto
+    bool done = false;  // said kDoneBeats: not watched
+  };
+  HangPolicy policy_;
+  std::vector<Slot> slots_;
+  double slowest_ = 0;
+  int64_t best_step_ = -1;
+  int64_t best_checkpoint_ = -1;
+  bool any_beat_ = false;
+};
+
+}  // namespace ddp::agent

@@ -1,0 +1,125 @@
+"""Progress heartbeats for Python workers run by ddplaunch (docs/worker-sdk.md, "Progress").
+
+    import ddplaunch
+    for batch in loader:
+        train_step(batch)
+        ddplaunch.step()                 # one heartbeat per completed step
+
+    with ddplaunch.phase("checkpoint"):  # what the worker is doing, shown when it hangs
+        save(...)
+    ddplaunch.checkpoint(step)           # a checkpoint was saved (crash-loop detection)
+    ddplaunch.done()                     # steps are over: teardown is not a hang
+
+ddplaunch gives each worker a shared-memory slot (DDPLAUNCH_PROGRESS_FILE,
+DDPLAUNCH_PROGRESS_SLOT); step() writes a counter there, no system call, well under a
+microsecond. Under another launcher, or none, every function does nothing.
+"""
+
+import contextlib
+import mmap
+import os
+import struct
+
+__all__ = ["step", "phase", "checkpoint", "done", "enabled"]
+
+_SLOT_SIZE = 64
+_PHASE_OFFSET = 24
+_PHASE_SIZE = 40
+
+_words = None   # memoryview of the slot as 3 unsigned 64-bit words: beats, step, checkpoint
+_bytes = None   # memoryview of the slot's bytes
+_beats = 0
+_step = 0
+
+
+def _open():
+    global _words, _bytes
+    path = os.environ.get("DDPLAUNCH_PROGRESS_FILE")
+    slot = os.environ.get("DDPLAUNCH_PROGRESS_SLOT")
+    if not path or slot is None:
+        return
+    try:
+        slot = int(slot)
+        fd = os.open(path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+    except (ValueError, OSError):
+        return
+    try:
+        size = os.fstat(fd).st_size
+        if slot < 0 or (slot + 1) * _SLOT_SIZE > size:
+            return
+        region = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    except (OSError, ValueError):
+        return
+    finally:
+        os.close(fd)
+    view = memoryview(region)[slot * _SLOT_SIZE:(slot + 1) * _SLOT_SIZE]
+    _bytes = view
+    _words = view[:24].cast("Q")
+
+
+_open()
+
+
+def enabled():
+    """True when the agent watches this worker's progress."""
+    return _words is not None
+
+
+def step(n=None):
+    """Reports a completed step: `n` is its number (default: one more than the last)."""
+    global _beats, _step
+    words = _words
+    if words is None:
+        return
+    if n is None:
+        _step += 1
+    else:
+        _step = int(n) & 0xFFFFFFFFFFFFFFFF  # stored unsigned; never an error in a training loop
+    words[1] = _step
+    _beats += 1
+    words[0] = _beats  # last: the agent sees the step with the beat
+
+
+def done():
+    """Says that this worker's steps are over: what follows (a final evaluation, saving,
+    destroy_process_group, interpreter exit) may take any time without being taken for a hang.
+    A later step() resumes watching. Called at exit too."""
+    if _words is not None:
+        _words[0] = 0xFFFFFFFFFFFFFFFF
+
+
+def checkpoint(n=None):
+    """Reports a saved checkpoint of step `n` (default: the last step reported)."""
+    if _words is None:
+        return
+    _words[2] = (_step if n is None else int(n)) & 0xFFFFFFFFFFFFFFFF
+
+
+def _set_phase(name):
+    data = name.encode("ascii", "replace")[:_PHASE_SIZE - 1]
+    _bytes[_PHASE_OFFSET:_PHASE_OFFSET + _PHASE_SIZE] = data + b"\0" * (_PHASE_SIZE - len(data))
+
+
+def _get_phase():
+    raw = bytes(_bytes[_PHASE_OFFSET:_PHASE_OFFSET + _PHASE_SIZE])
+    return raw.split(b"\0", 1)[0].decode("ascii", "replace")
+
+
+@contextlib.contextmanager
+def phase(name):
+    """Marks a section of the worker's work ("data", "forward", "checkpoint"): a hang report
+    names the phase the rank was in. Nests; the outer phase comes back on exit."""
+    if _bytes is None:
+        yield
+        return
+    previous = _get_phase()
+    _set_phase(str(name))
+    try:
+        yield
+    finally:
+        _set_phase(previous)
+
+
+if _words is not None:
+    import atexit
+    atexit.register(done)

@@ -1,0 +1,209 @@
+// Progress heartbeats, the hang decision and torch's file-timer protocol (agent/progress.h,
+// agent/file_timer.h): pure parts, the clock given to every call.
+#include <doctest/doctest.h>
+
+#include <string>
+#include <variant>
+
+#include "agent/file_timer.h"
+#include "agent/progress.h"
+
+using namespace ddp::agent;
+
+namespace {
+
+ProgressSample beat(uint64_t beats, int64_t step, std::string phase = "", int64_t checkpoint = -1) {
+  ProgressSample s;
+  s.beats = beats;
+  s.step = step;
+  s.phase = std::move(phase);
+  s.checkpoint_step = checkpoint;
+  return s;
+}
+
+HangPolicy fixed(double seconds) {
+  HangPolicy p;
+  p.timeout = seconds;
+  return p;
+}
+
+}  // namespace
+
+TEST_SUITE("progress heartbeats decide when a rank hangs") {
+  TEST_CASE("the board round-trips a slot and starts each round from nothing") {
+    ProgressBoard board(3);
+    CHECK(board.path().rfind("/proc/", 0) == 0);
+    board.write(2, beat(7, 41, "forward", 40));
+    const auto s = board.read(2);
+    CHECK(s.beats == 7);
+    CHECK(s.step == 41);
+    CHECK(s.checkpoint_step == 40);
+    CHECK(s.phase == "forward");
+    CHECK(board.read(0).beats == 0);
+    board.reset();
+    CHECK(board.read(2).beats == 0);
+    CHECK(board.read(2).checkpoint_step == -1);
+  }
+
+  TEST_CASE("a phase with bytes a terminal would interpret is shown with question marks") {
+    ProgressBoard board(1);
+    board.write(0, beat(1, 1, std::string("a\x1b[2Jb")));
+    CHECK(board.read(0).phase == "a?[2Jb");
+  }
+
+  TEST_CASE("a rank that stops beating hangs once the fixed timeout has passed, not before") {
+    HangMonitor m(fixed(5), 2);
+    m.reset(100);
+    m.observe(0, beat(1, 1), 101);
+    m.observe(0, beat(2, 2, "allreduce"), 102);
+    CHECK(m.check(106.9).empty());
+    auto hangs = m.check(107.0);
+    REQUIRE(hangs.size() == 1);
+    CHECK(hangs[0].slot == 0);
+    CHECK(hangs[0].step == 2);
+    CHECK(hangs[0].phase == "allreduce");
+    CHECK(hangs[0].stalled_for == doctest::Approx(5.0));
+  }
+
+  TEST_CASE("a rank that never beat is not watched") {
+    HangMonitor m(fixed(5), 2);
+    m.reset(0);
+    m.observe(1, beat(0, 0), 1);
+    CHECK(m.check(1000).empty());
+  }
+
+  TEST_CASE("a rank that said it is done is not watched, until it beats again") {
+    HangMonitor m(fixed(5), 1);
+    m.reset(0);
+    m.observe(0, beat(3, 3), 1);
+    m.observe(0, beat(kDoneBeats, 3), 2);
+    CHECK(m.check(100).empty());
+    CHECK(m.best_step() == 3);
+    m.observe(0, beat(4, 4), 200);
+    CHECK(m.check(204.9).empty());
+    CHECK(m.check(205).size() == 1);
+  }
+
+  TEST_CASE("a new round forgets the beats of the last one") {
+    HangMonitor m(fixed(5), 1);
+    m.reset(0);
+    m.observe(0, beat(3, 3), 1);
+    m.reset(50);
+    CHECK(m.check(100).empty());
+    CHECK(m.best_step() == -1);
+  }
+
+  TEST_CASE("auto: no rank is watched during warm-up, then 5 x the slowest step with a 60 s floor") {
+    HangPolicy p;
+    p.automatic = true;
+    HangMonitor m(p, 1);
+    m.reset(0);
+    // Steps 1 and 2 (compilation, first batches) are slow and not counted; then 20 s per step.
+    m.observe(0, beat(1, 1), 100);
+    m.observe(0, beat(2, 2), 300);
+    for (int i = 3; i <= 6; ++i) m.observe(0, beat(i, i), 300 + 20.0 * (i - 2));
+    CHECK(m.timeout_for(0) == 0);  // 4 counted intervals: still warming up
+    CHECK(m.check(10000).empty());
+    m.observe(0, beat(7, 7), 400);
+    CHECK(m.timeout_for(0) == doctest::Approx(100.0));  // 5 x 20 s
+    CHECK(m.check(499).empty());
+    CHECK(m.check(500).size() == 1);
+  }
+
+  TEST_CASE("auto: fast steps get the 60 s floor") {
+    HangPolicy p;
+    p.automatic = true;
+    HangMonitor m(p, 1);
+    m.reset(0);
+    for (int i = 1; i <= 10; ++i) m.observe(0, beat(i, i), 0.1 * i);
+    CHECK(m.timeout_for(0) == doctest::Approx(60.0));
+  }
+
+  TEST_CASE("the best step and checkpoint of a round are kept for crash-loop detection") {
+    HangMonitor m(HangPolicy{}, 2);
+    m.reset(0);
+    CHECK_FALSE(m.any_beat());
+    m.observe(0, beat(5, 5, "", 4), 1);
+    m.observe(1, beat(3, 3), 1);
+    CHECK(m.best_step() == 5);
+    CHECK(m.best_checkpoint() == 4);
+    CHECK(m.any_beat());
+    CHECK(m.check(1e9).empty());  // no --hang_timeout: never a hang
+  }
+}
+
+TEST_SUITE("torch's file timer requests are validated before they touch state") {
+  TEST_CASE("torch's FileTimerClient line is accepted") {
+    auto r = parse_timer_request(
+        R"({"version": 1, "pid": 4242, "scope_id": "step", "expiration_time": 1700000000.5, "signal": 9})");
+    REQUIRE(std::holds_alternative<TimerRequest>(r));
+    const auto& t = std::get<TimerRequest>(r);
+    CHECK(t.pid == 4242);
+    CHECK(t.scope_id == "step");
+    CHECK(t.expiration_time == doctest::Approx(1700000000.5));
+    CHECK(t.signal == 9);
+  }
+
+  TEST_CASE("hostile lines are refused with a reason") {
+    const char* bad[] = {
+        "not json",
+        "[1, 2]",
+        R"({"version": 2, "pid": 1, "scope_id": "s", "expiration_time": 1, "signal": 9})",
+        R"({"version": 1, "pid": "1", "scope_id": "s", "expiration_time": 1, "signal": 9})",
+        R"({"version": 1, "pid": -5, "scope_id": "s", "expiration_time": 1, "signal": 9})",
+        R"({"version": 1, "pid": 99999999999, "scope_id": "s", "expiration_time": 1, "signal": 9})",
+        R"({"version": 1, "pid": 1, "scope_id": 7, "expiration_time": 1, "signal": 9})",
+        R"({"version": 1, "pid": 1, "scope_id": "s", "expiration_time": "soon", "signal": 9})",
+        R"({"version": 1, "pid": 1, "scope_id": "s", "expiration_time": 1, "signal": 65})",
+        R"({"version": 1, "pid": 1, "scope_id": "s", "expiration_time": 1, "signal": 1.5})",
+        R"({"version": 1, "pid": 1, "scope_id": "s", "expiration_time": 1})",
+        R"({"version": 1, "pid": 1, "scope_id": {"a": [[[[]]]]}, "expiration_time": 1, "signal": 9})",
+    };
+    for (const char* line : bad) {
+      CAPTURE(line);
+      auto r = parse_timer_request(line);
+      REQUIRE(std::holds_alternative<std::string>(r));
+      CHECK_FALSE(std::get<std::string>(r).empty());
+    }
+    const std::string huge = R"({"version": 1, "pid": 1, "scope_id": ")" + std::string(5000, 'x') +
+                             R"(", "expiration_time": 1, "signal": 9})";
+    CHECK(std::holds_alternative<std::string>(parse_timer_request(huge)));
+    const std::string deep(4000, '[');
+    CHECK(std::holds_alternative<std::string>(parse_timer_request(deep)));
+  }
+
+  TEST_CASE("a timer expires at its time, and a release removes it") {
+    FileTimers t;
+    CHECK(t.apply(TimerRequest{10, "a", 100, 9}));
+    CHECK(t.apply(TimerRequest{11, "b", 200, 15}));
+    CHECK(t.next_expiration() == doctest::Approx(100));
+    CHECK(t.take_expired(99.9).empty());
+    auto expired = t.take_expired(100);
+    REQUIRE(expired.size() == 1);
+    CHECK(expired[0].pid == 10);
+    CHECK(expired[0].signal == 9);
+    CHECK(t.apply(TimerRequest{11, "b", -1, 0}));  // release
+    CHECK(t.size() == 0);
+    CHECK(t.next_expiration() < 0);
+  }
+
+  TEST_CASE("of a worker's expired timers, the earliest with a signal reaps it, once") {
+    FileTimers t;
+    t.apply(TimerRequest{10, "no-signal", 50, 0});
+    t.apply(TimerRequest{10, "term", 60, 15});
+    t.apply(TimerRequest{10, "kill", 70, 9});
+    auto expired = t.take_expired(100);
+    REQUIRE(expired.size() == 1);
+    CHECK(expired[0].scope_id == "term");
+    CHECK(t.size() == 0);
+  }
+
+  TEST_CASE("the number of timers is bounded") {
+    FileTimers t;
+    for (std::size_t i = 0; i < FileTimers::kMaxTimers; ++i) {
+      REQUIRE(t.apply(TimerRequest{1, std::to_string(i), 1e12, 9}));
+    }
+    CHECK_FALSE(t.apply(TimerRequest{1, "one too many", 1e12, 9}));
+    CHECK(t.apply(TimerRequest{1, "0", 5, 9}));  // an existing scope may still be renewed
+  }
+}

@@ -1,0 +1,63 @@
+// Progress heartbeats to the ddplaunch agent (issue 12): each completed step, the last saved
+// checkpoint and the current phase go into this worker's slot of a shared-memory page the agent
+// reads (DDPLAUNCH_PROGRESS_FILE, DDPLAUNCH_PROGRESS_SLOT). A step is two atomic stores: no
+// system call, no lock. Without the variables (another launcher, a debugging run) every call
+// does nothing. The layout is documented in docs/worker-sdk.md ("Progress") and shared with
+// agent/progress.h and python/ddplaunch.
+//
+// One per process (Progress::instance()), opened on first use, alive until exit. step() and
+// checkpoint() may be called from any one thread at a time; the agent only reads.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+namespace ddp {
+
+class Progress {
+ public:
+  static Progress& instance();
+
+  bool enabled() const { return slot_ != nullptr; }
+  // A step completed; `step` is its number.
+  void step(int64_t step) noexcept {
+    if (!slot_) return;
+    slot_[1].store(static_cast<uint64_t>(step), std::memory_order_relaxed);
+    slot_[0].store(++beats_, std::memory_order_release);
+  }
+  // The steps are over (the Trainer calls it when fit() leaves its loop): teardown, a final
+  // checkpoint or evaluation are not taken for a hang. A later step() resumes watching.
+  void done() noexcept {
+    if (slot_) slot_[0].store(~uint64_t{0}, std::memory_order_release);
+  }
+  // A checkpoint of `step` was saved.
+  void checkpoint(int64_t step) noexcept {
+    if (slot_) slot_[2].store(static_cast<uint64_t>(step), std::memory_order_release);
+  }
+  // What the worker does now ("forward/backward", "checkpoint"); at most 39 characters are kept.
+  // REQUIRES: `name` is a NUL-terminated string.
+  void set_phase(const char* name) noexcept;
+  std::string phase() const;
+
+ private:
+  Progress();
+  std::atomic<uint64_t>* slot_ = nullptr;  // beats, step, checkpoint, then the phase bytes
+  uint64_t beats_ = 0;
+};
+
+// Sets a phase for its lifetime and restores the previous one.
+class PhaseScope {
+ public:
+  explicit PhaseScope(const char* name) : previous_(Progress::instance().phase()) {
+    Progress::instance().set_phase(name);
+  }
+  ~PhaseScope() { Progress::instance().set_phase(previous_.c_str()); }
+  PhaseScope(const PhaseScope&) = delete;
+  PhaseScope& operator=(const PhaseScope&) = delete;
+
+ private:
+  std::string previous_;
+};
+
+}  // namespace ddp

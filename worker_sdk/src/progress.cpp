@@ -1,0 +1,63 @@
+#include "ddp/progress.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+namespace ddp {
+
+namespace {
+constexpr std::size_t kSlotSize = 64;
+constexpr std::size_t kPhaseOffset = 24;
+constexpr std::size_t kPhaseSize = 40;
+}  // namespace
+
+Progress& Progress::instance() {
+  static Progress progress;
+  return progress;
+}
+
+// Any problem (no agent, a file that is not the agent's board) leaves progress off: heartbeats
+// are an aid, never a reason for a worker to fail.
+Progress::Progress() {
+  const char* path = std::getenv("DDPLAUNCH_PROGRESS_FILE");
+  const char* slot_text = std::getenv("DDPLAUNCH_PROGRESS_SLOT");
+  if (path == nullptr || slot_text == nullptr || *slot_text == '\0') return;
+  char* end = nullptr;
+  const long slot = std::strtol(slot_text, &end, 10);
+  if (*end != '\0' || slot < 0) return;
+  const int fd = ::open(path, O_RDWR | O_CLOEXEC);
+  if (fd < 0) return;
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || static_cast<std::size_t>(st.st_size) < (static_cast<std::size_t>(slot) + 1) * kSlotSize) {
+    ::close(fd);
+    return;
+  }
+  void* p = ::mmap(nullptr, static_cast<std::size_t>(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (p == MAP_FAILED) return;
+  slot_ = reinterpret_cast<std::atomic<uint64_t>*>(static_cast<unsigned char*>(p) + static_cast<std::size_t>(slot) * kSlotSize);
+  beats_ = slot_[0].load(std::memory_order_relaxed);
+}
+
+void Progress::set_phase(const char* name) noexcept {
+  if (!slot_) return;
+  char* phase = reinterpret_cast<char*>(slot_) + kPhaseOffset;
+  const std::size_t n = std::min(std::strlen(name), kPhaseSize - 1);
+  std::memcpy(phase, name, n);
+  std::memset(phase + n, 0, kPhaseSize - n);
+}
+
+std::string Progress::phase() const {
+  if (!slot_) return {};
+  const char* phase = reinterpret_cast<const char*>(slot_) + kPhaseOffset;
+  return std::string(phase, strnlen(phase, kPhaseSize));
+}
+
+}  // namespace ddp
