@@ -7,10 +7,9 @@ paragraphs at 4, their text at 8. This turns that layout into man(7) markup, so 
 page is the help, never a copy that drifts. Run at build time (packaging/CMakeLists.txt);
 tests/install/test_man_pages.py checks that every flag of --help is in the rendered page.
 
-Usage: help_to_roff.py --program PATH/ddplaunch --version X.Y.Z --output ddplaunch.1
+Usage: help_to_roff.py --program PATH/ddplaunch --version X.Y.Z --date YYYY-MM-DD --output ddplaunch.1
 """
 import argparse
-import datetime
 import os
 import re
 import subprocess
@@ -92,17 +91,14 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--program", required=True)
     parser.add_argument("--version", required=True)
+    parser.add_argument("--date", required=True, help="YYYY-MM-DD for the page's header")
     parser.add_argument("--output", required=True)
     args = parser.parse_args()
     proc = subprocess.run([args.program, "--help"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True, timeout=60)
     if proc.returncode != 0:
         sys.exit("help_to_roff: %s --help exited %d: %s" % (args.program, proc.returncode, proc.stderr))
-    # SOURCE_DATE_EPOCH, when set, makes the page reproducible (Debian's convention).
-    epoch = os.environ.get("SOURCE_DATE_EPOCH")
-    when = datetime.datetime.fromtimestamp(int(epoch), datetime.timezone.utc) if epoch else \
-        datetime.datetime.now(datetime.timezone.utc)
-    page = convert(proc.stdout, os.path.basename(args.program), args.version, when.strftime("%Y-%m-%d"))
+    page = convert(proc.stdout, os.path.basename(args.program), args.version, args.date)
     os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
     tmp = args.output + ".tmp"
     with open(tmp, "w") as f:

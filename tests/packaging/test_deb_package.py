@@ -96,8 +96,9 @@ class DebPackageTest(unittest.TestCase):
         root = self.unpack(self.deb)
         for name in PROGRAMS:
             with open(os.path.join(root, "usr", "share", "man", "man1", name + ".1")) as f:
-                head = f.readline()
-            self.assertIn('"%s %s"' % (name, version), head, "%s.1 does not carry the version" % name)
+                header = [line for line in f if line.startswith(".TH ")]
+            self.assertEqual(len(header), 1, "%s.1 has no .TH line" % name)
+            self.assertIn('"%s %s"' % (name, version), header[0], "%s.1 does not carry the version" % name)
 
     def test_the_unpacked_binaries_run_from_a_clean_root(self):
         root = self.unpack(self.deb)

@@ -52,7 +52,9 @@ class ManPagesTest(unittest.TestCase):
         path = os.path.join(MAN_DIR, name + ".1")
         self.assertTrue(os.path.isfile(path), "%s is missing: build the target ddp_man_pages" % path)
         with open(path) as f:
-            self.assertIn('"%s %s"' % (name, project_version()), f.readline())
+            header = [line for line in f if line.startswith(".TH ")]
+        self.assertEqual(len(header), 1, path)
+        self.assertIn('"%s %s"' % (name, project_version()), header[0])
         return render(path)
 
     def assert_names_all(self, page_text, names, what):
