@@ -68,7 +68,7 @@ def convert(help_text, name, version, date):
             if not block:
                 out += [".RS 4", ".nf"]
                 block = True
-            out.append(escape(stripped))
+            out.append(escape(line[8:].rstrip()))  # continuation lines keep their alignment
         else:
             if paragraph and section not in TERM_SECTIONS:
                 out.append(".PP")

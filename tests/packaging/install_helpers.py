@@ -1,6 +1,8 @@
 """Shared by the packaging tests: the build folder, its cache, and checks on installed binaries."""
 import os
 import re
+import sys
+import unittest
 
 from processes import run
 
@@ -52,3 +54,9 @@ def dynamic_section(binary):
 def search_paths(binary):
     """The RPATH and RUNPATH entries of `binary` (empty when it has none)."""
     return [v for tag, v in dynamic_section(binary) if tag in ("RPATH", "RUNPATH")]
+
+
+def skip(reason):
+    """Skips the running test, saying why on stderr (ctest shows it without -V)."""
+    print("skipped: " + reason, file=sys.stderr)
+    raise unittest.SkipTest(reason)

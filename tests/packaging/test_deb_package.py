@@ -8,7 +8,8 @@ import shutil
 import tempfile
 import unittest
 
-from install_helpers import BUILD, PROGRAMS, clean_env, dynamic_section, project_version, sdk_built, search_paths
+from install_helpers import (BUILD, PROGRAMS, clean_env, dynamic_section, project_version, sdk_built,
+                             search_paths, skip)
 from processes import run
 
 
@@ -123,7 +124,7 @@ class DebPackageTest(unittest.TestCase):
 
     def test_the_sdk_is_a_dev_package_of_its_own(self):
         if not sdk_built():
-            self.skipTest("the build has DDPLAUNCH_BUILD_WORKER_SDK=OFF: no ddplaunch-dev package")
+            skip("the build has DDPLAUNCH_BUILD_WORKER_SDK=OFF: no ddplaunch-dev package")
         self.assertIn("ddplaunch-dev", self.debs)
         dev = self.debs["ddplaunch-dev"]
         self.assertEqual(deb_field(dev, "Version"), project_version())

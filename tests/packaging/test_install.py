@@ -6,7 +6,7 @@ import shutil
 import tempfile
 import unittest
 
-from install_helpers import BUILD, PROGRAMS, SOURCE, clean_env, project_version, sdk_built, search_paths
+from install_helpers import BUILD, PROGRAMS, SOURCE, clean_env, project_version, sdk_built, search_paths, skip
 from processes import run
 
 
@@ -41,7 +41,7 @@ class InstallTest(unittest.TestCase):
 
     def test_the_worker_sdk_is_installed_beside_the_tools(self):
         if not sdk_built():
-            self.skipTest("the build has DDPLAUNCH_BUILD_WORKER_SDK=OFF: no SDK to install")
+            skip("the build has DDPLAUNCH_BUILD_WORKER_SDK=OFF: no SDK to install")
         self.assertIn("include/ddp/worker_sdk.h", self.files)
         self.assertTrue(any(f.endswith("cmake/ddplaunch/ddplaunchConfig.cmake") for f in self.files))
 
@@ -62,7 +62,7 @@ class InstallTest(unittest.TestCase):
     def test_the_python_package_is_installed_and_importable(self):
         python_src = os.path.join(SOURCE, "python")
         if not os.path.isdir(python_src):
-            self.skipTest("the tree has no python/ folder: no Python package to install")
+            skip("the tree has no python/ folder: no Python package to install")
         packages = [d for d in os.listdir(python_src)
                     if os.path.isfile(os.path.join(python_src, d, "__init__.py"))]
         self.assertTrue(packages, "python/ holds no package (a folder with __init__.py)")
