@@ -4,6 +4,7 @@ dependencies), the man pages and docs inside, and ddplaunch running a two-worker
 temporary root made with `dpkg-deb -x`, with no path into the build tree."""
 import glob
 import os
+import re
 import shutil
 import tempfile
 import unittest
@@ -46,8 +47,8 @@ class DebPackageTest(unittest.TestCase):
         out = os.path.join(cls.tmp, "out")
         cls.cpack = run(["cpack", "-G", "DEB", "--config", os.path.join(BUILD, "CPackConfig.cmake"),
                          "-B", out], timeout=600, cwd=BUILD)
-        cls.debs = {deb_field(d, "Package"): d for d in glob.glob(os.path.join(out, "*.deb"))} \
-            if cls.cpack.returncode == 0 else {}
+        cls.debs = {deb_field(d, "Package"): d for d in glob.glob(os.path.join(out, "*.deb"))
+                    + glob.glob(os.path.join(out, "*.ddeb"))} if cls.cpack.returncode == 0 else {}
         print("built: %s" % ", ".join(os.path.basename(d) for d in cls.debs.values()))
 
     @classmethod
@@ -121,6 +122,22 @@ class DebPackageTest(unittest.TestCase):
         res = run([os.path.join(bindir, "ddplaunch"), "--nproc_per_node=2", "--no_python", "true"],
                   timeout=120, env=env, cwd=work)
         self.assertEqual(res.returncode, 0, res.describe())
+
+    def test_binaries_are_stripped_and_their_symbols_are_in_the_dbgsym_package(self):
+        root = self.unpack(self.deb)
+        build_ids = set()
+        for name in PROGRAMS:
+            binary = os.path.join(root, "usr", "bin", name)
+            sections = run(["readelf", "-S", binary], timeout=60).check().stdout
+            self.assertNotIn(".debug_info", sections, "%s is not stripped" % name)
+            notes = run(["readelf", "-n", binary], timeout=60).check().stdout
+            build_ids.add(re.search(r"Build ID: ([0-9a-f]+)", notes).group(1))
+        self.assertIn("ddplaunch-dbgsym", self.debs)
+        dbgsym = self.debs["ddplaunch-dbgsym"]
+        self.assertEqual(set(deb_field(dbgsym, "Build-Ids").split()), build_ids)
+        self.assertEqual(deb_field(dbgsym, "Depends"), "ddplaunch (= %s)" % project_version())
+        debug_files = [f for f in deb_files(dbgsym) if f.endswith(".debug")]
+        self.assertEqual(len(debug_files), len(PROGRAMS), debug_files)
 
     def test_the_sdk_is_a_dev_package_of_its_own(self):
         if not sdk_built():
