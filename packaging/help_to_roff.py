@@ -5,7 +5,7 @@
 in capitals at column 0, subsections at 2 spaces, terms (options, variables, exit codes) and
 paragraphs at 4, their text at 8. This turns that layout into man(7) markup, so the installed
 page is the help, never a copy that drifts. Run at build time (packaging/CMakeLists.txt);
-tests/install/test_man_pages.py checks that every flag of --help is in the rendered page.
+tests/packaging/test_man_pages.py checks that every flag of --help is in the rendered page.
 
 Usage: help_to_roff.py --program PATH/ddplaunch --version X.Y.Z --date YYYY-MM-DD --output ddplaunch.1
 """
@@ -29,8 +29,8 @@ def escape(text):
     return text
 
 
-
 def convert(help_text, name, version, date):
+    """The man(7) source of `help_text`, the --help of program `name`."""
     out = ['.TH %s 1 "%s" "%s %s" "User Commands"' % (name.upper(), date, name, version)]
     section = None
     block = False      # inside an EXAMPLES command block (8 spaces), kept as typed
