@@ -11,7 +11,7 @@ import unittest
 
 from install_helpers import (BUILD, PROGRAMS, clean_env, dynamic_section, project_version, sdk_built,
                              search_paths, skip)
-from processes import run
+from processes import run, spawn, wait_for
 
 
 def deb_field(deb, field):
@@ -122,6 +122,23 @@ class DebPackageTest(unittest.TestCase):
         res = run([os.path.join(bindir, "ddplaunch"), "--nproc_per_node=2", "--no_python", "true"],
                   timeout=120, env=env, cwd=work)
         self.assertEqual(res.returncode, 0, res.describe())
+
+    def test_the_unpacked_daemon_serves_a_job_of_the_unpacked_launcher(self):
+        root = self.unpack(self.deb)
+        bindir = os.path.join(root, "usr", "bin")
+        work = tempfile.mkdtemp(prefix="cwd-", dir=self.tmp)
+        env = clean_env()
+        with spawn([os.path.join(bindir, "ddp-rendezvous"), "--host", "127.0.0.1", "--port", "0"],
+                   env=env, cwd=work) as daemon:
+            port = wait_for(lambda: re.search(r"listening on 127\.0\.0\.1:(\d+)", daemon.stdout()),
+                            timeout=30, what="the unpacked ddp-rendezvous to listen").group(1)
+            res = run([os.path.join(bindir, "ddplaunch"), "--nnodes=1", "--nproc_per_node=2",
+                       "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:" + port, "--rdzv_id=deb-test",
+                       "--no_python", "sh", "-c", 'echo "worker $RANK of $WORLD_SIZE in $TORCHELASTIC_RUN_ID"'],
+                      timeout=120, env=env, cwd=work)
+            self.assertEqual(res.returncode, 0, res.describe() + "\n" + daemon.describe())
+            self.assertIn("worker 1 of 2 in deb-test", res.stdout, res.describe())
+            wait_for(lambda: "deb-test" in daemon.stdout(), timeout=30, what="the daemon to log the job")
 
     def test_binaries_are_stripped_and_their_symbols_are_in_the_dbgsym_package(self):
         root = self.unpack(self.deb)
