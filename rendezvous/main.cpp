@@ -16,6 +16,11 @@
 #include "rendezvous/server.h"
 #include "rendezvous/status.h"
 
+// The CMake project version (rendezvous/CMakeLists.txt), the same one `ddplaunch --version` prints.
+#ifndef DDPLAUNCH_VERSION
+#define DDPLAUNCH_VERSION "unknown"
+#endif
+
 namespace {
 
 namespace asio = boost::asio;
@@ -116,6 +121,7 @@ int serve(const std::string& host, unsigned short port, const std::string& token
 int main(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);
   CLI::App app{"ddp-rendezvous: the ddplaunch rendezvous daemon"};
+  app.set_version_flag("-V,--version", "ddp-rendezvous " DDPLAUNCH_VERSION, "print the version and exit");
   std::string host = "0.0.0.0";
   unsigned short port = 29400;
   std::string token_file;
