@@ -56,6 +56,11 @@ struct AgentOptions {
   bool virtual_local_rank = false;
   // --numa_binding: the binding of each local rank (agent/numa.h); empty = none (default).
   std::vector<NumaBinding> numa_bindings;
+  // Issue 17: one line per completed round (generation, this node's ranks, world size,
+  // master). Default off; the launcher turns it on wherever nodes wait for each other.
+  bool announce_rounds = false;
+  // Issue 17: the sub-directory of log_dir for this run's logs; empty (default) = run_id.
+  std::string log_subdir;
 };
 
 class Agent {
