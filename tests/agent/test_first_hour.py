@@ -119,9 +119,14 @@ class ProgressOnATerminal(LaunchTestCase):
         self.assertEqual(len(countdown.findall(pane)), 1, pane)
         self.assertGreater(int(seen[0]), int(seen[-1]), seen)
         self.tmux_cmd("send-keys", "-t", "t", "C-c")
+        def exited():
+            if not os.path.exists(status_file):
+                return False
+            with open(status_file) as f:
+                return f.read().strip() != ""
+
         try:
-            wait_for(lambda: os.path.exists(status_file) and open(status_file).read().strip(), 60,
-                     "ddplaunch to exit after Ctrl-C")
+            wait_for(exited, 60, "ddplaunch to exit after Ctrl-C")
         except TimeoutError as e:
             self.fail("%s; pane:\n%s" % (e, self.pane()))
         with open(status_file) as f:
