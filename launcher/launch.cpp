@@ -399,7 +399,10 @@ int launch(const LaunchConfig& config) {
   if (config.check_env) return check_env(config);
   const ResolvedProgram program = resolve_program(program_request(config));
   if (!program.note.empty()) std::fprintf(stderr, "ddplaunch: %s\n", program.note.c_str());
-  if (std::string problem = torch_problem(config, program); !problem.empty()) throw UsageError("ddplaunch: " + problem);
+  // --env_check=off promises no interpreter probe at all (docs/env-check.md): no torch check then.
+  if (config.env_check != EnvCheckMode::kOff) {
+    if (std::string problem = torch_problem(config, program); !problem.empty()) throw UsageError("ddplaunch: " + problem);
+  }
   boost::asio::io_context io(1);
   auto rendezvous = make_rendezvous(io, config);
   std::string run_id = config.rdzv_id;

@@ -215,6 +215,42 @@ class CheckEnvAgainstAJob(LaunchTestCase):
         self.assertEqual(os.listdir(self.out), [])
 
 
+    def test_agents_of_one_host_on_one_address_are_named_apart(self):
+        port = free_port()
+        daemon = spawn([RENDEZVOUS, "--host", "127.0.0.1", "--port", str(port)], name="ddp-rendezvous")
+        self.addCleanup(daemon.kill)
+        wait_for(lambda: processes.port_open(port) or daemon.poll() is not None, 15, "the daemon to listen")
+        locks = []
+        for word in ("a", "b", "a"):
+            locks.append(os.path.join(self.tmp, "lock-%d" % len(locks)))
+            with open(locks[-1], "w") as f:
+                f.write("torch==%s\n" % word)
+        # Two nodes of one host on one address, whose lock files differ; the job waits for a third.
+        nodes = [self.spawn_launch(["--nnodes=3", "--nproc_per_node=1", "--rdzv_backend=c10d",
+                                    "--rdzv_endpoint=127.0.0.1:%d" % port, "--rdzv_id=twins",
+                                    "--rdzv_conf=join_timeout=300", "--env_lock", lock, "--no_python", "/bin/true"])
+                 for lock in locks[:2]]
+
+        def both_joined():
+            r = processes.run([RENDEZVOUS, "status", "--endpoint", "127.0.0.1:%d" % port, "--json"], timeout=30)
+            jobs = [j for j in json.loads(r.stdout)["jobs"] if j["job_id"] == "twins"] if r.returncode == 0 else []
+            return bool(jobs) and len(jobs[0]["nodes"]) == 2
+
+        try:
+            wait_for(both_joined, DEADLINE, "both nodes to join", interval=0.5)
+        except TimeoutError as e:
+            self.fail("%s\n%s" % (e, "\n".join(n.describe() for n in nodes)))
+        r = self.launch(["--check_env", "--rdzv_endpoint=127.0.0.1:%d" % port, "--rdzv_id=twins",
+                         "--env_lock", locks[2], "--no_python"], timeout=DEADLINE)
+        self.assertEqual(r.returncode, 3, r.describe())
+        host = socket.gethostname()
+        # The odd node and the one that matches this node each have a name of their own.
+        self.assertRegex(r.stdout, r"node %s \(127\.0\.0\.1, joining, #\d\) has lock file sha256 \w+; "
+                                   r"nodes this node, %s \(127\.0\.0\.1, joining, #\d\) have"
+                         % (re.escape(host), re.escape(host)), r.describe())
+        self.assertIn("verdict: this node cannot join job twins under --env_check=strict", r.stdout)
+
+
 class LogsPerRun(LaunchTestCase):
     def test_two_runs_without_rdzv_id_into_one_log_dir_keep_separate_files(self):
         logs = os.path.join(self.tmp, "logs")
