@@ -292,6 +292,7 @@ void Client::handle(Message& m) {
 void Client::join(NodeSpec spec) {
   if (closed_) return;
   if (spec.job_id.empty()) spec.job_id = options_.job_id;
+  spec.progress = static_cast<bool>(events_.on_waiting);  // ask for `waiting` when it is heard
   options_.heartbeat_interval = spec.timeouts.heartbeat_interval;
   options_.heartbeat_timeout = spec.timeouts.heartbeat_timeout;
   if (!welcomed_) {

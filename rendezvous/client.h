@@ -55,6 +55,7 @@ struct ClientEvents {
   // Progress worth a log line ("connect to rendezvous ...: Connection refused (retrying for 598 s)").
   std::function<void(const std::string& message)> on_log;
   // Issue 17: how many nodes of the job wait, and how long is left (while the job gathers).
+  // When set, join() asks the server for these (NodeSpec::progress).
   std::function<void(const Waiting& waiting)> on_waiting;
 };
 

@@ -284,6 +284,7 @@ std::optional<std::string> read_node_spec(const json& j, NodeSpec& s) {
   f.integer("max_restarts", s.max_restarts, 0, kMaxRestarts);
   f.integer("master_port", s.master_port, 0, 65535);
   f.string("env_check", s.env_check, 16);
+  f.boolean("progress", s.progress);
   if (const json* fp = f.object("fingerprint")) {
     if (auto err = check_fingerprint(*fp)) {
       f.fail(*err);

@@ -451,7 +451,7 @@ void StateMachine::tell_waiting(Job& job) {
   }
   const Frame frame = encode(make_waiting(w));
   for (const auto& [conn, node] : job.nodes) {
-    if (node.state == NodeState::Waiting) out_.send(conn, frame);
+    if (node.state == NodeState::Waiting && node.spec.progress) out_.send(conn, frame);
   }
 }
 

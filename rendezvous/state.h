@@ -23,8 +23,9 @@
 //    the earliest). So the verdict never depends on which agent's report arrived first.
 //  - When every node of the round reported success the job succeeded everywhere.
 //  - A job is dropped when its last node leaves; memory is bounded by the live connections.
-//  - While a job gathers, its waiting nodes get `waiting` (counts, seconds left) when the
-//    counts change, at most once a second per job (issue 17: agents show the progress).
+//  - While a job gathers, its waiting nodes that asked for it (NodeSpec::progress) get
+//    `waiting` (counts, seconds left) when the counts change, at most once a second per job
+//    (issue 17: agents show the progress).
 //  - resume (issue 10): an agent that lost its connection gives back what it knows; a server
 //    that does not know the job rebuilds it, and the round goes on unchanged once every node
 //    of its generation resumed within the grace period (heartbeat_timeout after the first

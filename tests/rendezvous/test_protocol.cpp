@@ -218,7 +218,18 @@ TEST_CASE("waiting carries the counts and the seconds left, and its ranges are c
     auto r = decode_json(bad);
     REQUIRE(r.error);
     CHECK(r.error->code == "bad_message");
-  }
+  }  // A join asks for these with a boolean, and nothing else.
+  NodeSpec spec;
+  spec.job_id = "j";
+  spec.progress = true;
+  auto join = decode(payload_of(encode(make_join(spec))));
+  REQUIRE_FALSE(join.error);
+  CHECK(std::get<NodeSpec>(join.message->body).progress);
+  json bad_join = to_json(make_join(spec));
+  bad_join["node"]["progress"] = "yes";
+  auto refused = decode_json(bad_join);
+  REQUIRE(refused.error);
+  CHECK(refused.error->code == "bad_join");
 }
 
 TEST_CASE("the first message must be hello or status with our version and, for hello, a job") {

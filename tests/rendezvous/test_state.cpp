@@ -79,6 +79,11 @@ TEST_CASE("with MIN:MAX a round completes at MIN only after last_call_timeout") 
 
 TEST_CASE("waiting nodes hear how many joined and how long is left, at most once a second") {
   Fixture f;
+  auto spec = [](const std::string& host, int min_nodes, int max_nodes) {
+    NodeSpec s = ::spec(host, min_nodes, max_nodes);
+    s.progress = true;
+    return s;
+  };
   f.sm.join(1, spec("node1", 2, 3));
   CHECK(f.out.of(1, "waiting").empty());  // from tick(), not from inside join()
   f.clock.advance(0.5);
@@ -111,6 +116,21 @@ TEST_CASE("waiting nodes hear how many joined and how long is left, at most once
   f.sm.tick();
   CHECK(f.out.round(3).group_world_size == 3);
   for (ConnId c : {1, 2, 3}) CHECK(f.out.of(c, "waiting").empty());
+}
+
+TEST_CASE("a node that did not ask for waiting notices (an older agent) gets none") {
+  Fixture f;
+  f.sm.join(1, spec("node1", 2, 2));  // progress false, as an agent before issue 17 sends it
+  NodeSpec asks = spec("node2", 2, 2);
+  asks.progress = true;
+  f.clock.advance(0.5);
+  f.sm.tick();
+  CHECK(f.out.of(1, "waiting").empty());
+  f.sm.leave(1);
+  f.sm.join(3, asks);
+  f.clock.advance(0.5);
+  f.sm.tick();
+  CHECK(f.out.of(3, "waiting").size() == 1);
 }
 
 TEST_CASE("a node arriving during last call is included in the round") {
