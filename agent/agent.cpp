@@ -325,7 +325,7 @@ struct Agent::Impl {
       filtered_attempt = attempt;
     }
     if (filtered_fds[stream] < 0) {
-      const std::string dir = boost::filesystem::path(worker_log_dir(options.log_dir, options.run_id, attempt, 0))
+      const std::string dir = boost::filesystem::path(worker_log_dir(options.log_dir, log_subdir(), attempt, 0))
                                   .parent_path()
                                   .string();
       const std::string path = dir + (stream == 0 ? "/filtered_stdout.log" : "/filtered_stderr.log");
@@ -394,6 +394,7 @@ struct Agent::Impl {
           std::to_string(round.local_world_size) +
           " workers do not overload this machine; set it yourself to tune performance.");
     }
+    if (options.announce_rounds) say(describe_round(a));
     failures.clear();
     previous_pids.clear();
     for (const auto& w : workers) previous_pids.push_back(w.pid);
@@ -420,12 +421,27 @@ struct Agent::Impl {
     if (!options.health_check.empty()) schedule_health_check();
   }
 
+  // "generation 2: this node is group rank 1 of 2 (ranks 4-7), world size 8, master 10.0.0.1:29500".
+  std::string describe_round(const rdzv::Assignment& a) const {
+    const int n = options.node.local_world_size;
+    const std::string ranks = n == 1 ? "rank " + std::to_string(a.rank_offset)
+                                     : "ranks " + std::to_string(a.rank_offset) + "-" + std::to_string(a.rank_offset + n - 1);
+    return "generation " + std::to_string(a.generation) + ": this node is group rank " + std::to_string(a.group_rank) +
+           " of " + std::to_string(a.group_world_size) + " (" + ranks + "), world size " + std::to_string(a.world_size) +
+           ", master " + (a.master_addr.find(':') != std::string::npos ? "[" + a.master_addr + "]" : a.master_addr) +
+           ":" + std::to_string(a.master_port) +
+           (a.restart_count > 0 ? ", restart " + std::to_string(a.restart_count) + " of " + std::to_string(a.max_restarts)
+                                : std::string());
+  }
+
+  const std::string& log_subdir() const { return options.log_subdir.empty() ? options.run_id : options.log_subdir; }
+
   void start_worker(const RoundEnv& round, int local_rank, const std::vector<std::string>& argv) {
     Worker w;
     w.local_rank = local_rank;
     w.rank = round.assignment.rank_offset + local_rank;
     const std::string dir =
-        worker_log_dir(options.log_dir, options.run_id, round.assignment.restart_count, local_rank);
+        worker_log_dir(options.log_dir, log_subdir(), round.assignment.restart_count, local_rank);
     boost::system::error_code ec;
     boost::filesystem::create_directories(dir, ec);
     if (ec) throw std::runtime_error("create log directory " + dir + ": " + ec.message());

@@ -78,6 +78,11 @@ struct AgentOptions {
   std::string health_check;
   double health_check_interval = 30;  // seconds; > 0
   double health_check_timeout = 60;   // a check still running after this fails (killed)
+  // Issue 17: one line per completed round (generation, this node's ranks, world size,
+  // master). Default off; the launcher turns it on wherever nodes wait for each other.
+  bool announce_rounds = false;
+  // Issue 17: the sub-directory of log_dir for this run's logs; empty (default) = run_id.
+  std::string log_subdir;
 };
 
 class Agent {

@@ -264,6 +264,11 @@ json machine_fingerprint() {
   return m;
 }
 
+json interpreter_fingerprint(const FingerprintOptions& options) {
+  auto env = environment_of(options);
+  return python_fingerprint(options, env, cache_dir_of(options, env));
+}
+
 json compute_fingerprint(const FingerprintOptions& options) {
   auto env = environment_of(options);
   std::string cache_dir = cache_dir_of(options, env);

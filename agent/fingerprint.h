@@ -64,6 +64,9 @@ nlohmann::json compute_fingerprint(const FingerprintOptions& options);
 
 // Parts, exposed for tests and for --check_env.
 nlohmann::json machine_fingerprint();  // {"arch", "os", "glibc"}
+// The "python" section alone: the interpreter probe, cached like compute_fingerprint()'s. The
+// launcher checks with it that Python workers' interpreter imports torch (issue 17).
+nlohmann::json interpreter_fingerprint(const FingerprintOptions& options);
 // gpu_fingerprint(): agent/gpus.h.
 
 // The readable table of `ddplaunch --check_env`: one line per fact, "label  value".

@@ -1,5 +1,7 @@
 #include "agent/logs.h"
 
+#include "agent/progress_line.h"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -244,6 +246,7 @@ OutputQueue& OutputQueue::console() {
   return *queue;
 }
 
-void say(const std::string& line) { OutputQueue::console().write(STDERR_FILENO, "ddplaunch: " + line + "\n"); }
+// Through the progress line, which erases itself before the line and draws itself again after.
+void say(const std::string& line) { ProgressLine::console().line("ddplaunch: " + line + "\n"); }
 
 }  // namespace ddp::agent

@@ -14,6 +14,7 @@
 
 #include "rendezvous/client.h"
 #include "rendezvous/server.h"
+#include "rendezvous/state.h"
 
 namespace ddp::agent {
 namespace {
@@ -78,6 +79,43 @@ constexpr double kEndpointSlice = 2.0;
 constexpr double kFastReconnectDelay = 0.05;
 constexpr double kFastReconnectWindow = 5.0;
 constexpr double kSlowReconnectDelay = 1.0;
+// How often a wait's progress line counts down.
+constexpr double kProgressPeriod = 1.0;
+// A wait shorter than this says nothing until the server tells the counts (the usual connect
+// and join take milliseconds: no line for them).
+constexpr double kQuietWait = 1.0;
+
+// Whole seconds left, rounded up ("587 s"): a countdown that says 0 s has ended.
+std::string seconds_left(double s) {
+  return std::to_string(static_cast<long long>(std::ceil(std::max(0.0, s)))) + " s";
+}
+
+// "HOST:0" or "[V6]:0": torch 2.x writes --standalone as --rdzv_endpoint=localhost:0, a free
+// port on a server this node hosts. Sets `host` (brackets removed) when `endpoint` has port 0.
+bool zero_port_endpoint(const std::string& endpoint, std::string& host) {
+  const auto colon = endpoint.rfind(':');
+  if (colon == std::string::npos || endpoint.substr(colon + 1) != "0") return false;
+  host = endpoint.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  } else if (host.find(':') != std::string::npos) {
+    return false;  // a bare IPv6 address: parse_endpoint() says how to write it
+  }
+  return !host.empty();
+}
+
+// Where a hosted server listens for an endpoint naming `host` (issue 17, docs/agent.md): the
+// address itself when the endpoint gives one (a loopback endpoint is not reachable from other
+// machines), loopback for "localhost", and every address for another name, which other nodes
+// may resolve to an address this machine does not (/etc/hosts often maps its own name to
+// 127.0.1.1).
+tcp::endpoint listen_endpoint(const std::string& host, unsigned short port) {
+  if (host == "localhost") return tcp::endpoint(boost::asio::ip::address_v4::loopback(), port);
+  boost::system::error_code ec;
+  const auto address = boost::asio::ip::make_address(host, ec);
+  if (!ec) return tcp::endpoint(address, port);
+  return tcp::endpoint(tcp::v4(), port);
+}
 
 }  // namespace
 
@@ -110,10 +148,14 @@ bool is_local_host(const std::string& host) {
 }
 
 RemoteRendezvous::RemoteRendezvous(boost::asio::io_context& io, RemoteRendezvousOptions options)
-    : io_(io), options_(std::move(options)), backoff_timer_(io) {
+    : io_(io), options_(std::move(options)), backoff_timer_(io), progress_timer_(io) {
   rdzv::ServerOptions server_options;
   server_options.token = options_.token;
-  server_options.log = [this](const std::string& line) { log("rendezvous server: " + line); };
+  if (options_.echo_server_log) {
+    server_options.log = [this](const std::string& line) { log("rendezvous server: " + line); };
+  }
+  // Differences that --env_check=warn lets through are the user's business even when quiet.
+  server_options.round_check = rdzv::make_env_round_check([this](const std::string& line) { log(line); });
   if (options_.standalone) {
     // A free port on loopback: the whole job is on this node.
     server_ = std::make_unique<rdzv::Server>(
@@ -125,6 +167,21 @@ RemoteRendezvous::RemoteRendezvous(boost::asio::io_context& io, RemoteRendezvous
   endpoint_ = options_.endpoint;
   endpoints_ = split_endpoints(options_.endpoint);
   if (endpoints_.empty()) throw std::invalid_argument("no endpoint given");
+  std::string zero_host;
+  if (endpoints_.size() == 1 && zero_port_endpoint(endpoints_[0], zero_host)) {
+    // Port 0: a free port, on a server only this node can host (nobody else can know the port).
+    if (!is_local_host(zero_host) || !options_.host_if_local) {
+      throw std::invalid_argument("port 0 means a free port on a rendezvous this node hosts, so HOST must be "
+                                  "this machine (e.g. localhost:0, as torch 2.x writes --standalone); give the "
+                                  "port of the rendezvous at " + zero_host);
+    }
+    server_ = std::make_unique<rdzv::Server>(io_, listen_endpoint(zero_host, 0), server_options);
+    const std::string shown = zero_host.find(':') != std::string::npos ? "[" + zero_host + "]" : zero_host;
+    endpoint_ = shown + ":" + std::to_string(server_->port());
+    endpoints_ = {endpoint_};
+    log("hosting the rendezvous server in-process on " + endpoint_ + " (port 0: a free one)");
+    return;
+  }
   std::vector<std::pair<std::string, unsigned short>> parsed;
   for (const std::string& e : endpoints_) parsed.push_back(rdzv::parse_endpoint(e));  // throws on a bad one
   if (!options_.host_if_local) return;
@@ -134,8 +191,10 @@ RemoteRendezvous::RemoteRendezvous(boost::asio::io_context& io, RemoteRendezvous
     // that is free; later ones in the list are standbys for when that host dies). Someone
     // already bound it (the daemon, or an agent of this host that came first): try the next.
     try {
-      server_ = std::make_unique<rdzv::Server>(io_, tcp::endpoint(tcp::v4(), port), server_options);
-      log("hosting the rendezvous server in-process on port " + std::to_string(port));
+      const tcp::endpoint listen = listen_endpoint(host, port);
+      server_ = std::make_unique<rdzv::Server>(io_, listen, server_options);
+      log("hosting the rendezvous server in-process on port " + std::to_string(port) + " (listening on " +
+          (listen.address().is_unspecified() ? std::string("every address") : listen.address().to_string()) + ")");
       return;
     } catch (const boost::system::system_error&) {
       server_.reset();
@@ -146,6 +205,7 @@ RemoteRendezvous::RemoteRendezvous(boost::asio::io_context& io, RemoteRendezvous
 RemoteRendezvous::~RemoteRendezvous() {
   closed_ = true;
   backoff_timer_.cancel();
+  progress_timer_.cancel();
   if (client_) client_->close();
   if (server_) server_->stop();
 }
@@ -179,6 +239,7 @@ void RemoteRendezvous::start_client() {
   rdzv::ClientEvents ev;
   ev.on_round = [this](const rdzv::Assignment& a) {
     joining_.reset();
+    end_progress();
     round_ = a;
     secret_ = client_->secret();
     reported_failure_.reset();
@@ -190,25 +251,38 @@ void RemoteRendezvous::start_client() {
     if (events_.on_restart) events_.on_restart(reason, counted);
   };
   ev.on_resumed = [this](std::uint64_t generation, int restart_count) {
+    end_progress();
     log("resumed generation " + std::to_string(generation) + " (restart count " + std::to_string(restart_count) +
         ") at " + endpoints_[current_] + ", " + secs(since(lost_at_)) +
         " after losing the rendezvous; no worker was restarted");
   };
   ev.on_job_succeeded = [this] {
     finished_ = true;
+    end_progress();
     round_.reset();
     if (events_.on_job_succeeded) events_.on_job_succeeded();
   };
   ev.on_job_failed = [this](const rdzv::WorkerFailure& f, const std::string& summary) {
     finished_ = true;
+    end_progress();
     round_.reset();
     if (events_.on_job_failed) events_.on_job_failed(f, summary);
   };
   ev.on_error = [this](const std::string& message) {
+    end_progress();
     if (events_.on_rendezvous_error) events_.on_rendezvous_error(message);
   };
   ev.on_disconnected = [this](const std::string& message) { on_lost(message); };
-  ev.on_log = [this](const std::string& message) { log(message); };
+  // The connect retries are in the progress line when there is one.
+  ev.on_log = [this](const std::string& message) {
+    if (!options_.progress) log(message);
+  };
+  ev.on_waiting = [this](const rdzv::Waiting& w) {
+    waiting_ = std::make_unique<rdzv::Waiting>(w);
+    waiting_at_ = std::chrono::steady_clock::now();
+    show_progress();
+  };
+  if (reconnecting_) ++reconnect_attempts_;
   client_ = rdzv::Client::create(io_, std::move(client_options), std::move(ev));
   double left = std::chrono::duration<double>(deadline_ - std::chrono::steady_clock::now()).count();
   // Several endpoints, or a reconnect (whose backoff cap changes with time): a slice at a time.
@@ -228,6 +302,76 @@ void RemoteRendezvous::start_client() {
   } else if (joining_) {
     client_->join(*joining_);
   }
+  show_progress();
+}
+
+// One line for the wait in progress, counted down every kProgressPeriod (issue 17).
+void RemoteRendezvous::show_progress() {
+  if (!options_.progress || closed_ || finished_) return;
+  const bool connected = client_ && client_->connected();
+  const auto now = std::chrono::steady_clock::now();
+  const double left = std::chrono::duration<double>(deadline_ - now).count();
+  const std::string job = options_.job_id.empty() ? spec_.job_id : options_.job_id;
+  std::string key, text;
+  bool in_place = true;
+  if (!connected && reconnecting_) {
+    // The workers keep running and write to the same terminal: lines, not a redrawn one.
+    in_place = false;
+    const std::string& error = client_ ? client_->last_connect_error() : std::string();
+    key = "reconnect";
+    text = "lost the rendezvous at " + lost_endpoint_ + "; reconnecting through " + endpoint_list() + ", attempt " +
+           std::to_string(reconnect_attempts_) + (error.empty() ? "" : " (" + error + ")") +
+           "; the workers keep running; giving up in " + seconds_left(left) + " (reconnect_timeout)";
+  } else if (!connected) {
+    const int attempts = client_ ? client_->attempts() : 0;
+    const std::string& error = client_ ? client_->last_connect_error() : std::string();
+    if (error.empty() && now - joined_at_ < seconds(kQuietWait)) return arm_progress_timer();
+    key = "connect";
+    text = "connecting to the rendezvous at " + endpoints_[current_] +
+           (attempts > 1 ? ", attempt " + std::to_string(attempts) : std::string()) +
+           (error.empty() ? "" : " (" + error + ")") + "; giving up in " + seconds_left(left) + " (join_timeout)";
+  } else if (!joining_) {
+    end_progress();  // connected, and the round runs (a resume went through)
+    return;
+  } else if (!waiting_) {
+    if (now - joined_at_ < seconds(kQuietWait)) return arm_progress_timer();
+    key = "joined";
+    text = "joined job " + job + " at " + endpoints_[current_] + "; waiting for the other nodes";
+  } else {
+    const rdzv::Waiting& w = *waiting_;
+    const double elapsed = std::chrono::duration<double>(now - waiting_at_).count();
+    text = "job " + job + " at " + endpoints_[current_] + ": ";
+    if (w.min_nodes == w.max_nodes) {
+      text += std::to_string(w.waiting) + " of " + std::to_string(w.max_nodes) + " nodes joined";
+    } else {
+      text += std::to_string(w.waiting) + (w.waiting == 1 ? " node" : " nodes") + " joined (MIN " +
+              std::to_string(w.min_nodes) + ", MAX " + std::to_string(w.max_nodes) + ")";
+    }
+    if (w.rejoining > 0) text += ", " + std::to_string(w.rejoining) + " of the last round not back yet";
+    if (w.join_left) {
+      text += "; join_timeout in " + seconds_left(*w.join_left - elapsed);
+    } else if (w.last_call_left) {
+      text += "; the round starts in " + seconds_left(*w.last_call_left - elapsed) + " (last_call_timeout) or when " +
+              std::to_string(w.max_nodes) + " have joined";
+    }
+    key = "wait " + std::to_string(w.waiting) + " " + std::to_string(w.rejoining) +
+          (w.join_left ? " join" : w.last_call_left ? " last_call" : "");
+  }
+  options_.progress->show(key, text, std::chrono::duration<double>(now.time_since_epoch()).count(), in_place);
+  arm_progress_timer();
+}
+
+void RemoteRendezvous::arm_progress_timer() {
+  progress_timer_.expires_after(seconds(kProgressPeriod));
+  progress_timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (!ec) show_progress();
+  });
+}
+
+void RemoteRendezvous::end_progress() {
+  progress_timer_.cancel();
+  waiting_.reset();
+  if (options_.progress) options_.progress->clear();
 }
 
 // The connection is gone (or an attempt failed): try the next endpoint until the deadline.
@@ -244,7 +388,9 @@ void RemoteRendezvous::on_lost(const std::string& why) {
     log("lost the rendezvous at " + lost_endpoint_ + " (" + why + "); the workers keep running while this node "
         "reconnects through " + endpoint_list() + " for up to " + secs(options_.reconnect_timeout) +
         " (reconnect_timeout)");
+    reconnect_attempts_ = 0;
   }
+  waiting_.reset();  // a new connection hears the counts again
   if (now >= deadline_) {
     std::string message;
     if (reconnecting_) {
@@ -255,6 +401,7 @@ void RemoteRendezvous::on_lost(const std::string& why) {
     } else {
       message = why + (endpoints_.size() > 1 ? " (tried " + endpoint_list() + ")" : "");
     }
+    end_progress();
     if (events_.on_rendezvous_error) events_.on_rendezvous_error(message);
     return;
   }
@@ -271,6 +418,7 @@ void RemoteRendezvous::on_lost(const std::string& why) {
 }
 
 void RemoteRendezvous::join(const rdzv::NodeSpec& spec) {
+  joined_at_ = std::chrono::steady_clock::now();
   spec_ = spec;
   joining_ = spec;
   round_.reset();
@@ -280,6 +428,7 @@ void RemoteRendezvous::join(const rdzv::NodeSpec& spec) {
     return;
   }
   client_->join(spec);  // queued by a client that is still connecting
+  show_progress();
 }
 
 void RemoteRendezvous::report_failure(const rdzv::WorkerFailure& failure) {
@@ -293,6 +442,7 @@ void RemoteRendezvous::report_success() {
 }
 
 void RemoteRendezvous::close() {
+  end_progress();
   closed_ = true;
   backoff_timer_.cancel();
   if (client_) client_->close();

@@ -26,11 +26,13 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
 
+#include "agent/progress_line.h"
 #include "agent/rendezvous_handler.h"
 
 namespace ddp::rdzv {
 class Client;
 class Server;
+struct Waiting;
 }  // namespace ddp::rdzv
 
 namespace ddp::agent {
@@ -44,7 +46,14 @@ struct RemoteRendezvousOptions {
   double reconnect_timeout = 60; // after losing a connection, seconds to find a rendezvous again
   bool standalone = false;       // host a server on a free loopback port and use it
   bool host_if_local = true;     // host the server when the endpoint is this host and it is free
-  std::function<void(const std::string&)> log;  // progress lines; empty = stderr
+  std::function<void(const std::string&)> log;  // event lines; empty = stderr
+  // Issue 17: where every wait shows what it waits for and how long is left (connecting,
+  // nodes joined out of MIN/MAX, the last call, reconnecting). Null (default): not shown.
+  ProgressLine* progress = nullptr;
+  // Issue 17: the hosted server's event log (joins, rounds, losses) goes to `log`. Default off:
+  // the agent's own lines say what matters; environment differences (--env_check=warn) are
+  // always shown.
+  bool echo_server_log = false;
 };
 
 class RemoteRendezvous final : public RendezvousHandler {
@@ -68,6 +77,9 @@ class RemoteRendezvous final : public RendezvousHandler {
   void on_lost(const std::string& why);
   void log(const std::string& line) const;
   std::string endpoint_list() const;
+  void show_progress();
+  void arm_progress_timer();
+  void end_progress();
 
   boost::asio::io_context& io_;
   RemoteRendezvousOptions options_;
@@ -91,6 +103,12 @@ class RemoteRendezvous final : public RendezvousHandler {
   std::string secret_;
   std::optional<rdzv::WorkerFailure> reported_failure_;
   bool reported_success_ = false;
+  // Issue 17: what the server last said about the wait, when, and the redraw timer.
+  std::unique_ptr<rdzv::Waiting> waiting_;
+  std::chrono::steady_clock::time_point waiting_at_{};
+  boost::asio::steady_timer progress_timer_;
+  int reconnect_attempts_ = 0;  // connection attempts since the last loss
+  std::chrono::steady_clock::time_point joined_at_{};  // the last join() call
 };
 
 // True when `host` names this machine: a loopback address, "localhost", this host's name, or

@@ -9,8 +9,20 @@
 namespace ddp::launcher {
 namespace {
 
+// An unknown option: the closest valid spellings when it looks like a typo of one; else it may
+// be a PROGRAM whose name starts with '-', and then '--' is the way to say so (issue 17).
 [[noreturn]] void refuse_unknown(const std::string& token) {
-  refuse("unknown option '" + token.substr(0, token.find('=')) +
+  const std::string shown = token.substr(0, token.find('='));
+  const std::vector<std::string> close =
+      shown.compare(0, 2, "--") == 0 ? closest_long_options(shown.substr(2)) : std::vector<std::string>{};
+  if (!close.empty()) {
+    std::string list;
+    for (std::size_t i = 0; i < close.size(); ++i) {
+      list += (i == 0 ? "" : i + 1 == close.size() ? " or " : ", ") + close[i];
+    }
+    refuse("unknown option '" + shown + "'; did you mean " + list + "?");
+  }
+  refuse("unknown option '" + shown +
          "' (ddplaunch's options go before PROGRAM; put '--' before a PROGRAM whose name "
          "starts with '-')");
 }

@@ -17,8 +17,10 @@
 #include "agent/fingerprint.h"
 #include "agent/local_rendezvous.h"
 #include "agent/logs.h"
+#include "agent/progress_line.h"
 #include "agent/remote_rendezvous.h"
 #include "rendezvous/env_check.h"
+#include "rendezvous/fingerprint_schema.h"
 #include "rendezvous/status.h"
 
 namespace ddp::launcher {
@@ -63,6 +65,26 @@ std::string resolve_log_dir(const LaunchConfig& config) {
   std::string dir = buf.data();
   std::fprintf(stderr, "ddplaunch: log directory: %s (set --log_dir to choose it)\n", dir.c_str());
   return dir;
+}
+
+// Issue 17: a run without --rdzv_id ("none") writes its logs into a folder of its own under
+// --log_dir, <log_dir>/none_XXXXXX (torchrun's DefaultLogsSpecs makes <run_id>_<random> too), so
+// that a second run never appends to the first one's files. A run with an id keeps
+// <log_dir>/<id>, the one place every node and every restart of that job write to. A fresh
+// temporary log root needs no sub-folder of its own.
+std::string log_subdir(const LaunchConfig& config, const std::string& log_dir, const std::string& run_id) {
+  if (config.log_dir.empty() || run_id != "none") return run_id;
+  boost::system::error_code ec;
+  boost::filesystem::create_directories(log_dir, ec);
+  if (ec) throw UsageError("ddplaunch: --log_dir=" + log_dir + ": cannot create it: " + ec.message());
+  std::string pattern = log_dir + "/none_XXXXXX";
+  std::vector<char> buf(pattern.begin(), pattern.end());
+  buf.push_back('\0');
+  if (!::mkdtemp(buf.data())) {
+    throw UsageError("ddplaunch: --log_dir=" + log_dir + ": cannot create a folder for this run's logs in it: " +
+                     std::strerror(errno));
+  }
+  return boost::filesystem::path(buf.data()).filename().string();
 }
 
 }  // namespace
@@ -118,6 +140,40 @@ nlohmann::json node_fingerprint(const LaunchConfig& config, const ResolvedProgra
   }
 }
 
+namespace {
+
+// How the workers' interpreter was chosen, for messages (docs/cli.md "Which Python").
+std::string interpreter_origin(const LaunchConfig& config) {
+  if (config.python == "python3") return "the first python3 on PATH";
+  const char* exec = std::getenv("PYTHON_EXEC");
+  if (exec != nullptr && config.python == exec) return "from $PYTHON_EXEC";
+  return "from --python";
+}
+
+// Issue 17: why Python workers could not import torch with the interpreter they would run, from
+// the fingerprint's interpreter probe (cached). Empty when they can, when the workers are not
+// Python, or when the probe itself gave no answer (then the workers will say what is wrong).
+std::string torch_problem(const LaunchConfig& config, const ResolvedProgram& program) {
+  if (program.run_as == RunAs::kExecutable) return {};
+  nlohmann::json py;
+  try {
+    py = agent::interpreter_fingerprint(fingerprint_options(config, program));
+  } catch (const std::exception&) {
+    return {};
+  }
+  if (!py.is_object() || py.contains("error")) return {};
+  auto torch = py.find("torch");
+  if (torch == py.end() || !torch->is_null()) return {};
+  const std::string executable = py.value("executable", config.python);
+  return "the Python that would run the workers, " + executable + " (" + interpreter_origin(config) +
+         "), cannot import torch: " + py.value("torch_error", std::string("import torch failed")) +
+         ". Nothing was started. Name an interpreter that has torch with --python=PATH or PYTHON_EXEC=PATH, "
+         "or activate the environment that has torch so that its python3 comes first on PATH; pass "
+         "--no_python if PROGRAM is not a Python script";
+}
+
+}  // namespace
+
 std::unique_ptr<agent::RendezvousHandler> make_rendezvous(boost::asio::io_context& io,
                                                           const LaunchConfig& config) {
   if (!uses_local_rendezvous(config)) {
@@ -130,7 +186,11 @@ std::unique_ptr<agent::RendezvousHandler> make_rendezvous(boost::asio::io_contex
     remote.reconnect_timeout = config.reconnect_timeout;
     remote.standalone = config.standalone;
     // Through the agent's bounded console queue: a stalled console must not stop heartbeats.
-    remote.log = [](const std::string& line) { agent::OutputQueue::console().write(STDERR_FILENO, "[ddplaunch] " + line + "\n"); };
+    remote.log = [](const std::string& line) { agent::ProgressLine::console().line("[ddplaunch] " + line + "\n"); };
+    // Issue 17: every wait shows its progress; the hosted server's own log only when asked.
+    remote.progress = &agent::ProgressLine::console();
+    const char* server_log = std::getenv("DDPLAUNCH_RDZV_SERVER_LOG");
+    remote.echo_server_log = server_log != nullptr && *server_log != '\0' && std::string(server_log) != "0";
     if (config.is_host) remote.host_if_local = *config.is_host;
     try {
       return std::make_unique<agent::RemoteRendezvous>(io, remote);
@@ -231,6 +291,8 @@ agent::AgentOptions make_agent_options(const LaunchConfig& config, const Resolve
   const bool single_node = config.standalone || config.max_nodes == 1;
   o.pick_master_port = single_node ? !config.master_port : !uses_local_rendezvous(config);
   o.master_port_bind_addr = uses_local_rendezvous(config) ? "127.0.0.1" : "0.0.0.0";
+  // Issue 17: a line per round wherever nodes wait for each other (a lone node has no news).
+  o.announce_rounds = !uses_local_rendezvous(config) || config.max_nodes > 1;
   return o;
 }
 
@@ -259,61 +321,116 @@ ProgramRequest program_request(const LaunchConfig& config) {
   return r;
 }
 
+namespace {
+
+// Names the job's nodes apart (issue 17): by host; by host and address where hosts repeat; and by
+// node rank too where both repeat (two agents of one host on one address).
+void name_nodes_apart(std::vector<rdzv::NodeFingerprint>& nodes, const std::vector<int>& ranks) {
+  std::map<std::string, int> host_uses, addr_uses;
+  for (const auto& node : nodes) {
+    ++host_uses[node.name];
+    ++addr_uses[node.name + "\n" + node.addr];
+  }
+  for (std::size_t i = 1; i < nodes.size(); ++i) {  // nodes[0] is "this node"
+    auto& node = nodes[i];
+    std::vector<std::string> parts;
+    if (host_uses[node.name] > 1 && !node.addr.empty()) parts.push_back(node.addr);
+    if (addr_uses[node.name + "\n" + node.addr] > 1) {
+      parts.push_back(ranks[i] >= 0 ? "node rank " + std::to_string(ranks[i]) : "joining, #" + std::to_string(i));
+    }
+    if (parts.empty()) continue;
+    std::string label;
+    for (const auto& p : parts) label += (label.empty() ? "" : ", ") + p;
+    node.name += " (" + label + ")";
+    node.addr.clear();
+  }
+}
+
+// Without PROGRAM, what depends on the program is left out of the comparison (issue 17): its
+// hash and libraries, and the Python section when the job's nodes run no Python.
+void drop_program_facts(std::vector<rdzv::NodeFingerprint>& nodes) {
+  const std::string program(rdzv::fingerprint::kProgram), python(rdzv::fingerprint::kPython);
+  bool others_run_python = false;
+  for (std::size_t i = 1; i < nodes.size(); ++i) others_run_python |= nodes[i].fingerprint.contains(python);
+  for (auto& node : nodes) {
+    if (node.fingerprint.is_object()) node.fingerprint.erase(program);
+  }
+  if (!others_run_python && nodes.size() > 1 && nodes[0].fingerprint.is_object()) nodes[0].fingerprint.erase(python);
+}
+
+}  // namespace
+
 int check_env(const LaunchConfig& config) {
   // --check_env needs no PROGRAM; given one, it is hashed as the workers would run it.
-  // A PROGRAM that cannot start is not this command's concern: it is recorded as given.
   ResolvedProgram program{config.no_python ? RunAs::kExecutable
                           : config.module  ? RunAs::kModule
                                            : RunAs::kPython,
                           config.program, ""};
+  std::string cannot_run;  // why this node cannot run the job (issue 17: exit 2)
   if (!config.program.empty()) {
     try {
       program = resolve_program(program_request(config));
-    } catch (const UsageError&) {
+    } catch (const UsageError& e) {
+      cannot_run = e.what();  // still fingerprinted as given, so the table shows the rest
     }
   }
   nlohmann::json mine = node_fingerprint(config, program);
   std::fputs(agent::render_fingerprint_table(mine).c_str(), stdout);
+  if (cannot_run.empty()) cannot_run = torch_problem(config, program);
+  auto verdict = [&](int code, const std::string& text) {
+    std::printf("\nverdict: %s\n", text.c_str());
+    return code;
+  };
+  if (!cannot_run.empty()) {
+    const std::string why = cannot_run.rfind("ddplaunch: ", 0) == 0 ? cannot_run.substr(11) : cannot_run;
+    return verdict(static_cast<int>(ExitCode::kUsage), "this node cannot run the job: " + why);
+  }
   if (!config.rdzv_endpoint || config.rdzv_id.empty() || config.rdzv_id == "none") {
-    return static_cast<int>(ExitCode::kSuccess);
+    return verdict(static_cast<int>(ExitCode::kSuccess),
+                   "this node can run the job (give --rdzv_endpoint and --rdzv_id to compare it with a job's nodes)");
   }
   // Compare against the nodes already in that job, as the rendezvous would.
   const std::string endpoint = config.rdzv_endpoint->text();
   auto result = rdzv::query_status(endpoint, read_token(config), 10.0);
   if (!result.error.empty()) {
     std::fprintf(stderr, "ddplaunch: --check_env: %s\n", result.error.c_str());
-    return static_cast<int>(ExitCode::kRendezvousFailed);
+    return verdict(static_cast<int>(ExitCode::kRendezvousFailed),
+                   "unknown: the rendezvous at " + endpoint + " did not answer");
   }
   std::vector<rdzv::NodeFingerprint> nodes;
+  std::vector<int> ranks;
   nodes.push_back({"this node", config.local_addr, mine});
-  std::map<std::string, int> host_uses;  // agents sharing a host name are told apart by address
+  ranks.push_back(-1);
   for (const auto& job : result.status.value("jobs", nlohmann::json::array())) {
     if (job.value("job_id", "") != config.rdzv_id) continue;
     for (const auto& node : job.value("nodes", nlohmann::json::array())) {
       if (!node.contains("fingerprint")) continue;
       nodes.push_back({node.value("host", "?"), node.value("addr", ""), node["fingerprint"]});
-      ++host_uses[nodes.back().name];
+      ranks.push_back(node.value("group_rank", -1));
     }
   }
-  for (auto& node : nodes) {
-    if (host_uses[node.name] > 1 && !node.addr.empty()) {
-      node.name += " (" + node.addr + ")";
-      node.addr.clear();
-    }
-  }
+  name_nodes_apart(nodes, ranks);
+  if (config.program.empty()) drop_program_facts(nodes);
   if (nodes.size() == 1) {
     std::printf("\nno node of job %s is known to %s yet: nothing to compare\n", config.rdzv_id.c_str(),
                 endpoint.c_str());
-    return static_cast<int>(ExitCode::kSuccess);
+    return verdict(static_cast<int>(ExitCode::kSuccess), "this node can run the job; no node of job " +
+                                                             config.rdzv_id + " to compare it with yet");
   }
+  const std::string scope = config.program.empty() ? " (without PROGRAM: the program's files were not compared)" : "";
   auto cmp = rdzv::compare_fingerprints(nodes);
   if (cmp.empty()) {
     std::printf("\nthis node matches the %zu node(s) of job %s\n", nodes.size() - 1, config.rdzv_id.c_str());
-    return static_cast<int>(ExitCode::kSuccess);
+    return verdict(static_cast<int>(ExitCode::kSuccess), "this node can join job " + config.rdzv_id + scope);
   }
   std::printf("\n%s\n", cmp.message().c_str());
-  return cmp.has_breaking() ? static_cast<int>(ExitCode::kRendezvousFailed)
-                            : static_cast<int>(ExitCode::kSuccess);
+  if (cmp.has_breaking()) {
+    return verdict(static_cast<int>(ExitCode::kRendezvousFailed),
+                   "this node cannot join job " + config.rdzv_id + " under --env_check=strict: the differences "
+                   "above break a job" + scope);
+  }
+  return verdict(static_cast<int>(ExitCode::kSuccess), "this node can join job " + config.rdzv_id +
+                                                           "; the differences above do not break a job" + scope);
 }
 
 int launch(const LaunchConfig& config) {
@@ -326,6 +443,10 @@ int launch(const LaunchConfig& config) {
   if (config.check_env) return check_env(config);
   const ResolvedProgram program = resolve_program(program_request(config));
   if (!program.note.empty()) std::fprintf(stderr, "ddplaunch: %s\n", program.note.c_str());
+  // --env_check=off promises no interpreter probe at all (docs/env-check.md): no torch check then.
+  if (config.env_check != EnvCheckMode::kOff) {
+    if (std::string problem = torch_problem(config, program); !problem.empty()) throw UsageError("ddplaunch: " + problem);
+  }
   boost::asio::io_context io(1);
   auto rendezvous = make_rendezvous(io, config);
   std::string run_id = config.rdzv_id;
@@ -333,6 +454,11 @@ int launch(const LaunchConfig& config) {
   if (run_id.empty()) run_id = "none";
   const std::string log_dir = resolve_log_dir(config);
   agent::AgentOptions options = make_agent_options(config, program, log_dir, run_id);
+  options.log_subdir = log_subdir(config, log_dir, run_id);
+  if (options.log_subdir != run_id) {
+    std::fprintf(stderr, "ddplaunch: logs of this run: %s/%s (no --rdzv_id: a folder of its own)\n", log_dir.c_str(),
+                 options.log_subdir.c_str());
+  }
   if (config.numa_binding) options.numa_bindings = numa_plan(config);
   // The fingerprint is computed before the agent reaps children (its probe waits on its own
   // child) and only where a rendezvous compares nodes.

@@ -47,8 +47,9 @@ const std::vector<OptionSpec> kOptions = {
    Group::kWorkers, "Accepted for torchrun compatibility; workers are always new processes."},
   {"master_addr", 0, false, "HOST", "127.0.0.1",
    Group::kWorkers, "Address of the rank-0 node, static backend only (IPv6 as [::1])."},
-  {"master_port", 0, false, "PORT", "29500",
-   Group::kWorkers, "Port on the rank-0 node, static backend only; 0 picks a free port."},
+  {"master_port", 0, false, "PORT", "29500 for the static backend on several nodes; a single-node "
+   "job picks a free port for each round, and a rendezvous job takes the one its rank-0 node offers",
+   Group::kWorkers, "MASTER_PORT: the port on the rank-0 node; 0 picks a free port."},
   {"local_addr", 0, false, "ADDR", "the address used to reach the rendezvous",
    Group::kWorkers, "Address other nodes reach this node at (becomes MASTER_ADDR when this "
    "node is group rank 0)."},
@@ -133,8 +134,10 @@ const std::vector<OptionSpec> kOptions = {
    Group::kEnvCheck, "A lock file (requirements.txt, environment.yml, ...) whose hash must "
    "match on every node."},
   {"check_env", 0, true, nullptr, nullptr,
-   Group::kEnvCheck, "Print this node's software fingerprint and exit 0; with --rdzv_endpoint "
-   "and --rdzv_id, compare it with the job's nodes. PROGRAM is not needed."},
+   Group::kEnvCheck, "Print this node's software fingerprint and a verdict; with --rdzv_endpoint "
+   "and --rdzv_id, compare it with the job's nodes (without PROGRAM, what depends on the program "
+   "is not compared). Exits 0 when this node can run (and join) the job, 2 when it cannot run "
+   "it (the workers' Python has no torch), 3 on a breaking difference. PROGRAM is not needed."},
 };
 // clang-format on
 
@@ -221,6 +224,49 @@ const OptionSpec* find_long_option(const std::string& name, std::vector<std::str
   return nullptr;
 }
 
+namespace {
+
+// Optimal string alignment distance: insertions, deletions, substitutions and swaps of two
+// neighbouring letters each cost 1.
+std::size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::vector<std::size_t>> d(a.size() + 1, std::vector<std::size_t>(b.size() + 1));
+  for (std::size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (std::size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  }
+  return d[a.size()][b.size()];
+}
+
+}  // namespace
+
+std::vector<std::string> closest_long_options(const std::string& name) {
+  // Compared in the underscore spelling, case-insensitively: --Nproc-Per-Node is one typo away.
+  std::string wanted;
+  for (char c : name) wanted += c == '-' ? '_' : static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (wanted.empty()) return {};
+  // A third of the name, at least 1 and at most 3 edits: "--nodes" -> --nnodes, not --role.
+  const std::size_t limit = std::clamp<std::size_t>(wanted.size() / 3, 1, 3);
+  std::vector<std::pair<std::size_t, std::string>> scored;
+  std::vector<const OptionSpec*> all{&kHelp, &kVersion};
+  for (const OptionSpec& spec : kOptions) all.push_back(&spec);
+  for (const OptionSpec* spec : all) {
+    const std::size_t distance = edit_distance(wanted, spec->name);
+    if (distance <= limit) scored.emplace_back(distance, std::string("--") + spec->name);
+  }
+  std::stable_sort(scored.begin(), scored.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<std::string> out;
+  for (const auto& [distance, spelling] : scored) {
+    if (out.size() == 3) break;
+    out.push_back(spelling);
+  }
+  return out;
+}
+
 const OptionSpec* find_short_option(char letter) {
   if (letter == kHelp.short_name) return &kHelp;
   for (const OptionSpec& spec : kOptions) {
@@ -271,11 +317,12 @@ std::string help_text() {
     }
   }
   h += "\nEXIT STATUS\n"
-       "    0      the job succeeded on every node (also --help, --version, --check_env)\n"
+       "    0      the job succeeded on every node (also --help, --version, and\n"
+       "           --check_env when this node can run and join the job)\n"
        "    1      the job failed: workers failed past the restart budget\n"
        "           (--max_restarts)\n"
-       "    2      usage or configuration error (bad flag, bad value, missing program);\n"
-       "           nothing was started\n"
+       "    2      usage or configuration error (bad flag, bad value, missing program,\n"
+       "           a workers' Python that cannot import torch); nothing was started\n"
        "    3      rendezvous failed: timeout, connection closed or refused, protocol\n"
        "           version, token, or software mismatch between nodes (--env_check)\n"
        "    128+N  ddplaunch received signal N (SIGINT 130, SIGTERM 143), forwarded\n"

@@ -36,6 +36,10 @@ std::string env_name(const std::string& name);
 // `candidates` ("--nnodes", ...) when the prefix matches more than one option; nullptr with no
 // candidates when it matches none.
 const OptionSpec* find_long_option(const std::string& name, std::vector<std::string>& candidates);
+// The valid spellings closest to an unknown long name (without "--"), best first, at most
+// three: those within a few edits (a typo, a swapped letter, '-' for '_', a plural), as
+// "--name". Empty when none is close (issue 17: "did you mean --nproc_per_node?").
+std::vector<std::string> closest_long_options(const std::string& name);
 // The option of a short letter (-m, -r, -t; -h is help), or nullptr.
 const OptionSpec* find_short_option(char letter);
 

@@ -89,6 +89,7 @@ void Client::connect(const std::string& endpoint, double timeout_s) {
 
 void Client::try_connect() {
   if (closed_) return;
+  ++attempts_;
   connect_timed_out_ = false;
   // A black-holed address would hold async_connect for minutes: the deadline cuts it short.
   retry_timer_.expires_at(deadline_);
@@ -263,6 +264,9 @@ void Client::handle(Message& m) {
       if (events_.on_resumed) events_.on_resumed(r.generation, r.restart_count);
       return;
     }
+    case MessageType::waiting:
+      if (events_.on_waiting) events_.on_waiting(std::get<Waiting>(m.body));
+      return;
     case MessageType::job_succeeded:
       finished_ = true;
       if (events_.on_job_succeeded) events_.on_job_succeeded();
@@ -288,6 +292,7 @@ void Client::handle(Message& m) {
 void Client::join(NodeSpec spec) {
   if (closed_) return;
   if (spec.job_id.empty()) spec.job_id = options_.job_id;
+  spec.progress = static_cast<bool>(events_.on_waiting);  // ask for `waiting` when it is heard
   options_.heartbeat_interval = spec.timeouts.heartbeat_interval;
   options_.heartbeat_timeout = spec.timeouts.heartbeat_timeout;
   if (!welcomed_) {

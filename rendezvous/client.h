@@ -54,6 +54,9 @@ struct ClientEvents {
   std::function<void(std::uint64_t generation, int restart_count)> on_resumed;
   // Progress worth a log line ("connect to rendezvous ...: Connection refused (retrying for 598 s)").
   std::function<void(const std::string& message)> on_log;
+  // Issue 17: how many nodes of the job wait, and how long is left (while the job gathers).
+  // When set, join() asks the server for these (NodeSpec::progress).
+  std::function<void(const Waiting& waiting)> on_waiting;
 };
 
 // Splits "HOST:PORT", "[V6]:PORT" or "HOST" (port 29400). Throws std::invalid_argument.
@@ -82,6 +85,9 @@ class Client : public std::enable_shared_from_this<Client> {
   void close();
 
   bool connected() const { return welcomed_; }
+  // Connection attempts made so far, and the error of the last failed one ("" when none).
+  int attempts() const { return attempts_; }
+  const std::string& last_connect_error() const { return last_connect_error_; }
   // The local address of the connection ("" before it is connected).
   std::string local_address() const;
 
@@ -124,6 +130,7 @@ class Client : public std::enable_shared_from_this<Client> {
   std::string secret_;
   bool connect_timed_out_ = false;   // the connect deadline cut the attempt in flight short
   std::string last_connect_error_;
+  int attempts_ = 0;
   FrameReader reader_;
   std::vector<char> rbuf_ = std::vector<char>(4096);
   std::string payload_;

@@ -186,9 +186,9 @@ EnvCheckResult compare_fingerprints(const std::vector<NodeFingerprint>& nodes) {
     values.clear();
     for (std::size_t i = 0; i < n; ++i) {
       const json* leaf = lookup(nodes[i].fingerprint, p);
-      if (leaf == nullptr) { of_node[i] = -1; continue; }
-      // null: the field exists but has no value on that node (no torch, no CUDA): say so in words.
-      std::string value = leaf->is_string() ? leaf->get<std::string>() : leaf->is_null() ? "(none)" : leaf->dump();
+      // Absent and null say the same (no torch, no cuDNN): one group, "(none)" (issue 17).
+      if (leaf == nullptr || leaf->is_null()) { of_node[i] = -1; continue; }
+      std::string value = leaf->is_string() ? leaf->get<std::string>() : leaf->dump();
       auto it = std::find(values.begin(), values.end(), value);
       of_node[i] = static_cast<int>(it - values.begin());
       if (it == values.end()) values.push_back(std::move(value));

@@ -101,6 +101,7 @@ constexpr TypeName kTypeNames[] = {
     {MessageType::status_reply, "status_reply"},
     {MessageType::resume, "resume"},
     {MessageType::resumed, "resumed"},
+    {MessageType::waiting, "waiting"},
 };
 
 std::optional<MessageType> type_from(std::string_view name) {
@@ -283,6 +284,7 @@ std::optional<std::string> read_node_spec(const json& j, NodeSpec& s) {
   f.integer("max_restarts", s.max_restarts, 0, kMaxRestarts);
   f.integer("master_port", s.master_port, 0, 65535);
   f.string("env_check", s.env_check, 16);
+  f.boolean("progress", s.progress);
   if (const json* fp = f.object("fingerprint")) {
     if (auto err = check_fingerprint(*fp)) {
       f.fail(*err);
@@ -444,6 +446,24 @@ std::optional<std::string> decode_body(MessageType type, const json& j, Message&
       f.integer("restart_count", r.restart_count, 0, kMaxRestarts);
       f.boolean("rebuilt", r.rebuilt);
       m.body = r;
+      return f.error();
+    }
+    case MessageType::waiting: {
+      Fields f(j, "waiting");
+      Waiting w;
+      f.string("job_id", w.job_id, kMaxIdBytes);
+      f.integer("waiting", w.waiting, 0, kIntMax);
+      f.integer("rejoining", w.rejoining, 0, kIntMax);
+      f.integer("min_nodes", w.min_nodes, 1, kMaxNodes);
+      f.integer("max_nodes", w.max_nodes, 1, kMaxNodes);
+      double left = -1;
+      f.number("join_left", left, 0, kMaxTimeoutSeconds);
+      if (left >= 0) w.join_left = left;
+      left = -1;
+      f.number("last_call_left", left, 0, kMaxTimeoutSeconds);
+      if (left >= 0) w.last_call_left = left;
+      if (!f.error() && w.min_nodes > w.max_nodes) f.fail("min_nodes must not exceed max_nodes");
+      m.body = std::move(w);
       return f.error();
     }
     case MessageType::status_reply: {
@@ -617,6 +637,17 @@ json to_json(const Message& m) {
       const auto& r = std::get<Resumed>(m.body);
       return make_resumed(r.generation, r.restart_count, r.rebuilt);
     }
+    case MessageType::waiting: {
+      const auto& w = std::get<Waiting>(m.body);
+      j["job_id"] = w.job_id;
+      j["waiting"] = w.waiting;
+      j["rejoining"] = w.rejoining;
+      j["min_nodes"] = w.min_nodes;
+      j["max_nodes"] = w.max_nodes;
+      if (w.join_left) j["join_left"] = *w.join_left;
+      if (w.last_call_left) j["last_call_left"] = *w.last_call_left;
+      break;
+    }
   }
   return j;
 }
@@ -687,6 +718,7 @@ Message make_job_failed(const WorkerFailure& first_failure, const std::string& s
 }
 Message make_heartbeat_ack() { return message(MessageType::heartbeat_ack, Empty{}); }
 Message make_status_reply(json status) { return message(MessageType::status_reply, StatusReply{std::move(status)}); }
+Message make_waiting(const Waiting& waiting) { return message(MessageType::waiting, waiting); }
 
 Message make_hello(const Hello& hello) { return message(MessageType::hello, hello); }
 Message make_status_request(const Hello& hello) { return message(MessageType::status, hello); }

@@ -111,6 +111,7 @@ enum class MessageType : std::uint8_t {
   heartbeat_ack,
   status_reply,
   resumed,
+  waiting,
 };
 const char* to_string(MessageType type);
 bool is_client_message(MessageType type);
@@ -166,12 +167,23 @@ struct Resumed {
   int restart_count = 0;
   bool rebuilt = false;  // the server rebuilt the job from its agents' resumes
 };
+// waiting (issue 17): what the waiting nodes of a gathering job wait for. Sent when the counts
+// change, at most once a second per job (the agent counts the seconds down itself).
+struct Waiting {
+  std::string job_id;
+  int waiting = 0;        // nodes waiting for the next round (standbys included)
+  int rejoining = 0;      // nodes of the last round not back yet
+  int min_nodes = 1;      // --nnodes MIN
+  int max_nodes = 1;      // --nnodes MAX
+  std::optional<double> join_left;       // s until join_timeout fails the job (fewer than MIN)
+  std::optional<double> last_call_left;  // s until the round completes below MAX (MIN reached)
+};
 struct Empty {};  // heartbeat, success, leave, heartbeat_ack
 
 struct Message {
   MessageType type = MessageType::heartbeat;
   std::variant<Empty, Hello, Challenge, Welcome, ErrorMessage, NodeSpec, WorkerFailure, Assignment, Restart,
-               JobSucceeded, JobFailed, StatusReply, ResumeRequest, Resumed>
+               JobSucceeded, JobFailed, StatusReply, ResumeRequest, Resumed, Waiting>
       body;
 };
 
@@ -204,6 +216,7 @@ Message make_job_succeeded(const std::string& job_id);
 Message make_job_failed(const WorkerFailure& first_failure, const std::string& summary);
 Message make_heartbeat_ack();
 Message make_status_reply(nlohmann::json status);
+Message make_waiting(const Waiting& waiting);
 
 // Message builders (client -> server).
 Message make_hello(const Hello& hello);

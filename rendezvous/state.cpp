@@ -338,6 +338,7 @@ void StateMachine::join(ConnId conn, NodeSpec spec) {
   node.join_seq = next_join_seq_++;
   if (node.spec.requested_rank >= 0) job.requested_ranks[node.spec.requested_rank] = conn;
   if (!is_new) set_state(job, node, NodeState::Waiting);
+  job.waiting_changed = true;
   out_.log("job " + job.id + ": join " + describe(node) + ", " + std::to_string(node.spec.local_world_size) +
            " workers (" + std::to_string(count(job, NodeState::Waiting)) + " waiting, nnodes " +
            std::to_string(job.min_nodes) + ":" + std::to_string(job.max_nodes) + ")");
@@ -429,6 +430,29 @@ void StateMachine::maybe_complete(Job& job) {
   // After the first round nobody else is expected once every connected node has rejoined.
   const bool everyone_back = job.generation > 0 && count(job, NodeState::Rejoining) == 0;
   if (everyone_back || now - *job.min_reached_at >= job.timeouts.last_call_timeout) complete_round(job);
+}
+
+// Tells every waiting node of a gathering job how many nodes wait and how long is left.
+void StateMachine::tell_waiting(Job& job) {
+  job.waiting_changed = false;
+  if (job.state != JobState::Gathering || job.failing || count(job, NodeState::Waiting) == 0) return;
+  const double now = clock_.now();
+  job.next_waiting_notice = now + kWaitingNoticeInterval;
+  Waiting w;
+  w.job_id = job.id;
+  w.waiting = static_cast<int>(count(job, NodeState::Waiting));
+  w.rejoining = static_cast<int>(count(job, NodeState::Rejoining));
+  w.min_nodes = job.min_nodes;
+  w.max_nodes = job.max_nodes;
+  if (w.waiting < job.min_nodes) {
+    w.join_left = std::max(0.0, job.gather_since + job.timeouts.join_timeout - now);
+  } else if (job.min_reached_at) {
+    w.last_call_left = std::max(0.0, *job.min_reached_at + job.timeouts.last_call_timeout - now);
+  }
+  const Frame frame = encode(make_waiting(w));
+  for (const auto& [conn, node] : job.nodes) {
+    if (node.state == NodeState::Waiting && node.spec.progress) out_.send(conn, frame);
+  }
 }
 
 void StateMachine::complete_round(Job& job) {
@@ -611,6 +635,7 @@ void StateMachine::node_gone(Job& job, ConnId conn, const std::string& why, bool
     return;
   }
   out_.log("job " + job.id + ": " + (left ? "left: " : "lost: ") + who + ": " + why);
+  job.waiting_changed = true;
   if (state == NodeState::Running && job.state == JobState::Running) {
     end_round(job, "node " + who + (left ? " left the job" : " lost: " + why), false);
   }
@@ -687,6 +712,7 @@ void StateMachine::tick() {
       erase_if_empty(id);
       continue;
     }
+    if (job.waiting_changed && now >= job.next_waiting_notice) tell_waiting(job);
     if (job.state == JobState::Gathering && count(job, NodeState::Waiting) < static_cast<std::size_t>(job.min_nodes) &&
         now - job.gather_since >= job.timeouts.join_timeout) {
       std::string message = "rendezvous for job " + job.id + " timed out: " +

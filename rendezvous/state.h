@@ -23,6 +23,9 @@
 //    the earliest). So the verdict never depends on which agent's report arrived first.
 //  - When every node of the round reported success the job succeeded everywhere.
 //  - A job is dropped when its last node leaves; memory is bounded by the live connections.
+//  - While a job gathers, its waiting nodes that asked for it (NodeSpec::progress) get
+//    `waiting` (counts, seconds left) when the counts change, at most once a second per job
+//    (issue 17: agents show the progress).
 //  - resume (issue 10): an agent that lost its connection gives back what it knows; a server
 //    that does not know the job rebuilds it, and the round goes on unchanged once every node
 //    of its generation resumed within the grace period (heartbeat_timeout after the first
@@ -170,7 +173,11 @@ class StateMachine {
     double last_join_restart = -1e300;
     double admit_at = 0;              // no join-caused restart before this
     bool admit_pending = false;       // a newcomer waits for admit_at
+    // Issue 17: the waiting nodes hear the counts (tell_waiting) when they change, from tick().
+    bool waiting_changed = false;
+    double next_waiting_notice = 0;   // at most one `waiting` broadcast a second per job
   };
+  static constexpr double kWaitingNoticeInterval = 1.0;  // s
   static constexpr double kChurnWindow = 60.0;    // s without a join-caused restart resets the back-off
   static constexpr double kChurnMaxDelay = 30.0;  // s, the longest a newcomer waits
 
@@ -182,6 +189,7 @@ class StateMachine {
   void admit_newcomers(Job& job, const std::string& reason);
   std::optional<std::string> policy_mismatch(const Job& job, const NodeSpec& spec);
   void maybe_complete(Job& job);
+  void tell_waiting(Job& job);
   void complete_round(Job& job);
   void fail_job(Job& job, const WorkerFailure& failure, const std::string& summary);
   void finish_failing(Job& job);

@@ -101,7 +101,7 @@ StatusResult query_status(const std::string& endpoint, const std::string& token,
     });
   };
   resolver.async_resolve(host, std::to_string(port), [&](boost::system::error_code ec, tcp::resolver::results_type r) {
-    if (ec) return finish("resolve " + host + ": " + ec.message());
+    if (ec) return finish(where + ": resolve " + host + ": " + ec.message());
     asio::async_connect(socket, r, [&](boost::system::error_code ec2, const tcp::endpoint&) {
       if (ec2) return finish("connect to " + where + ": " + ec2.message());
       read_more();

@@ -41,6 +41,7 @@ void to_json(nlohmann::json& j, const NodeSpec& v) {
        {"env_check", v.env_check},
        {"fingerprint", v.fingerprint},
        {"timeouts", v.timeouts}};
+  if (v.progress) j["progress"] = true;  // absent otherwise: the join of an older agent
 }
 
 void from_json(const nlohmann::json& j, NodeSpec& v) {
@@ -56,6 +57,7 @@ void from_json(const nlohmann::json& j, NodeSpec& v) {
   read_opt(j, "env_check", v.env_check);
   read_opt(j, "fingerprint", v.fingerprint);
   read_opt(j, "timeouts", v.timeouts);
+  read_opt(j, "progress", v.progress);
 }
 
 void to_json(nlohmann::json& j, const Assignment& v) {

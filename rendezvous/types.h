@@ -33,6 +33,9 @@ struct NodeSpec {
   std::string env_check = "strict";  // strict | warn | off (issue 6)
   nlohmann::json fingerprint = nlohmann::json::object();  // this node's software fingerprint
   Timeouts timeouts;
+  // Issue 17: this agent understands `waiting` (the counts of a gathering job); the server sends
+  // it to such nodes only, so agents that predate it never see it. Default false.
+  bool progress = false;
 };
 
 // A completed round, as told to one node.

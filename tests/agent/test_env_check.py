@@ -335,13 +335,16 @@ class CheckEnvAndStatus(EnvCheckTestCase):
         self.assertIn(self.worker, r.stdout)
         self.assertEqual(self.started(), [], "--check_env must not start a worker")
 
-    def test_check_env_says_plainly_when_the_interpreter_has_no_torch(self):
+    def test_check_env_says_plainly_when_the_interpreter_has_no_torch_and_exits_2(self):
         bare = os.path.join(self.tmp, "python-bare")
         with open(bare, "w") as f:  # -S: no site-packages, so `import torch` fails
             f.write('#!/bin/sh\nexec %s -S "$@"\n' % PYTHON)
         os.chmod(bare, 0o755)
         r = self.launch(["--check_env", "--python", bare, self.worker], timeout=DEADLINE, env=self.env())
-        self.assertEqual(r.returncode, 0, r.describe())
+        # Issue 17: this node cannot run the job, so --check_env says so and exits 2.
+        self.assertEqual(r.returncode, 2, r.describe())
+        self.assertIn("verdict: this node cannot run the job: the Python that would run the workers, %s" % bare,
+                      r.stdout)
         self.assertRegex(r.stdout, r"(?m)^  torch\s+not installed \(ModuleNotFoundError", r.describe())
         self.assertNotIn("CUDA (torch)", r.stdout, "no CUDA/NCCL/cuDNN rows without torch")
 

@@ -437,6 +437,9 @@ TEST_SUITE("bad values exit 2 naming the flag and the accepted forms") {
         {{}, {"missing PROGRAM", "ddplaunch [OPTIONS] PROGRAM"}},
         {{"--nproc_per_node=2"}, {"missing PROGRAM"}},
         {{"--bogus", "t.py"}, {"unknown option '--bogus'"}},
+        {{"--nprocs_per_node=2", "t.py"}, {"unknown option '--nprocs_per_node'; did you mean --nproc_per_node?"}},
+        {{"--Nnode-Rank=1", "t.py"}, {"did you mean --node_rank?"}},
+        {{"--nodes=2", "t.py"}, {"did you mean --nnodes?"}},
         {{"--bogus=3", "t.py"}, {"unknown option '--bogus'"}},
         {{"--numa-binding=nodes", "t.py"}, {"--numa_binding=nodes", "node, socket, exclusive, core-complex"}},
         {{"--logs_specs", "x", "t.py"}, {"--logs_specs=x", "torchrun.logs_specs", "DefaultLogsSpecs"}},
@@ -772,7 +775,17 @@ TEST_SUITE("help reads like a man page and exits 0") {
         if (dashed(f.name) != f.name) CHECK(contains(help, "--" + dashed(f.name)));
       }
       CHECK(contains(help, "--nproc_per_node, --nproc-per-node N|auto|cpu|gpu"));
-      CHECK(contains(help, "Default: 29500."));
+      // Issue 17: the master port's default says what happens (a free port on one node).
+      std::string flat;  // the help with its line wrapping undone
+      for (char c : help) {
+        if (c == '\n' || c == ' ') {
+          if (!flat.empty() && flat.back() != ' ') flat += ' ';
+        } else {
+          flat += c;
+        }
+      }
+      CHECK(contains(flat, "Default: 29500 for the static backend on several nodes; a single-node job picks a "
+                           "free port for each round"));
       std::istringstream lines(help);
       std::string line;
       while (std::getline(lines, line)) {

@@ -103,6 +103,19 @@ TEST_CASE("a field missing on some nodes is shown as (none) and compared like a 
   CHECK_FALSE(r.differences[1].breaking);
 }
 
+TEST_CASE("a field that is null on one node and absent on another is not a difference") {
+  auto without_cudnn = fingerprint("2.1.0");
+  without_cudnn["python"]["cudnn"] = nullptr;
+  auto absent = fingerprint("2.1.0");
+  absent["python"].erase("cudnn");
+  auto r = compare_fingerprints({node("a", "1.1.1.1", without_cudnn), node("b", "1.1.1.2", absent)});
+  CHECK(r.empty());
+  // A value against null is still a difference, shown as (none).
+  r = compare_fingerprints({node("a", "1.1.1.1", fingerprint("2.1.0")), node("b", "1.1.1.2", without_cudnn)});
+  REQUIRE(r.differences.size() == 1);
+  CHECK(r.differences[0].message.find("(none)") != std::string::npos);
+}
+
 TEST_CASE("three different values are three groups, smallest first, majority last") {
   auto r = compare_fingerprints({node("a", "", fingerprint("1")), node("b", "", fingerprint("2")),
                                  node("c", "", fingerprint("2")), node("d", "", fingerprint("3"))});

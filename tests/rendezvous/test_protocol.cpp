@@ -187,6 +187,51 @@ TEST_CASE("every message survives encode then decode with its data") {
   CHECK(decode_json(bad).error);
 }
 
+TEST_CASE("waiting carries the counts and the seconds left, and its ranges are checked") {
+  Waiting w;
+  w.job_id = "j";
+  w.waiting = 1;
+  w.rejoining = 2;
+  w.min_nodes = 2;
+  w.max_nodes = 4;
+  w.join_left = 587.5;
+  auto d = decode(payload_of(encode(make_waiting(w))));
+  REQUIRE_FALSE(d.error);
+  CHECK(d.message->type == MessageType::waiting);
+  CHECK_FALSE(is_client_message(MessageType::waiting));
+  const auto& back = std::get<Waiting>(d.message->body);
+  CHECK(back.job_id == "j");
+  CHECK(back.waiting == 1);
+  CHECK(back.rejoining == 2);
+  CHECK(back.max_nodes == 4);
+  REQUIRE(back.join_left);
+  CHECK(*back.join_left == doctest::Approx(587.5));
+  CHECK_FALSE(back.last_call_left);
+  for (json bad : {json{{"type", "waiting"}, {"waiting", -1}},
+                   json{{"type", "waiting"}, {"waiting", "2"}},
+                   json{{"type", "waiting"}, {"min_nodes", 3}, {"max_nodes", 2}},
+                   json{{"type", "waiting"}, {"max_nodes", kMaxNodes + 1}},
+                   json{{"type", "waiting"}, {"join_left", -5}},
+                   json{{"type", "waiting"}, {"last_call_left", 1e300}},
+                   json{{"type", "waiting"}, {"job_id", std::string(kMaxIdBytes + 1, 'x')}}}) {
+    CAPTURE(bad.dump());
+    auto r = decode_json(bad);
+    REQUIRE(r.error);
+    CHECK(r.error->code == "bad_message");
+  }  // A join asks for these with a boolean, and nothing else.
+  NodeSpec spec;
+  spec.job_id = "j";
+  spec.progress = true;
+  auto join = decode(payload_of(encode(make_join(spec))));
+  REQUIRE_FALSE(join.error);
+  CHECK(std::get<NodeSpec>(join.message->body).progress);
+  json bad_join = to_json(make_join(spec));
+  bad_join["node"]["progress"] = "yes";
+  auto refused = decode_json(bad_join);
+  REQUIRE(refused.error);
+  CHECK(refused.error->code == "bad_join");
+}
+
 TEST_CASE("the first message must be hello or status with our version and, for hello, a job") {
   Hello h;
   h.job_id = "job";

@@ -111,6 +111,23 @@ TEST_CASE("a message before a valid hello is refused even with the right job id"
   healthy.check_server_still_serves(st.port(), "s3cret");
 }
 
+TEST_CASE("a client that sends the server's waiting message, or a forged one, is refused; others go on") {
+  ServerThread st({});
+  Healthy healthy(st.port());
+  for (nlohmann::json forged : {to_json(make_waiting(Waiting{"healthy-job", 5, 0, 1, 9, 1.0, std::nullopt})),
+                                nlohmann::json{{"type", "waiting"}, {"waiting", -7}, {"job_id", 42}}}) {
+    RawConn bad(st.port());
+    bad.say_hello("healthy-job");
+    REQUIRE(bad.recv_type("welcome"));
+    bad.send(forged);
+    auto err = bad.recv_type("error");
+    REQUIRE(err);
+    CHECK((*err)["code"] == "bad_message");
+    CHECK(bad.wait_closed());
+  }
+  healthy.check_server_still_serves(st.port());
+}
+
 TEST_CASE("a wrong protocol version gets a version_mismatch error naming both versions") {
   ServerThread st({});
   Healthy healthy(st.port());

@@ -77,6 +77,62 @@ TEST_CASE("with MIN:MAX a round completes at MIN only after last_call_timeout") 
   CHECK(f.out.round(2).group_world_size == 2);
 }
 
+TEST_CASE("waiting nodes hear how many joined and how long is left, at most once a second") {
+  Fixture f;
+  auto spec = [](const std::string& host, int min_nodes, int max_nodes) {
+    NodeSpec s = ::spec(host, min_nodes, max_nodes);
+    s.progress = true;
+    return s;
+  };
+  f.sm.join(1, spec("node1", 2, 3));
+  CHECK(f.out.of(1, "waiting").empty());  // from tick(), not from inside join()
+  f.clock.advance(0.5);
+  f.sm.tick();
+  auto w = f.out.of(1, "waiting");
+  REQUIRE(w.size() == 1);
+  CHECK(w[0]["waiting"] == 1);
+  CHECK(w[0]["min_nodes"] == 2);
+  CHECK(w[0]["max_nodes"] == 3);
+  CHECK(w[0]["join_left"].get<double>() == doctest::Approx(59.5));
+  CHECK_FALSE(w[0].contains("last_call_left"));
+  f.sm.tick();  // nothing changed: nothing sent
+  CHECK(f.out.of(1, "waiting").size() == 1);
+  f.sm.join(2, spec("node2", 2, 3));  // MIN reached: the last call runs
+  f.clock.advance(0.2);
+  f.sm.tick();  // within a second of the last notice: held back
+  CHECK(f.out.of(2, "waiting").empty());
+  f.clock.advance(1.0);
+  f.sm.tick();
+  for (ConnId c : {1, 2}) {
+    auto last = f.out.of(c, "waiting");
+    REQUIRE_FALSE(last.empty());
+    CHECK(last.back()["waiting"] == 2);
+    CHECK_FALSE(last.back().contains("join_left"));
+    CHECK(last.back()["last_call_left"].get<double>() == doctest::Approx(5.0 - 1.2));
+  }
+  f.out.clear();
+  f.sm.join(3, spec("node3", 2, 3));  // MAX: the round completes, no more waiting notices
+  f.clock.advance(2);
+  f.sm.tick();
+  CHECK(f.out.round(3).group_world_size == 3);
+  for (ConnId c : {1, 2, 3}) CHECK(f.out.of(c, "waiting").empty());
+}
+
+TEST_CASE("a node that did not ask for waiting notices (an older agent) gets none") {
+  Fixture f;
+  f.sm.join(1, spec("node1", 2, 2));  // progress false, as an agent before issue 17 sends it
+  NodeSpec asks = spec("node2", 2, 2);
+  asks.progress = true;
+  f.clock.advance(0.5);
+  f.sm.tick();
+  CHECK(f.out.of(1, "waiting").empty());
+  f.sm.leave(1);
+  f.sm.join(3, asks);
+  f.clock.advance(0.5);
+  f.sm.tick();
+  CHECK(f.out.of(3, "waiting").size() == 1);
+}
+
 TEST_CASE("a node arriving during last call is included in the round") {
   Fixture f;
   f.sm.join(1, spec("node1", 2, 4));
