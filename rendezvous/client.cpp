@@ -2,6 +2,7 @@
 
 #include "rendezvous/auth.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <stdexcept>
@@ -80,6 +81,8 @@ void Client::connect(const std::string& endpoint, double timeout_s) {
     auto [host, port] = parse_endpoint(endpoint);
     host_ = host;
     port_ = std::to_string(port);
+    // Messages name the port too, also when the endpoint left it to its default.
+    endpoint_text_ = (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + port_;
   } catch (const std::invalid_argument& e) {
     asio::post(io_, [self = shared_from_this(), what = std::string(e.what())] { self->fail(what); });
     return;
@@ -120,7 +123,7 @@ void Client::try_connect() {
                                                                     tcp::resolver::results_type results) {
     if (self->closed_) return;
     if (ec) {
-      self->retry("resolve " + self->host_ + ": " + ec.message());
+      self->retry("resolve " + self->host_ + " (for " + self->endpoint_text_ + "): " + ec.message());
       return;
     }
     asio::async_connect(self->socket_, results, [self](boost::system::error_code ec2, const tcp::endpoint&) {
@@ -170,7 +173,13 @@ void Client::on_connected() {
   boost::system::error_code ec;
   socket_.set_option(tcp::no_delay(true), ec);
   last_heard_ = steady::now();
-  read_more();  // the server speaks first: challenge, answered by hello
+  identified_ = false;
+  start_bytes_.clear();
+  greeting_deadline_ = steady::now() + to_duration(std::min(options_.greeting_timeout, std::max(seconds_left(), 0.0)));
+  // Said at once, before the challenge arrives: a service that is not a rendezvous server
+  // answers it (an HTTP server with an error), and identify() names that service.
+  send_frame(encode_greeting());
+  read_more();  // the server's challenge, answered by hello
   // The welcome must come before the connect deadline (checked by the heartbeat timer).
   heartbeat();
 }
@@ -179,10 +188,13 @@ void Client::read_more() {
   socket_.async_read_some(asio::buffer(rbuf_), [self = shared_from_this()](boost::system::error_code ec, std::size_t n) {
     if (self->closed_) return;
     if (ec) {
+      // Closed after saying something that is not a challenge: not a rendezvous server.
+      if (!self->identified_ && !self->start_bytes_.empty() && !self->identify(nullptr, 0)) return;
       self->fail("connection to rendezvous " + self->endpoint_text_ + " closed: " +
                  (ec == asio::error::eof ? std::string("the server closed it") : ec.message()), true);
       return;
     }
+    if (!self->identified_ && !self->identify(self->rbuf_.data(), n)) return;
     self->reader_.feed(self->rbuf_.data(), n);
     while (!self->closed_) {
       const FrameReader::Result r = self->reader_.next(self->payload_);
@@ -201,6 +213,26 @@ void Client::read_more() {
     }
     if (!self->closed_) self->read_more();
   });
+}
+
+// Until the peer has proved to be a rendezvous server (a challenge of this protocol version with
+// the magic, check_server_start), what it sends is kept and checked. Returns false when the peer
+// was refused (the client is then closed). `n == 0` means the peer closed the connection.
+bool Client::identify(const char* data, std::size_t n) {
+  if (n > 0) start_bytes_.append(data, std::min(n, kFrameHeaderBytes + kMaxChallengeBytes + 1));
+  const ServerCheck check = check_server_start(start_bytes_, n == 0);
+  switch (check.verdict) {
+    case ServerCheck::Verdict::need_more:
+      return true;
+    case ServerCheck::Verdict::rendezvous:
+      identified_ = true;
+      start_bytes_.clear();
+      return true;
+    case ServerCheck::Verdict::refuse:
+      break;
+  }
+  fail("rendezvous endpoint " + endpoint_text_ + " " + check.reason);
+  return false;
 }
 
 void Client::handle(Message& m) {
@@ -355,8 +387,10 @@ void Client::shutdown() {
   queue_.clear();
 }
 
-void Client::send(const Message& message) {
-  queue_.push_back(encode(message));
+void Client::send(const Message& message) { send_frame(encode(message)); }
+
+void Client::send_frame(Frame frame) {
+  queue_.push_back(std::move(frame));
   if (!writing_) write_next();
 }
 
@@ -383,6 +417,12 @@ void Client::heartbeat() {
   if (closed_) return;
   const auto now = steady::now();
   if (!welcomed_) {
+    if (!identified_ && now >= greeting_deadline_) {
+      fail("rendezvous endpoint " + endpoint_text_ + " accepted the connection but sent no ddp-rendezvous challenge "
+           "within " + std::to_string(static_cast<int>(std::ceil(options_.greeting_timeout))) +
+           " s: is another service listening there?", true);
+      return;
+    }
     if (seconds_left() <= 0) {
       fail("rendezvous " + endpoint_text_ + " did not answer hello before its connect deadline", true);
       return;

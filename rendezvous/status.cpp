@@ -1,5 +1,6 @@
 #include "rendezvous/status.h"
 
+#include <algorithm>
 #include <ctime>
 
 #include <cstdio>
@@ -39,14 +40,25 @@ StatusResult query_status(const std::string& endpoint, const std::string& token,
   std::vector<char> buf(65536);
   std::string payload;
   Frame request;
-  const std::string where = "rendezvous " + endpoint;
+  const std::string where = "rendezvous " + host + ":" + std::to_string(port);
+  // Until the peer proved to be a rendezvous server (check_server_start): what it sent so far.
+  bool connected = false;
+  bool identified = false;
+  std::string start_bytes;
+  const Frame greeting = encode_greeting();
 
   timer.expires_after(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
       std::chrono::duration<double>(timeout_s)));
   timer.async_wait([&](boost::system::error_code ec) {
     if (ec) return;
-    if (result.error.empty() && result.status.is_null()) result.error = where + ": no answer within " +
-                                                                        std::to_string(timeout_s) + " s";
+    if (result.error.empty() && result.status.is_null()) {
+      char secs[32];
+      std::snprintf(secs, sizeof secs, "%g s", timeout_s);
+      result.error = !connected    ? "connect to " + where + ": no answer within " + secs
+                     : !identified ? where + " accepted the connection but sent no ddp-rendezvous challenge within " +
+                                         secs + ": is another service listening there?"
+                                   : where + ": no status reply within " + secs;
+    }
     boost::system::error_code ignored;
     resolver.cancel();
     socket.close(ignored);
@@ -87,6 +99,12 @@ StatusResult query_status(const std::string& endpoint, const std::string& token,
   };
   std::function<void()> read_more = [&]() {
     socket.async_read_some(asio::buffer(buf), [&](boost::system::error_code ec, std::size_t n) {
+      if (!identified && (!ec || !start_bytes.empty())) {
+        if (!ec) start_bytes.append(buf.data(), std::min(n, kFrameHeaderBytes + kMaxChallengeBytes + 1));
+        const ServerCheck check = check_server_start(start_bytes, static_cast<bool>(ec));
+        if (check.verdict == ServerCheck::Verdict::refuse) return finish(where + " " + check.reason);
+        identified = check.verdict == ServerCheck::Verdict::rendezvous;
+      }
       if (ec) return finish("read from " + where + ": " + ec.message());
       reader.feed(buf.data(), n);
       while (true) {
@@ -101,9 +119,12 @@ StatusResult query_status(const std::string& endpoint, const std::string& token,
     });
   };
   resolver.async_resolve(host, std::to_string(port), [&](boost::system::error_code ec, tcp::resolver::results_type r) {
-    if (ec) return finish("resolve " + host + ": " + ec.message());
+    if (ec) return finish("resolve " + host + " (for " + where + "): " + ec.message());
     asio::async_connect(socket, r, [&](boost::system::error_code ec2, const tcp::endpoint&) {
       if (ec2) return finish("connect to " + where + ": " + ec2.message());
+      connected = true;
+      // Said at once, so that a service that is not a rendezvous server answers (and is named).
+      asio::async_write(socket, asio::buffer(*greeting), [](boost::system::error_code, std::size_t) {});
       read_more();
     });
   });
