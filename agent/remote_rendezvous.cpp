@@ -172,6 +172,7 @@ void RemoteRendezvous::start_client() {
   rdzv::ClientOptions client_options;
   client_options.job_id = options_.job_id;
   client_options.token = options_.token;
+  client_options.tls = options_.tls;
   if (reconnecting_) {
     client_options.max_retry_delay =
         since(lost_at_) < kFastReconnectWindow ? kFastReconnectDelay : kSlowReconnectDelay;

@@ -31,6 +31,7 @@
 namespace ddp::rdzv {
 class Client;
 class Server;
+class TlsContext;
 }  // namespace ddp::rdzv
 
 namespace ddp::agent {
@@ -40,6 +41,8 @@ struct RemoteRendezvousOptions {
                                  // order; empty with `standalone`
   std::string job_id;            // --rdzv_id
   std::string token;             // shared token, empty = none
+  std::shared_ptr<rdzv::TlsContext> tls;  // TLS to the rendezvous; null = plain TCP. An
+                                          // in-process server (hosting agent) serves plain TCP
   double connect_timeout = 600;  // seconds to keep retrying a refused connection (join_timeout)
   double reconnect_timeout = 60; // after losing a connection, seconds to find a rendezvous again
   bool standalone = false;       // host a server on a free loopback port and use it

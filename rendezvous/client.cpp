@@ -66,7 +66,7 @@ Client::Client(asio::io_context& io, ClientOptions options, ClientEvents events)
 
 std::string Client::local_address() const {
   boost::system::error_code ec;
-  auto ep = socket_.local_endpoint(ec);
+  auto ep = (stream_ ? stream_->socket() : socket_).local_endpoint(ec);
   return ec ? std::string() : ep.address().to_string();
 }
 
@@ -172,20 +172,29 @@ void Client::on_connected() {
   retry_timer_.cancel();
   boost::system::error_code ec;
   socket_.set_option(tcp::no_delay(true), ec);
+  stream_ = make_client_stream(std::move(socket_), options_.tls, host_);
   last_heard_ = steady::now();
   identified_ = false;
   start_bytes_.clear();
   greeting_deadline_ = steady::now() + to_duration(std::min(options_.greeting_timeout, std::max(seconds_left(), 0.0)));
-  // Said at once, before the challenge arrives: a service that is not a rendezvous server
-  // answers it (an HTTP server with an error), and identify() names that service.
-  send_frame(encode_greeting());
-  read_more();  // the server's challenge, answered by hello
-  // The welcome must come before the connect deadline (checked by the heartbeat timer).
+  // The welcome must come before the connect deadline (checked by the heartbeat timer), and the
+  // server's challenge (after the TLS handshake, if any) within the greeting timeout.
   heartbeat();
+  stream_->async_handshake([self = shared_from_this()](const boost::system::error_code& ec) {
+    if (self->closed_) return;
+    if (ec) {
+      self->fail("rendezvous endpoint " + self->endpoint_text_ + ": " + describe_tls_failure(ec, true));
+      return;
+    }
+    // Said at once, before the challenge arrives: a service that is not a rendezvous server
+    // answers it (an HTTP server with an error), and identify() names that service.
+    self->send_frame(encode_greeting());
+    self->read_more();  // the server's challenge, answered by hello
+  });
 }
 
 void Client::read_more() {
-  socket_.async_read_some(asio::buffer(rbuf_), [self = shared_from_this()](boost::system::error_code ec, std::size_t n) {
+  stream_->async_read_some(asio::buffer(rbuf_), [self = shared_from_this()](const boost::system::error_code& ec, std::size_t n) {
     if (self->closed_) return;
     if (ec) {
       // Closed after saying something that is not a challenge: not a rendezvous server.
@@ -363,7 +372,7 @@ void Client::report_success() {
 
 void Client::close() {
   if (closed_) return;
-  if (welcomed_ && socket_.is_open()) {
+  if (welcomed_ && stream_ && stream_->socket().is_open()) {
     send(make_leave());
     close_when_flushed_ = true;
     closed_ = true;
@@ -382,8 +391,12 @@ void Client::shutdown() {
   resolver_.cancel();
   retry_timer_.cancel();
   heartbeat_timer_.cancel();
-  socket_.shutdown(tcp::socket::shutdown_both, ec);
-  socket_.close(ec);
+  if (stream_) {
+    stream_->close();
+  } else {
+    socket_.shutdown(tcp::socket::shutdown_both, ec);
+    socket_.close(ec);
+  }
   queue_.clear();
 }
 
@@ -391,7 +404,7 @@ void Client::send(const Message& message) { send_frame(encode(message)); }
 
 void Client::send_frame(Frame frame) {
   queue_.push_back(std::move(frame));
-  if (!writing_) write_next();
+  if (!writing_ && stream_) write_next();
 }
 
 void Client::write_next() {
@@ -402,7 +415,7 @@ void Client::write_next() {
   }
   writing_ = true;
   Frame frame = queue_.front();
-  asio::async_write(socket_, asio::buffer(*frame), [self = shared_from_this(), frame](boost::system::error_code ec, std::size_t) {
+  stream_->async_write(asio::buffer(*frame), [self = shared_from_this(), frame](const boost::system::error_code& ec, std::size_t) {
     if (!self->queue_.empty()) self->queue_.pop_front();
     if (ec) {
       self->writing_ = false;

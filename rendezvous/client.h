@@ -24,6 +24,7 @@
 
 #include "rendezvous/protocol.h"
 #include "rendezvous/resume.h"
+#include "rendezvous/stream.h"
 #include "rendezvous/types.h"
 
 namespace ddp::rdzv {
@@ -40,6 +41,9 @@ struct ClientOptions {
   // failed ("is another service listening there?") and is retried until the connect deadline.
   // A peer that sends anything else is refused at once (on_error): it is not a rendezvous server.
   double greeting_timeout = 3.0;
+  // TLS (docs/security.md): the server's certificate is checked against this context's CA and
+  // the endpoint's host. Null (default) = plain TCP.
+  std::shared_ptr<TlsContext> tls;
 };
 
 struct ClientEvents {
@@ -111,7 +115,8 @@ class Client : public std::enable_shared_from_this<Client> {
   ClientOptions options_;
   ClientEvents events_;
   boost::asio::ip::tcp::resolver resolver_;
-  boost::asio::ip::tcp::socket socket_;
+  boost::asio::ip::tcp::socket socket_;     // connecting; then moved into stream_
+  std::unique_ptr<Stream> stream_;          // the connection, once connected (plain or TLS)
   boost::asio::steady_timer retry_timer_;
   boost::asio::steady_timer heartbeat_timer_;
   std::string host_;

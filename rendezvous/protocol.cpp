@@ -804,6 +804,10 @@ ServerCheck check_server_start(std::string_view bytes, bool closed) {
     if (bytes.size() > kFrameHeaderBytes && bytes[kFrameHeaderBytes] != '{') return not_ours(answered);
     if (bytes.size() >= kFrameHeaderBytes + length) {
       Decoded d = decode(bytes.substr(kFrameHeaderBytes, length));
+      if (!d.error && d.message->type == MessageType::error) {  // a rendezvous server refusing at once
+        const ErrorMessage& e = std::get<ErrorMessage>(d.message->body);
+        return ServerCheck{V::refuse, "refused the connection: " + e.message + " [" + e.code + "]"};
+      }
       if (d.error || d.message->type != MessageType::challenge) return not_ours(answered);
       const Challenge& c = std::get<Challenge>(d.message->body);
       if (c.protocol_version != kProtocolVersion) {

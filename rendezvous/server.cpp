@@ -68,7 +68,7 @@ void Server::accept() {
       return;
     }
     SessionHandler& handler = *this;
-    auto session = std::make_shared<Session>(std::move(socket), next_id_++, handler,
+    auto session = std::make_shared<Session>(make_server_stream(std::move(socket), options_.tls), next_id_++, handler,
                                              SessionLimits{options_.max_frame_bytes, options_.max_queued_bytes});
     sessions_.add(session);
     ++unauthenticated_;

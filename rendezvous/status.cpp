@@ -21,7 +21,7 @@ namespace asio = boost::asio;
 using asio::ip::tcp;
 
 StatusResult query_status(const std::string& endpoint, const std::string& token, double timeout_s,
-                          const std::string& job_id) {
+                          const std::string& job_id, const std::shared_ptr<TlsContext>& tls) {
   StatusResult result;
   std::string host;
   unsigned short port = 0;
@@ -35,6 +35,15 @@ StatusResult query_status(const std::string& endpoint, const std::string& token,
   asio::io_context io(1);
   tcp::resolver resolver(io);
   tcp::socket socket(io);
+  std::unique_ptr<Stream> stream;  // the connection once connected (plain or TLS)
+  const auto close_connection = [&] {
+    boost::system::error_code ignored;
+    if (stream) {
+      stream->close();
+    } else {
+      socket.close(ignored);
+    }
+  };
   asio::steady_timer timer(io);
   FrameReader reader(256u << 20);  // a status reply of 10,000 nodes is large
   std::vector<char> buf(65536);
@@ -59,15 +68,13 @@ StatusResult query_status(const std::string& endpoint, const std::string& token,
                                          secs + ": is another service listening there?"
                                    : where + ": no status reply within " + secs;
     }
-    boost::system::error_code ignored;
     resolver.cancel();
-    socket.close(ignored);
+    close_connection();
   });
   auto finish = [&](const std::string& error) {
     if (result.error.empty()) result.error = error;
     timer.cancel();
-    boost::system::error_code ignored;
-    socket.close(ignored);
+    close_connection();
   };
   // Handles one message; returns false when the query is over.
   auto on_message = [&](Message& m) -> bool {
@@ -78,7 +85,7 @@ StatusResult query_status(const std::string& endpoint, const std::string& token,
         h.client_nonce = random_hex();
         if (!token.empty()) h.proof = auth_proof(token, "status", std::get<Challenge>(m.body).nonce, h.client_nonce, job_id);
         request = encode(make_status_request(h));
-        asio::async_write(socket, asio::buffer(*request), [&](boost::system::error_code ec, std::size_t) {
+        stream->async_write(asio::buffer(*request), [&](const boost::system::error_code& ec, std::size_t) {
           if (ec) finish("send to " + where + ": " + ec.message());
         });
         return true;
@@ -98,8 +105,8 @@ StatusResult query_status(const std::string& endpoint, const std::string& token,
     }
   };
   std::function<void()> read_more = [&]() {
-    socket.async_read_some(asio::buffer(buf), [&](boost::system::error_code ec, std::size_t n) {
-      if (!identified && (!ec || !start_bytes.empty())) {
+    stream->async_read_some(asio::buffer(buf), [&](const boost::system::error_code& ec, std::size_t n) {
+      if (!identified && (!ec || ec == asio::error::eof || !start_bytes.empty())) {
         if (!ec) start_bytes.append(buf.data(), std::min(n, kFrameHeaderBytes + kMaxChallengeBytes + 1));
         const ServerCheck check = check_server_start(start_bytes, static_cast<bool>(ec));
         if (check.verdict == ServerCheck::Verdict::refuse) return finish(where + " " + check.reason);
@@ -123,9 +130,13 @@ StatusResult query_status(const std::string& endpoint, const std::string& token,
     asio::async_connect(socket, r, [&](boost::system::error_code ec2, const tcp::endpoint&) {
       if (ec2) return finish("connect to " + where + ": " + ec2.message());
       connected = true;
-      // Said at once, so that a service that is not a rendezvous server answers (and is named).
-      asio::async_write(socket, asio::buffer(*greeting), [](boost::system::error_code, std::size_t) {});
-      read_more();
+      stream = make_client_stream(std::move(socket), tls, host);
+      stream->async_handshake([&](const boost::system::error_code& ec3) {
+        if (ec3) return finish(where + ": " + describe_tls_failure(ec3, true));
+        // Said at once, so that a service that is not a rendezvous server answers (and is named).
+        // Read once it is written (a failed write shows in the read): writes never overlap.
+        stream->async_write(asio::buffer(*greeting), [&](const boost::system::error_code&, std::size_t) { read_more(); });
+      });
     });
   });
   io.run();

@@ -661,5 +661,127 @@ class OtherServiceTest(unittest.TestCase):
         self.assertIn(f"127.0.0.1:{port}: Connection refused", r.stderr)
 
 
+class TlsTest(unittest.TestCase):
+    """TLS (issue 11 item 2, docs/security.md) with a throwaway CA made by the openssl CLI."""
+
+    @classmethod
+    def setUpClass(cls):
+        if not shutil.which("openssl"):
+            raise unittest.SkipTest("no openssl command to make test certificates")
+        cls.dir = tempfile.mkdtemp(prefix="ddp_tls_")
+
+        def openssl(*args):
+            subprocess.run(["openssl", *args], cwd=cls.dir, check=True, capture_output=True, timeout=60)
+
+        key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+        for ca in ("ca", "other_ca"):
+            openssl("req", "-x509", *key, "-keyout", ca + ".key", "-out", ca + ".pem", "-days", "2",
+                    "-subj", "/CN=ddplaunch test " + ca)
+        for name, san in (("server", "IP:127.0.0.1,DNS:localhost"), ("client", "DNS:client"),
+                          ("elsewhere", "DNS:elsewhere.example")):
+            openssl("req", *key, "-keyout", name + ".key", "-out", name + ".csr", "-subj", "/CN=" + name)
+            with open(os.path.join(cls.dir, name + ".ext"), "w") as f:
+                f.write("subjectAltName=%s\n" % san)
+            openssl("x509", "-req", "-in", name + ".csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+                    "-out", name + ".pem", "-days", "2", "-extfile", name + ".ext")
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.dir, ignore_errors=True)
+
+    def path(self, name):
+        return os.path.join(self.dir, name)
+
+    def tls_daemon(self, cert="server", *extra):
+        d = Daemon("--tls_cert", self.path(cert + ".pem"), "--tls_key", self.path(cert + ".key"), *extra)
+        self.addCleanup(d.stop)
+        return d
+
+    def test_status_over_tls_checks_the_servers_certificate(self):
+        d = self.tls_daemon()
+        self.assertIn("(TLS)", d.text())
+        r = status(d.port, "--tls_ca", self.path("ca.pem"))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("no jobs", r.stdout)
+        r = status(d.port, "--tls_ca", self.path("other_ca.pem"))
+        self.assertEqual(r.returncode, 3, r.stderr)
+        self.assertIn(f"127.0.0.1:{d.port}: the server's certificate is not trusted", r.stderr)
+        # The CA may also come from the environment.
+        r = subprocess.run([BIN, "status", "--endpoint", f"127.0.0.1:{d.port}"], capture_output=True, text=True,
+                           timeout=30, env=dict(os.environ, DDPLAUNCH_RDZV_TLS_CA=self.path("ca.pem")))
+        self.assertEqual(r.returncode, 0, r.stderr)
+
+    def test_a_certificate_for_another_host_is_refused(self):
+        d = self.tls_daemon("elsewhere")
+        r = status(d.port, "--tls_ca", self.path("ca.pem"))
+        self.assertEqual(r.returncode, 3, r.stderr)
+        self.assertIn("not trusted", r.stderr)
+
+    def test_plaintext_and_tls_peers_refuse_each_other_clearly(self):
+        d = self.tls_daemon()
+        r = status(d.port)
+        self.assertEqual(r.returncode, 3, r.stderr)
+        self.assertIn(f"127.0.0.1:{d.port} refused the connection: this rendezvous server speaks TLS only", r.stderr)
+        if os.path.exists(DDPLAUNCH):  # an agent without tls_ca is refused at once too (exit 3)
+            r = self.run_agent(d.port, "")
+            self.assertEqual(r.returncode, 3, r.stdout + r.stderr)
+            self.assertIn("speaks TLS only", r.stdout + r.stderr)
+        plain = Daemon()
+        self.addCleanup(plain.stop)
+        r = status(plain.port, "--tls_ca", self.path("ca.pem"))
+        self.assertEqual(r.returncode, 3, r.stderr)
+        self.assertIn(f"127.0.0.1:{plain.port}", r.stderr)
+        self.assertRegex(r.stderr, "does not speak TLS|closed the connection during the TLS handshake")
+        # Both daemons still serve their own kind.
+        self.assertEqual(status(d.port, "--tls_ca", self.path("ca.pem")).returncode, 0)
+        self.assertEqual(status(plain.port).returncode, 0)
+
+    def test_client_certificates_when_the_server_requires_them(self):
+        d = self.tls_daemon("server", "--tls_client_ca", self.path("ca.pem"))
+        r = status(d.port, "--tls_ca", self.path("ca.pem"))
+        self.assertEqual(r.returncode, 3, r.stderr)
+        r = status(d.port, "--tls_ca", self.path("ca.pem"), "--tls_cert", self.path("client.pem"), "--tls_key",
+                   self.path("client.key"))
+        self.assertEqual(r.returncode, 0, r.stderr)
+
+    def test_garbage_and_silence_on_a_tls_port_do_not_stop_the_daemon(self):
+        d = self.tls_daemon()
+        junk = socket.create_connection(("127.0.0.1", d.port), timeout=5)
+        self.addCleanup(junk.close)
+        junk.sendall(b"\x16\x03\x01\xff\xff" + os.urandom(4096))
+        silent = socket.create_connection(("127.0.0.1", d.port), timeout=5)
+        self.addCleanup(silent.close)
+        r = status(d.port, "--tls_ca", self.path("ca.pem"))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIsNone(d.proc.poll())
+
+    def test_unusable_certificate_files_are_usage_errors(self):
+        r = subprocess.run([BIN, "--port", "0", "--tls_cert", self.path("missing.pem"), "--tls_key",
+                            self.path("server.key")], capture_output=True, text=True, timeout=30)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("missing.pem", r.stderr)
+        r = subprocess.run([BIN, "--port", "0", "--tls_cert", self.path("server.pem"), "--tls_key",
+                            self.path("client.key")], capture_output=True, text=True, timeout=30)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("--tls_key=" + self.path("client.key"), r.stderr)  # not the key of server.pem
+
+    def run_agent(self, port, conf):
+        """A one-node job through the daemon at `port`, with join_timeout=30 and `conf` in --rdzv_conf."""
+        return subprocess.run([DDPLAUNCH, "--nnodes=1", "--nproc_per_node=2", "--rdzv_backend=c10d",
+                               f"--rdzv_endpoint=127.0.0.1:{port}", "--rdzv_id=tls-job",
+                               "--rdzv_conf", ",".join(c for c in ("join_timeout=30", conf) if c), "--env_check=off", "--no_python",
+                               "/bin/true"], capture_output=True, text=True, timeout=120)
+
+    def test_a_job_runs_over_tls_and_a_wrong_ca_fails_it_with_exit_3(self):
+        if not os.path.exists(DDPLAUNCH):
+            self.skipTest("ddplaunch is not built")
+        d = self.tls_daemon()
+        r = self.run_agent(d.port, "tls_ca=" + self.path("ca.pem"))
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        r = self.run_agent(d.port, "tls_ca=" + self.path("other_ca.pem"))
+        self.assertEqual(r.returncode, 3, r.stdout + r.stderr)
+        self.assertIn("the server's certificate is not trusted", r.stdout + r.stderr)
+
+
 if __name__ == "__main__":
     unittest.main()

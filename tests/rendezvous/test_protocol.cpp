@@ -252,6 +252,12 @@ TEST_CASE("a client names a peer that is not a rendezvous server from its first 
   json nomagic = to_json(make_challenge("abcd"));
   nomagic["magic"] = "other";
   CHECK(check_server_start(*encode_frame(nomagic)).verdict == V::refuse);
+  // A rendezvous server refusing at once (a TLS-only server to a plaintext client) is quoted.
+  ServerCheck refused = check_server_start(*encode(make_error("tls_required", "speaks TLS only")));
+  CHECK(refused.verdict == V::refuse);
+  CHECK(refused.reason == "refused the connection: speaks TLS only [tls_required]");
+  // A TLS record (a TLS server's alert) is named as TLS.
+  CHECK(check_server_start(std::string("\x15\x03\x03\x00\x02\x02\x46", 7)).reason.find("speaks TLS") == 0);
   // Closed: before a word, or after part of something else.
   CHECK(check_server_start("", true).verdict == V::refuse);
   CHECK(check_server_start("", false).verdict == V::need_more);
