@@ -25,6 +25,7 @@ Session::Session(std::unique_ptr<Stream> stream, std::uint64_t id, SessionHandle
   }
   socket.set_option(tcp::no_delay(true), ec);
   socket.non_blocking(true, ec);  // for the direct write in send()
+  ready_ = !stream_->tls();          // plain TCP: nothing to wait for (the challenge goes out at once)
 }
 
 void Session::start(double deadline_s) {
@@ -42,7 +43,7 @@ void Session::start(double deadline_s) {
     });
   };
   if (!stream_->tls()) {
-    handshake(shared_from_this());
+    read_more();
     return;
   }
   // A TLS port: a client that does not start with a TLS handshake record (0x16), such as a
