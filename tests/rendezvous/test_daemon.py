@@ -766,11 +766,30 @@ class TlsTest(unittest.TestCase):
         self.assertIn("--tls_key=" + self.path("client.key"), r.stderr)  # not the key of server.pem
 
     def run_agent(self, port, conf):
-        """A one-node job through the daemon at `port`, with join_timeout=30 and `conf` in --rdzv_conf."""
+        """A one-node job through the daemon at `port`, with `conf` in --rdzv_conf (join_timeout 30 unless set)."""
+        if "join_timeout" not in conf:
+            conf = ",".join(c for c in ("join_timeout=30", conf) if c)
         return subprocess.run([DDPLAUNCH, "--nnodes=1", "--nproc_per_node=2", "--rdzv_backend=c10d",
                                f"--rdzv_endpoint=127.0.0.1:{port}", "--rdzv_id=tls-job",
-                               "--rdzv_conf", ",".join(c for c in ("join_timeout=30", conf) if c), "--env_check=off", "--no_python",
+                               "--rdzv_conf", conf, "--env_check=off", "--no_python",
                                "/bin/true"], capture_output=True, text=True, timeout=120)
+
+    def test_an_agent_with_tls_never_hosts_a_plaintext_server_and_standalone_ignores_tls(self):
+        if not os.path.exists(DDPLAUNCH):
+            self.skipTest("ddplaunch is not built")
+        free = socket.socket()
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+        free.close()
+        # Without TLS this agent would host the rendezvous itself and succeed; with it, it waits
+        # for a ddp-rendezvous --tls_cert that never comes.
+        r = self.run_agent(port, "join_timeout=3,tls_ca=" + self.path("ca.pem"))
+        self.assertEqual(r.returncode, 3, r.stdout + r.stderr)
+        self.assertNotIn("hosting the rendezvous server in-process", r.stdout + r.stderr)
+        r = subprocess.run([DDPLAUNCH, "--standalone", "--nproc_per_node=2", "--env_check=off", "--no_python",
+                            "/bin/true"], capture_output=True, text=True, timeout=120,
+                           env=dict(os.environ, DDPLAUNCH_RDZV_TLS_CA=self.path("ca.pem")))
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
 
     def test_a_job_runs_over_tls_and_a_wrong_ca_fails_it_with_exit_3(self):
         if not os.path.exists(DDPLAUNCH):
