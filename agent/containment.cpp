@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
@@ -242,6 +243,7 @@ Containment::~Containment() {
   }
   if (procs_fd_ >= 0) ::close(procs_fd_);
   if (kill_fd_ >= 0) ::close(kill_fd_);
+  if (dir_fd_ >= 0) ::close(dir_fd_);
 }
 
 void Containment::create_cgroup() {
@@ -278,7 +280,31 @@ void Containment::create_cgroup() {
     ::rmdir(dir.c_str());
     return;
   }
+  dir_fd_ = ::open(dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
   cgroup_dir_ = dir;
+}
+
+pid_t Containment::fork_worker() {
+  if (dir_fd_ >= 0 && procs_fd_ >= 0 && !clone3_refused_) {
+    // struct clone_args of linux/sched.h (version 2, with `cgroup`), spelled out: that header
+    // clashes with glibc's <sched.h>.
+    struct {
+      std::uint64_t flags, pidfd, child_tid, parent_tid, exit_signal, stack, stack_size, tls, set_tid, set_tid_size,
+          cgroup;
+    } args{};
+    constexpr std::uint64_t kCloneIntoCgroup = 0x200000000ULL;
+    args.flags = kCloneIntoCgroup;
+    args.exit_signal = SIGCHLD;
+    args.cgroup = static_cast<std::uint64_t>(dir_fd_);
+    const long pid = ::syscall(SYS_clone3, &args, sizeof args);
+    if (pid >= 0) return static_cast<pid_t>(pid);
+    if (errno != ENOSYS && errno != EPERM && errno != EINVAL && errno != E2BIG) return -1;
+    clone3_refused_ = true;  // a seccomp filter or an old kernel: fork, then move the child
+  }
+  const int procs = procs_fd_;
+  const pid_t pid = ::fork();
+  if (pid == 0 && procs >= 0) (void)!::write(procs, "0", 1);
+  return pid;
 }
 
 void Containment::start_sentinel() {
@@ -314,10 +340,26 @@ void Containment::watch_group(int pgid) {
   send('+', pgid);
 }
 
+char process_state(int pid) {
+  // /proc/PID/stat: "PID (COMM) S ..."; COMM may hold spaces and parentheses: the last ')' ends it.
+  const std::string stat = read_file(("/proc/" + std::to_string(pid) + "/stat").c_str());
+  const auto close = stat.rfind(')');
+  if (close == std::string::npos || close + 2 >= stat.size()) return '\0';
+  return stat[close + 2];
+}
+
 void Containment::check_member(int pid) {
   if (cgroup_dir_.empty() || checked_) return;
+  // Read before the state: a process seen alive afterwards was alive when its cgroup was read.
+  const std::string cgroups = read_file(("/proc/" + std::to_string(pid) + "/cgroup").c_str());
+  const char state = process_state(pid);
+  if (state == '\0' || state == 'Z' || state == 'X') {
+    // Exited already (a zombie's cgroup file reads "0::/"): it proves nothing either way, so the
+    // next worker is checked instead.
+    return;
+  }
   checked_ = true;
-  std::ifstream in("/proc/" + std::to_string(pid) + "/cgroup");
+  std::istringstream in(cgroups);
   for (std::string line; std::getline(in, line);) {
     if (line.rfind("0::", 0) == 0 && line.size() > 3 &&
         cgroup_dir_.size() >= line.size() - 3 &&
@@ -330,7 +372,8 @@ void Containment::check_member(int pid) {
   send('n', 0);
   ::close(procs_fd_);
   ::close(kill_fd_);
-  procs_fd_ = kill_fd_ = -1;
+  if (dir_fd_ >= 0) ::close(dir_fd_);
+  procs_fd_ = kill_fd_ = dir_fd_ = -1;
 }
 
 void Containment::kill_all() {
@@ -339,6 +382,10 @@ void Containment::kill_all() {
   send('c', 0);
   if (kill_fd_ >= 0) {
     (void)!::write(kill_fd_, "1", 1);
+    // Linux (seen on 6.18) compares a CLONE_INTO_CGROUP child's cgroup kill count with its
+    // parent's cgroup's: once cgroup.kill has been written, every child created inside is
+    // SIGKILLed at birth. Later workers are forked and moved in instead (slower, still correct).
+    clone3_refused_ = true;
   } else {
     kill_all_marked(marker_entry_.c_str());
   }

@@ -20,6 +20,8 @@
 // async-signal-safe work (the agent may already run threads).
 #pragma once
 
+#include <sys/types.h>
+
 #include <string>
 #include <vector>
 
@@ -47,10 +49,20 @@ class Containment {
   static constexpr const char* kMarkerVariable = "DDPLAUNCH_SUPERVISOR";
   const std::string& marker_value() const { return marker_value_; }
 
+  // Forks a worker, like fork(): 0 in the child, its pid in the parent, -1 with errno. With a
+  // cgroup the child starts inside it: clone3(CLONE_INTO_CGROUP), else (clone3 refused, as some
+  // seccomp profiles do) fork() and the child writes itself into cgroup.procs. Moving a running
+  // process costs the kernel an RCU grace period (10-30 ms for the first worker of a run,
+  // bench/RESULTS.md); being created inside costs nothing. After the first kill_all() (a
+  // restart) workers are moved in: see kill_all(). The child may only make
+  // async-signal-safe calls before exec (the agent runs threads).
+  pid_t fork_worker();
   // Tells the sentinel about a process group to kill if the agent dies.
   void watch_group(int pgid);
-  // Checks (once, on the first worker) that `pid` joined the cgroup; when it did not, the
-  // cgroup is abandoned for the marker, here and in the sentinel.
+  // Checks (once, on the first worker found running) that `pid` joined the cgroup; when it did
+  // not, the cgroup is abandoned for the marker, here and in the sentinel. A worker that has
+  // already exited (a zombie) decides nothing: the next one is checked.
+  // REQUIRES: `pid` has not been reaped yet (its id cannot have been reused).
   void check_member(int pid);
   // SIGKILLs every watched process group and everything in the cgroup (without one: every
   // marked process), then forgets the groups. REQUIRES: the group leaders have been reaped (so their ids cannot be reused while
@@ -66,12 +78,17 @@ class Containment {
   std::string cgroup_dir_;
   std::string cgroup_problem_;
   int procs_fd_ = -1;
+  int dir_fd_ = -1;  // the cgroup directory (O_PATH), for clone3's CLONE_INTO_CGROUP
+  bool clone3_refused_ = false;  // or unusable after a cgroup.kill (see kill_all()): fork, then move
   int kill_fd_ = -1;
   int pipe_fd_ = -1;  // write end; the sentinel reads the other end
   int sentinel_pid_ = -1;
   bool checked_ = false;
   std::vector<int> groups_;
 };
+
+// The state letter of /proc/PID/stat ('R', 'S', 'Z', ...), or '\0' when there is no such process.
+char process_state(int pid);
 
 // Where this process's cgroup v2 lives in the file system ("/sys/fs/cgroup/user.slice/..."),
 // or empty with `problem` set. Reads /proc/self/mountinfo and /proc/self/cgroup.

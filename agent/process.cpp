@@ -3,6 +3,7 @@
 #include "agent/containment.h"
 #include "agent/fds.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -12,12 +13,6 @@
 #include <cstring>
 
 #include <boost/asio/signal_set.hpp>
-#include <boost/process/args.hpp>
-#include <boost/process/child.hpp>
-#include <boost/process/env.hpp>
-#include <boost/process/environment.hpp>
-#include <boost/process/exe.hpp>
-#include <boost/process/extend.hpp>
 #include <boost/process/search_path.hpp>
 
 namespace bp = boost::process;
@@ -57,14 +52,22 @@ class PosixProcesses final : public Processes {
     char** const env_block = envp.data();
     const pid_t parent = ::getpid();
     const int out_fd = request.stdout_fd, err_fd = request.stderr_fd;
-    const int cgroup_procs = containment_.cgroup_procs_fd();
     const PreparedBinding numa = request.numa;
-    auto setup = [parent, out_fd, err_fd, cgroup_procs, numa, env_block](auto& executor) {
-      // Runs in the child between fork and exec: only async-signal-safe calls.
-      executor.env = env_block;  // the block above, alive in the parent's frame until exec
+    std::vector<std::string> arg_strings = request.argv;
+    arg_strings.at(0) = exe;
+    std::vector<char*> argv;
+    argv.reserve(arg_strings.size() + 1);
+    for (auto& a : arg_strings) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    // exec's failure travels back through this pipe (closed by a successful exec).
+    int exec_error[2];
+    if (::pipe2(exec_error, O_CLOEXEC) != 0) {
+      throw SpawnError("cannot start " + request.argv.at(0) + ": pipe: " + std::strerror(errno));
+    }
+    const pid_t pid = containment_.fork_worker();  // already in the worker group's cgroup
+    if (pid == 0) {
+      // The child, between fork and exec: only async-signal-safe calls.
       ::setpgid(0, 0);
-      // Into the worker group's cgroup, which cgroup.kill ends whole (docs/agent.md).
-      if (cgroup_procs >= 0) (void)!::write(cgroup_procs, "0", 1);
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (::getppid() != parent) ::_exit(137);  // the agent died before prctl took effect
       if (out_fd >= 0) ::dup2(out_fd, STDOUT_FILENO);
@@ -81,13 +84,27 @@ class PosixProcesses final : public Processes {
       sigemptyset(&none);
       ::sigprocmask(SIG_SETMASK, &none, nullptr);
       apply_numa_binding(numa);
-    };
-    std::vector<std::string> args(request.argv.begin() + 1, request.argv.end());
-    std::error_code ec;
-    bp::child child(bp::exe = exe, bp::args = args, bp::extend::on_exec_setup = setup, ec);
-    if (ec) throw SpawnError("cannot start " + request.argv.at(0) + ": " + ec.message());
-    const int pid = child.id();
-    child.detach();  // reaped by the SIGCHLD loop below
+      ::execve(argv[0], argv.data(), env_block);
+      const int error = errno;
+      (void)!::write(exec_error[1], &error, sizeof error);
+      ::_exit(127);
+    }
+    const int fork_errno = errno;
+    ::close(exec_error[1]);
+    if (pid < 0) {
+      ::close(exec_error[0]);
+      throw SpawnError("cannot start " + request.argv.at(0) + ": fork: " + std::strerror(fork_errno));
+    }
+    int child_errno = 0;
+    ssize_t n;
+    while ((n = ::read(exec_error[0], &child_errno, sizeof child_errno)) < 0 && errno == EINTR) {
+    }
+    ::close(exec_error[0]);
+    if (n == static_cast<ssize_t>(sizeof child_errno)) {
+      while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+      }
+      throw SpawnError("cannot start " + request.argv.at(0) + ": " + std::strerror(child_errno));
+    }
     // Close the window where the parent signals the group before the child ran setpgid.
     ::setpgid(pid, pid);
     containment_.watch_group(pid);

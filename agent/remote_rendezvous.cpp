@@ -187,6 +187,8 @@ RemoteRendezvous::RemoteRendezvous(boost::asio::io_context& io, RemoteRendezvous
   if (!options_.host_if_local) return;
   for (const auto& [host, port] : parsed) {
     if (!is_local_host(host)) continue;
+    // The in-process server speaks plain TCP only: with TLS the endpoint must be ddp-rendezvous.
+    if (options_.tls) return;
     // Nothing listening there yet: this agent becomes the host (of the first local endpoint
     // that is free; later ones in the list are standbys for when that host dies). Someone
     // already bound it (the daemon, or an agent of this host that came first): try the next.
@@ -232,6 +234,7 @@ void RemoteRendezvous::start_client() {
   rdzv::ClientOptions client_options;
   client_options.job_id = options_.job_id;
   client_options.token = options_.token;
+  client_options.tls = options_.standalone ? nullptr : options_.tls;  // standalone: our own loopback server
   if (reconnecting_) {
     client_options.max_retry_delay =
         since(lost_at_) < kFastReconnectWindow ? kFastReconnectDelay : kSlowReconnectDelay;

@@ -33,6 +33,7 @@ namespace ddp::rdzv {
 class Client;
 class Server;
 struct Waiting;
+class TlsContext;
 }  // namespace ddp::rdzv
 
 namespace ddp::agent {
@@ -42,6 +43,9 @@ struct RemoteRendezvousOptions {
                                  // order; empty with `standalone`
   std::string job_id;            // --rdzv_id
   std::string token;             // shared token, empty = none
+  std::shared_ptr<rdzv::TlsContext> tls;  // TLS to the rendezvous; null = plain TCP. With it the
+                                          // agent never hosts a server in-process (plain only);
+                                          // --standalone ignores it (its own loopback server)
   double connect_timeout = 600;  // seconds to keep retrying a refused connection (join_timeout)
   double reconnect_timeout = 60; // after losing a connection, seconds to find a rendezvous again
   bool standalone = false;       // host a server on a free loopback port and use it

@@ -4,7 +4,7 @@
 //   repeat { tag (1 byte): connection = tag & 3, then the clock advances (tag >> 2) * 0.1 s;
 //            length (2 bytes, big-endian); that many bytes of the connection's byte stream }
 // Each connection splits its stream with the server's FrameReader and decode(); what decodes is
-// dispatched as the server does (first message hello/status, then join, failure, ...). Every
+// dispatched as the server does (an optional greeting, hello/status, then join, failure, ...). Every
 // frame the state machine sends back must decode cleanly, and every round must be consistent:
 // a violation aborts (a crash for libFuzzer). Built with clang + -fsanitize=fuzzer for fuzzing,
 // and with the normal compiler into the corpus replay test (replay_main.cpp).
@@ -54,6 +54,7 @@ class CheckingOutbox : public Outbox {
 
 struct Conn {
   FrameReader reader{64 * 1024};
+  bool said_greeting = false;
   bool greeted = false;
   bool closed = false;
   std::string job_id;
@@ -95,6 +96,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       }
       Message& m = *d.message;
       if (!c.greeted) {
+        if (m.type == MessageType::greeting && !c.said_greeting) {  // optional, before hello
+          c.said_greeting = true;
+          if (check_greeting(std::get<Greeting>(m.body))) {
+            c.closed = true;
+            break;
+          }
+          continue;
+        }
         if (check_first_message(m)) {
           c.closed = true;
           break;

@@ -91,7 +91,7 @@ void parse_nproc(const Given& g, LaunchConfig& config, const ParseContext& conte
 const char* const kKnownRdzvKeys =
     "join_timeout, last_call_timeout, heartbeat_interval, heartbeat_timeout, "
     "keep_alive_interval, keep_alive_max_attempt, shutdown_timeout, reconnect_timeout, "
-    "read_timeout, timeout, token_file, is_host";
+    "read_timeout, timeout, token_file, tls_ca, tls_cert, tls_key, is_host";
 
 // --rdzv_conf key=value,... Times are seconds. torchrun's keep_alive_interval and
 // keep_alive_max_attempt are its heartbeat: interval, and a node is lost after max_attempt
@@ -141,6 +141,12 @@ void parse_rdzv_conf(const Given& g, LaunchConfig& config, std::optional<double>
       config.is_host = *b;
     } else if (key == "token_file") {
       config.token_file = value;
+    } else if (key == "tls_ca") {
+      config.tls_ca = value;
+    } else if (key == "tls_cert") {
+      config.tls_cert = value;
+    } else if (key == "tls_key") {
+      config.tls_key = value;
     } else {
       err << "ddplaunch: warning: " << g.source << ": unknown key '" << key
           << "' is ignored (known: " << kKnownRdzvKeys << ")\n";

@@ -57,6 +57,9 @@ struct LaunchConfig {
   // else 30 s), validated; rdzv::Timeouts' defaults for the rest.
   rdzv::Timeouts timeouts;
   std::string token_file;              // --rdzv_conf token_file=PATH; "" = no token
+  // --rdzv_conf tls_ca=,tls_cert=,tls_key= (PEM files; "" = $DDPLAUNCH_RDZV_TLS_CA etc., else
+  // plain TCP): TLS to the rendezvous, the server's certificate checked (docs/security.md).
+  std::string tls_ca, tls_cert, tls_key;
   std::optional<bool> is_host;         // --rdzv_conf is_host=BOOL; unset = decide by address
   // --rdzv_conf keys that have no effect here (read_timeout, timeout, unknown keys), as given.
   std::map<std::string, std::string> unused_rdzv_conf;

@@ -121,6 +121,26 @@ std::string read_token(const LaunchConfig& config) {
   return token;
 }
 
+// The TLS settings of --rdzv_conf tls_ca=,tls_cert=,tls_key= (else $DDPLAUNCH_RDZV_TLS_CA, _CERT,
+// _KEY), loaded; null when none is set (plain TCP). Throws UsageError naming the bad file.
+std::shared_ptr<rdzv::TlsContext> rendezvous_tls(const LaunchConfig& config) {
+  const auto pick = [](const std::string& conf, const char* variable) {
+    if (!conf.empty()) return conf;
+    const char* env = std::getenv(variable);
+    return std::string(env ? env : "");
+  };
+  rdzv::TlsFiles files;
+  files.ca = pick(config.tls_ca, "DDPLAUNCH_RDZV_TLS_CA");
+  files.cert = pick(config.tls_cert, "DDPLAUNCH_RDZV_TLS_CERT");
+  files.key = pick(config.tls_key, "DDPLAUNCH_RDZV_TLS_KEY");
+  if (files.ca.empty() && files.cert.empty() && files.key.empty()) return nullptr;
+  try {
+    return rdzv::TlsContext::for_client(files);
+  } catch (const rdzv::TlsError& e) {
+    throw UsageError(std::string("ddplaunch: --rdzv_conf ") + e.what());
+  }
+}
+
 agent::FingerprintOptions fingerprint_options(const LaunchConfig& config,
                                               const ResolvedProgram& program) {
   agent::FingerprintOptions o;
@@ -182,6 +202,7 @@ std::unique_ptr<agent::RendezvousHandler> make_rendezvous(boost::asio::io_contex
     for (const Endpoint& standby : config.rdzv_standby_endpoints) remote.endpoint += "," + standby.text();
     remote.job_id = config.rdzv_id;
     remote.token = read_token(config);
+    remote.tls = rendezvous_tls(config);
     remote.connect_timeout = config.timeouts.join_timeout;
     remote.reconnect_timeout = config.reconnect_timeout;
     remote.standalone = config.standalone;
@@ -391,7 +412,7 @@ int check_env(const LaunchConfig& config) {
   }
   // Compare against the nodes already in that job, as the rendezvous would.
   const std::string endpoint = config.rdzv_endpoint->text();
-  auto result = rdzv::query_status(endpoint, read_token(config), 10.0);
+  auto result = rdzv::query_status(endpoint, read_token(config), 10.0, "", rendezvous_tls(config));
   if (!result.error.empty()) {
     std::fprintf(stderr, "ddplaunch: --check_env: %s\n", result.error.c_str());
     return verdict(static_cast<int>(ExitCode::kRendezvousFailed),

@@ -2,6 +2,7 @@
 
 #include "rendezvous/auth.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <stdexcept>
@@ -65,7 +66,7 @@ Client::Client(asio::io_context& io, ClientOptions options, ClientEvents events)
 
 std::string Client::local_address() const {
   boost::system::error_code ec;
-  auto ep = socket_.local_endpoint(ec);
+  auto ep = (stream_ ? stream_->socket() : socket_).local_endpoint(ec);
   return ec ? std::string() : ep.address().to_string();
 }
 
@@ -80,6 +81,8 @@ void Client::connect(const std::string& endpoint, double timeout_s) {
     auto [host, port] = parse_endpoint(endpoint);
     host_ = host;
     port_ = std::to_string(port);
+    // Messages name the port too, also when the endpoint left it to its default.
+    endpoint_text_ = (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + port_;
   } catch (const std::invalid_argument& e) {
     asio::post(io_, [self = shared_from_this(), what = std::string(e.what())] { self->fail(what); });
     return;
@@ -121,7 +124,7 @@ void Client::try_connect() {
                                                                     tcp::resolver::results_type results) {
     if (self->closed_) return;
     if (ec) {
-      self->retry("resolve " + self->host_ + ": " + ec.message());
+      self->retry("resolve " + self->host_ + " (for " + self->endpoint_text_ + "): " + ec.message());
       return;
     }
     asio::async_connect(self->socket_, results, [self](boost::system::error_code ec2, const tcp::endpoint&) {
@@ -170,20 +173,38 @@ void Client::on_connected() {
   retry_timer_.cancel();
   boost::system::error_code ec;
   socket_.set_option(tcp::no_delay(true), ec);
+  stream_ = make_client_stream(std::move(socket_), options_.tls, host_);
   last_heard_ = steady::now();
-  read_more();  // the server speaks first: challenge, answered by hello
-  // The welcome must come before the connect deadline (checked by the heartbeat timer).
+  identified_ = false;
+  start_bytes_.clear();
+  greeting_deadline_ = steady::now() + to_duration(std::min(options_.greeting_timeout, std::max(seconds_left(), 0.0)));
+  // The welcome must come before the connect deadline (checked by the heartbeat timer), and the
+  // server's challenge (after the TLS handshake, if any) within the greeting timeout.
   heartbeat();
+  stream_->async_handshake([self = shared_from_this()](const boost::system::error_code& ec) {
+    if (self->closed_) return;
+    if (ec) {
+      self->fail("rendezvous endpoint " + self->endpoint_text_ + ": " + describe_tls_failure(ec, true));
+      return;
+    }
+    // Said at once, before the challenge arrives: a service that is not a rendezvous server
+    // answers it (an HTTP server with an error), and identify() names that service.
+    self->send_frame(encode_greeting());
+    self->read_more();  // the server's challenge, answered by hello
+  });
 }
 
 void Client::read_more() {
-  socket_.async_read_some(asio::buffer(rbuf_), [self = shared_from_this()](boost::system::error_code ec, std::size_t n) {
+  stream_->async_read_some(asio::buffer(rbuf_), [self = shared_from_this()](const boost::system::error_code& ec, std::size_t n) {
     if (self->closed_) return;
     if (ec) {
+      // Closed after saying something that is not a challenge: not a rendezvous server.
+      if (!self->identified_ && !self->start_bytes_.empty() && !self->identify(nullptr, 0)) return;
       self->fail("connection to rendezvous " + self->endpoint_text_ + " closed: " +
                  (ec == asio::error::eof ? std::string("the server closed it") : ec.message()), true);
       return;
     }
+    if (!self->identified_ && !self->identify(self->rbuf_.data(), n)) return;
     self->reader_.feed(self->rbuf_.data(), n);
     while (!self->closed_) {
       const FrameReader::Result r = self->reader_.next(self->payload_);
@@ -202,6 +223,26 @@ void Client::read_more() {
     }
     if (!self->closed_) self->read_more();
   });
+}
+
+// Until the peer has proved to be a rendezvous server (a challenge of this protocol version with
+// the magic, check_server_start), what it sends is kept and checked. Returns false when the peer
+// was refused (the client is then closed). `n == 0` means the peer closed the connection.
+bool Client::identify(const char* data, std::size_t n) {
+  if (n > 0) start_bytes_.append(data, std::min(n, kFrameHeaderBytes + kMaxChallengeBytes + 1));
+  const ServerCheck check = check_server_start(start_bytes_, n == 0);
+  switch (check.verdict) {
+    case ServerCheck::Verdict::need_more:
+      return true;
+    case ServerCheck::Verdict::rendezvous:
+      identified_ = true;
+      start_bytes_.clear();
+      return true;
+    case ServerCheck::Verdict::refuse:
+      break;
+  }
+  fail("rendezvous endpoint " + endpoint_text_ + " " + check.reason);
+  return false;
 }
 
 void Client::handle(Message& m) {
@@ -336,7 +377,7 @@ void Client::report_success() {
 
 void Client::close() {
   if (closed_) return;
-  if (welcomed_ && socket_.is_open()) {
+  if (welcomed_ && stream_ && stream_->socket().is_open()) {
     send(make_leave());
     close_when_flushed_ = true;
     closed_ = true;
@@ -355,14 +396,20 @@ void Client::shutdown() {
   resolver_.cancel();
   retry_timer_.cancel();
   heartbeat_timer_.cancel();
-  socket_.shutdown(tcp::socket::shutdown_both, ec);
-  socket_.close(ec);
+  if (stream_) {
+    stream_->close();
+  } else {
+    socket_.shutdown(tcp::socket::shutdown_both, ec);
+    socket_.close(ec);
+  }
   queue_.clear();
 }
 
-void Client::send(const Message& message) {
-  queue_.push_back(encode(message));
-  if (!writing_) write_next();
+void Client::send(const Message& message) { send_frame(encode(message)); }
+
+void Client::send_frame(Frame frame) {
+  queue_.push_back(std::move(frame));
+  if (!writing_ && stream_) write_next();
 }
 
 void Client::write_next() {
@@ -373,7 +420,7 @@ void Client::write_next() {
   }
   writing_ = true;
   Frame frame = queue_.front();
-  asio::async_write(socket_, asio::buffer(*frame), [self = shared_from_this(), frame](boost::system::error_code ec, std::size_t) {
+  stream_->async_write(asio::buffer(*frame), [self = shared_from_this(), frame](const boost::system::error_code& ec, std::size_t) {
     if (!self->queue_.empty()) self->queue_.pop_front();
     if (ec) {
       self->writing_ = false;
@@ -388,6 +435,12 @@ void Client::heartbeat() {
   if (closed_) return;
   const auto now = steady::now();
   if (!welcomed_) {
+    if (!identified_ && now >= greeting_deadline_) {
+      fail("rendezvous endpoint " + endpoint_text_ + " accepted the connection but sent no ddp-rendezvous challenge "
+           "within " + std::to_string(static_cast<int>(std::ceil(options_.greeting_timeout))) +
+           " s: is another service listening there?", true);
+      return;
+    }
     if (seconds_left() <= 0) {
       fail("rendezvous " + endpoint_text_ + " did not answer hello before its connect deadline", true);
       return;

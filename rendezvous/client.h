@@ -24,6 +24,7 @@
 
 #include "rendezvous/protocol.h"
 #include "rendezvous/resume.h"
+#include "rendezvous/stream.h"
 #include "rendezvous/types.h"
 
 namespace ddp::rdzv {
@@ -36,6 +37,13 @@ struct ClientOptions {
   double heartbeat_timeout = 5.0;      // the server silent this long = error (replaced at join())
   std::size_t max_frame_bytes = kDefaultMaxFrameBytes;
   double max_retry_delay = 1.0;        // cap of the jittered connect backoff (s)
+  // A connected peer must send a rendezvous challenge within this (s), else the attempt counts as
+  // failed ("is another service listening there?") and is retried until the connect deadline.
+  // A peer that sends anything else is refused at once (on_error): it is not a rendezvous server.
+  double greeting_timeout = 3.0;
+  // TLS (docs/security.md): the server's certificate is checked against this context's CA and
+  // the endpoint's host. Null (default) = plain TCP.
+  std::shared_ptr<TlsContext> tls;
 };
 
 struct ClientEvents {
@@ -101,6 +109,8 @@ class Client : public std::enable_shared_from_this<Client> {
   void read_more();
   void handle(Message& message);
   void send(const Message& message);
+  void send_frame(Frame frame);
+  bool identify(const char* data, std::size_t n);
   void write_next();
   void heartbeat();
   void fail(const std::string& message, bool lost = false);
@@ -111,12 +121,13 @@ class Client : public std::enable_shared_from_this<Client> {
   ClientOptions options_;
   ClientEvents events_;
   boost::asio::ip::tcp::resolver resolver_;
-  boost::asio::ip::tcp::socket socket_;
+  boost::asio::ip::tcp::socket socket_;     // connecting; then moved into stream_
+  std::unique_ptr<Stream> stream_;          // the connection, once connected (plain or TLS)
   boost::asio::steady_timer retry_timer_;
   boost::asio::steady_timer heartbeat_timer_;
   std::string host_;
   std::string port_;
-  std::string endpoint_text_;
+  std::string endpoint_text_;  // HOST:PORT as connected to, for every message
   std::chrono::steady_clock::time_point deadline_;
   std::chrono::steady_clock::time_point last_heard_;
   double retry_delay_ = 0.05;
@@ -131,6 +142,11 @@ class Client : public std::enable_shared_from_this<Client> {
   bool connect_timed_out_ = false;   // the connect deadline cut the attempt in flight short
   std::string last_connect_error_;
   int attempts_ = 0;
+  // Identification of the peer (check_server_start): what it sent before it proved to be a
+  // rendezvous server, and until when it may take to say so.
+  bool identified_ = false;
+  std::string start_bytes_;
+  std::chrono::steady_clock::time_point greeting_deadline_;
   FrameReader reader_;
   std::vector<char> rbuf_ = std::vector<char>(4096);
   std::string payload_;

@@ -15,6 +15,7 @@
 #include "rendezvous/notify.h"
 #include "rendezvous/server.h"
 #include "rendezvous/status.h"
+#include "rendezvous/stream.h"
 
 // The CMake project version (rendezvous/CMakeLists.txt), the same one `ddplaunch --version` prints.
 #ifndef DDPLAUNCH_VERSION
@@ -55,9 +56,23 @@ std::string token_path(const std::string& flag) {
 
 bool is_loopback(const asio::ip::address& a) { return a.is_loopback(); }
 
+// A flag's value, else the environment variable's, else "".
+std::string flag_or_env(const std::string& flag, const char* variable) {
+  if (!flag.empty()) return flag;
+  const char* env = std::getenv(variable);
+  return env ? env : "";
+}
+
 int serve(const std::string& host, unsigned short port, const std::string& token_file, std::size_t max_connections,
-          bool quiet) {
+          bool quiet, const ddp::rdzv::TlsFiles& tls) {
   ddp::rdzv::ServerOptions options;
+  if (!tls.cert.empty() || !tls.key.empty() || !tls.ca.empty()) {
+    try {
+      options.tls = ddp::rdzv::TlsContext::for_server(tls);
+    } catch (const ddp::rdzv::TlsError& e) {
+      throw UsageError(e.what());
+    }
+  }
   const std::string path = token_path(token_file);
   if (!path.empty()) {
     try {
@@ -95,7 +110,8 @@ int serve(const std::string& host, unsigned short port, const std::string& token
     io.stop();
   });
   options.log("listening on " + host + ":" + std::to_string(server->port()) +
-              (options.secrets.open() ? " (no token)" : " (token required)"));
+              (options.secrets.open() ? " (no token)" : " (token required)") +
+              (options.tls ? (tls.ca.empty() ? " (TLS)" : " (TLS, client certificates required)") : ""));
   if (options.secrets.open() && !is_loopback(address)) {
     const std::string warning =
         "WARNING: listening on " + host + " with no secret: anyone who can reach this port can read every job, "
@@ -134,6 +150,12 @@ int main(int argc, char** argv) {
                  "default $DDPLAUNCH_RDZV_TOKEN_FILE, else none");
   app.add_option("--max-connections", max_connections, "concurrent connections served")->capture_default_str();
   app.add_flag("--quiet-joins", quiet, "do not log one line per join (large jobs)");
+  ddp::rdzv::TlsFiles server_tls;
+  app.add_option("--tls_cert,--tls-cert", server_tls.cert,
+                 "PEM certificate (chain) of this server: serve TLS only (docs/security.md)");
+  app.add_option("--tls_key,--tls-key", server_tls.key, "PEM private key of --tls_cert");
+  app.add_option("--tls_client_ca,--tls-client-ca", server_tls.ca,
+                 "PEM CA: clients must present a certificate it signed (needs --tls_cert)");
 
   auto* status = app.add_subcommand("status", "print every job's generation, state, nodes and restarts");
   std::string endpoint;
@@ -146,6 +168,12 @@ int main(int argc, char** argv) {
                      "file holding the secret (default $DDPLAUNCH_RDZV_TOKEN_FILE)");
   status->add_option("--job", status_job, "the job whose own secret the token file holds (shows that job only)");
   status->add_option("--timeout", timeout, "seconds to wait for the answer")->capture_default_str();
+  ddp::rdzv::TlsFiles status_tls;
+  status->add_option("--tls_ca,--tls-ca", status_tls.ca,
+                     "PEM CA that signed the server's certificate: speak TLS (default $DDPLAUNCH_RDZV_TLS_CA)");
+  status->add_option("--tls_cert,--tls-cert", status_tls.cert,
+                     "PEM client certificate, for a server with --tls_client_ca (default $DDPLAUNCH_RDZV_TLS_CERT)");
+  status->add_option("--tls_key,--tls-key", status_tls.key, "PEM key of --tls_cert (default $DDPLAUNCH_RDZV_TLS_KEY)");
 
   try {
     app.parse(argc, argv);
@@ -163,7 +191,18 @@ int main(int argc, char** argv) {
           throw UsageError(e.what());
         }
       }
-      auto result = ddp::rdzv::query_status(endpoint, secret, timeout, status_job);
+      std::shared_ptr<ddp::rdzv::TlsContext> tls;
+      status_tls.ca = flag_or_env(status_tls.ca, "DDPLAUNCH_RDZV_TLS_CA");
+      status_tls.cert = flag_or_env(status_tls.cert, "DDPLAUNCH_RDZV_TLS_CERT");
+      status_tls.key = flag_or_env(status_tls.key, "DDPLAUNCH_RDZV_TLS_KEY");
+      if (!status_tls.ca.empty() || !status_tls.cert.empty() || !status_tls.key.empty()) {
+        try {
+          tls = ddp::rdzv::TlsContext::for_client(status_tls);
+        } catch (const ddp::rdzv::TlsError& e) {
+          throw UsageError(e.what());
+        }
+      }
+      auto result = ddp::rdzv::query_status(endpoint, secret, timeout, status_job, tls);
       if (!result.error.empty()) {
         std::cerr << "ddp-rendezvous status: " << result.error << "\n";
         return result.usage_error ? kExitUsage : kExitConnect;
@@ -176,7 +215,7 @@ int main(int argc, char** argv) {
       }
       return kExitOk;
     }
-    return serve(host, port, token_file, max_connections, quiet);
+    return serve(host, port, token_file, max_connections, quiet, server_tls);
   } catch (const UsageError& e) {
     std::cerr << "ddp-rendezvous: " << e.what() << "\n";
     return kExitUsage;

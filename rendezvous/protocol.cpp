@@ -2,6 +2,7 @@
 
 #include "rendezvous/resume.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -83,6 +84,7 @@ struct TypeName {
   const char* name;
 };
 constexpr TypeName kTypeNames[] = {
+    {MessageType::greeting, "greeting"},
     {MessageType::hello, "hello"},
     {MessageType::status, "status"},
     {MessageType::join, "join"},
@@ -342,6 +344,15 @@ std::optional<std::string> read_hello(const json& j, Hello& h, const char* what)
 // Decodes the body of a message whose type is known; the first problem is returned.
 std::optional<std::string> decode_body(MessageType type, const json& j, Message& m) {
   switch (type) {
+    case MessageType::greeting: {
+      Fields f(j, "greeting");
+      Greeting g;
+      if (f.require("protocol_version")) f.integer("protocol_version", g.protocol_version, kIntMin, kIntMax);
+      g.magic.clear();
+      f.string("magic", g.magic, 64);
+      m.body = std::move(g);
+      return f.error();
+    }
     case MessageType::hello:
     case MessageType::status: {
       Hello h;
@@ -378,6 +389,8 @@ std::optional<std::string> decode_body(MessageType type, const json& j, Message&
       Challenge c;
       if (f.require("protocol_version")) f.integer("protocol_version", c.protocol_version, kIntMin, kIntMax);
       f.string("nonce", c.nonce, kMaxNonceBytes);
+      c.magic.clear();
+      f.string("magic", c.magic, 64);
       m.body = std::move(c);
       return f.error();
     }
@@ -489,6 +502,7 @@ const char* to_string(MessageType type) {
 
 bool is_client_message(MessageType type) {
   switch (type) {
+    case MessageType::greeting:
     case MessageType::hello:
     case MessageType::status:
     case MessageType::join:
@@ -570,6 +584,12 @@ Decoded decode(std::string_view payload) {
 json to_json(const Message& m) {
   json j = {{"type", to_string(m.type)}};
   switch (m.type) {
+    case MessageType::greeting: {
+      const auto& g = std::get<Greeting>(m.body);
+      j["protocol_version"] = g.protocol_version;
+      j["magic"] = g.magic;
+      break;
+    }
     case MessageType::hello:
     case MessageType::status: {
       const auto& h = std::get<Hello>(m.body);
@@ -594,6 +614,7 @@ json to_json(const Message& m) {
       const auto& c = std::get<Challenge>(m.body);
       j["protocol_version"] = c.protocol_version;
       j["nonce"] = c.nonce;
+      j["magic"] = c.magic;
       break;
     }
     case MessageType::welcome: {
@@ -720,6 +741,15 @@ Message make_heartbeat_ack() { return message(MessageType::heartbeat_ack, Empty{
 Message make_status_reply(json status) { return message(MessageType::status_reply, StatusReply{std::move(status)}); }
 Message make_waiting(const Waiting& waiting) { return message(MessageType::waiting, waiting); }
 
+Frame encode_greeting() {
+  Message m = message(MessageType::greeting, Greeting{});
+  std::string text = to_json(m).dump() + "\r\n";
+  std::string frame(kFrameHeaderBytes, '\0');
+  write_frame_header(static_cast<std::uint32_t>(text.size()), reinterpret_cast<unsigned char*>(frame.data()));
+  frame += text;
+  return std::make_shared<const std::string>(std::move(frame));
+}
+
 Message make_hello(const Hello& hello) { return message(MessageType::hello, hello); }
 Message make_status_request(const Hello& hello) { return message(MessageType::status, hello); }
 Message make_join(const NodeSpec& spec) { return message(MessageType::join, spec); }
@@ -744,6 +774,86 @@ std::optional<ProtocolError> check_first_message(const Message& message) {
     return ProtocolError{"bad_message", "hello carries no job_id (--rdzv_id)"};
   }
   return std::nullopt;
+}
+
+std::optional<ProtocolError> check_greeting(const Greeting& greeting) {
+  if (greeting.magic != kMagic) {
+    return ProtocolError{"bad_message", "greeting names \"" + printable_excerpt(greeting.magic) +
+                                            "\", not \"" + std::string(kMagic) + "\": this is a ddp-rendezvous server"};
+  }
+  if (greeting.protocol_version != kProtocolVersion) {
+    return ProtocolError{"version_mismatch", "protocol version " + std::to_string(greeting.protocol_version) +
+                                                 " is not supported; this server speaks version " +
+                                                 std::to_string(kProtocolVersion) +
+                                                 ": run the same ddplaunch version on every node and the rendezvous server"};
+  }
+  return std::nullopt;
+}
+
+std::string printable_excerpt(std::string_view bytes, std::size_t max) {
+  std::string out;
+  std::size_t i = 0;
+  for (; i < bytes.size() && out.size() < max; ++i) {
+    const auto c = static_cast<unsigned char>(bytes[i]);
+    if (c == ' ' || c == '\t' || c == '\r' || c == '\n') {
+      // A text protocol's lines and indentation read as single spaces.
+      if (!out.empty() && out.back() != ' ') out += ' ';
+    } else if (c > 0x20 && c < 0x7f && c != '\\') {
+      out += static_cast<char>(c);
+    } else {
+      static const char hex[] = "0123456789abcdef";
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    }
+  }
+  if (i < bytes.size()) out += "...";
+  return out;
+}
+
+ServerCheck check_server_start(std::string_view bytes, bool closed) {
+  using V = ServerCheck::Verdict;
+  const auto not_ours = [&](const std::string& why) {
+    return ServerCheck{V::refuse, "is not a ddp-rendezvous server (" + why + ")"};
+  };
+  if (bytes.empty()) {
+    return closed ? ServerCheck{V::refuse, "closed the connection before saying anything (a ddp-rendezvous server "
+                                           "started with --tls_cert does that to a client without tls_ca)"}
+                  : ServerCheck{};
+  }
+  // A TLS record (alert 0x15 or handshake 0x16, version 3.x): a TLS server refusing plain text.
+  const auto first = static_cast<unsigned char>(bytes[0]);
+  if ((first == 0x15 || first == 0x16) && (bytes.size() < 2 || bytes[1] == '\x03')) {
+    return ServerCheck{V::refuse, "speaks TLS (it answered with a TLS record): if it is a ddp-rendezvous server "
+                                  "started with --tls_cert, give this client its CA with tls_ca (docs/security.md)"};
+  }
+  const std::string answered = "it answered '" + printable_excerpt(bytes, 120) + "'";
+  // The first frame must be a challenge: a small length (so a zero first byte) and a JSON object.
+  if (bytes[0] != '\0') return not_ours(answered);
+  if (bytes.size() >= kFrameHeaderBytes) {
+    const std::uint32_t length = read_frame_header(reinterpret_cast<const unsigned char*>(bytes.data()));
+    if (length == 0 || length > kMaxChallengeBytes) return not_ours(answered);
+    if (bytes.size() > kFrameHeaderBytes && bytes[kFrameHeaderBytes] != '{') return not_ours(answered);
+    if (bytes.size() >= kFrameHeaderBytes + length) {
+      Decoded d = decode(bytes.substr(kFrameHeaderBytes, length));
+      if (!d.error && d.message->type == MessageType::error) {  // a rendezvous server refusing at once
+        const ErrorMessage& e = std::get<ErrorMessage>(d.message->body);
+        return ServerCheck{V::refuse, "refused the connection: " + e.message + " [" + e.code + "]"};
+      }
+      if (d.error || d.message->type != MessageType::challenge) return not_ours(answered);
+      const Challenge& c = std::get<Challenge>(d.message->body);
+      if (c.protocol_version != kProtocolVersion) {
+        return ServerCheck{V::refuse, "is a ddp-rendezvous server of protocol version " +
+                                          std::to_string(c.protocol_version) + "; this program speaks version " +
+                                          std::to_string(kProtocolVersion) +
+                                          ": run the same ddplaunch version on every node and the rendezvous server"};
+      }
+      if (c.magic != kMagic) return not_ours(answered);
+      return ServerCheck{V::rendezvous, ""};
+    }
+  }
+  if (closed) return not_ours(answered + ", then closed the connection");
+  return ServerCheck{};
 }
 
 }  // namespace ddp::rdzv

@@ -24,7 +24,13 @@ namespace ddp::rdzv {
 
 // Bumped on every incompatible change of a message; the first message of a connection names it.
 // Version 2: the server speaks first (challenge) and hello/status carry an HMAC proof.
-inline constexpr int kProtocolVersion = 2;
+// Version 3: both sides name the protocol at once (kMagic in the client's greeting and in the
+// server's challenge), so a client that reached some other service says so within a second.
+inline constexpr int kProtocolVersion = 3;
+// The magic both sides send first: the client in its greeting, the server in its challenge.
+inline constexpr std::string_view kMagic = "ddp-rendezvous";
+// The server's challenge is small: a first frame longer than this is not a rendezvous server's.
+inline constexpr std::size_t kMaxChallengeBytes = 4096;
 // Default size limit of one frame's payload; checked before any buffer is allocated.
 inline constexpr std::size_t kDefaultMaxFrameBytes = 1 << 20;
 inline constexpr std::size_t kFrameHeaderBytes = 4;
@@ -92,6 +98,7 @@ class FrameReader {
 
 enum class MessageType : std::uint8_t {
   // client -> server
+  greeting,
   hello,
   status,
   join,
@@ -127,6 +134,14 @@ struct Hello {
 struct Challenge {
   int protocol_version = kProtocolVersion;
   std::string nonce;  // hex, fresh per connection
+  std::string magic{kMagic};  // "" from servers older than version 3
+};
+// greeting: what a client sends the moment it connects, before the challenge has arrived, so that
+// a service that is not a rendezvous server answers at once (an HTTP server answers the line with
+// an error) and the client can name it. Optional for the server: hello may come without it.
+struct Greeting {
+  int protocol_version = kProtocolVersion;
+  std::string magic{kMagic};
 };
 struct Welcome {
   int protocol_version = kProtocolVersion;
@@ -182,7 +197,7 @@ struct Empty {};  // heartbeat, success, leave, heartbeat_ack
 
 struct Message {
   MessageType type = MessageType::heartbeat;
-  std::variant<Empty, Hello, Challenge, Welcome, ErrorMessage, NodeSpec, WorkerFailure, Assignment, Restart,
+  std::variant<Empty, Greeting, Hello, Challenge, Welcome, ErrorMessage, NodeSpec, WorkerFailure, Assignment, Restart,
                JobSucceeded, JobFailed, StatusReply, ResumeRequest, Resumed, Waiting>
       body;
 };
@@ -219,6 +234,9 @@ Message make_status_reply(nlohmann::json status);
 Message make_waiting(const Waiting& waiting);
 
 // Message builders (client -> server).
+// The greeting frame, its JSON followed by "\r\n" (inside the frame) so that line-based services
+// answer it.
+Frame encode_greeting();
 Message make_hello(const Hello& hello);
 Message make_status_request(const Hello& hello);
 Message make_join(const NodeSpec& spec);
@@ -231,5 +249,21 @@ Message make_resumed_message(std::uint64_t generation, int restart_count, bool r
 
 // Checks the version of a client's first message (hello or status) and that hello names a job.
 std::optional<ProtocolError> check_first_message(const Message& message);
+// Checks a client's greeting: the magic and the protocol version.
+std::optional<ProtocolError> check_greeting(const Greeting& greeting);
+
+// The client's side of the identification (docs/protocol.md, "Handshake"): what the first bytes
+// received on a connection say about the peer. Socket-free; the client, `status` and the tests
+// share it. `bytes` is everything received so far; `closed` when the peer closed after them.
+struct ServerCheck {
+  enum class Verdict { need_more, rendezvous, refuse } verdict = Verdict::need_more;
+  // For refuse: what the peer is, to follow "HOST:PORT " ("is not a ddp-rendezvous server (it
+  // answered 'HTTP/1.0 400 Bad request')", "is a ddp-rendezvous server of protocol version 2, ...").
+  std::string reason;
+};
+ServerCheck check_server_start(std::string_view bytes, bool closed = false);
+// Up to `max` bytes as printable text for a message: control and non-ASCII bytes as \xNN, the
+// rest cut with "...".
+std::string printable_excerpt(std::string_view bytes, std::size_t max = 64);
 
 }  // namespace ddp::rdzv

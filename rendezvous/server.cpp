@@ -68,7 +68,7 @@ void Server::accept() {
       return;
     }
     SessionHandler& handler = *this;
-    auto session = std::make_shared<Session>(std::move(socket), next_id_++, handler,
+    auto session = std::make_shared<Session>(make_server_stream(std::move(socket), options_.tls), next_id_++, handler,
                                              SessionLimits{options_.max_frame_bytes, options_.max_queued_bytes});
     sessions_.add(session);
     ++unauthenticated_;
@@ -126,6 +126,15 @@ void Server::end_member(Session& session, const std::string& code, const std::st
 }
 
 void Server::handle_first(Session& session, const Message& message) {
+  if (message.type == MessageType::greeting && !session.greeted) {
+    // Sent by clients the moment they connect (docs/protocol.md); hello follows the challenge.
+    session.greeted = true;
+    if (auto err = check_greeting(std::get<Greeting>(message.body))) {
+      log("refused " + session.peer() + ": " + err->message);
+      session.fail(err->code, err->message);
+    }
+    return;
+  }
   if (auto err = check_first_message(message)) {
     log("refused " + session.peer() + ": " + err->message);
     session.fail(err->code, err->message);

@@ -36,6 +36,7 @@ struct ServerOptions {
   double tick_interval = 0.01;                      // how often deadlines are checked (s)
   std::function<void(const std::string&)> log;      // one line per event; empty = silent
   RoundCheck round_check;                           // issue 6: the environment check
+  std::shared_ptr<TlsContext> tls;                  // TLS for every connection; null (default) = plain TCP
 };
 
 class Server : private SessionHandler, private Outbox {

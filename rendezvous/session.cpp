@@ -7,28 +7,72 @@ namespace ddp::rdzv {
 namespace asio = boost::asio;
 using asio::ip::tcp;
 
-Session::Session(tcp::socket socket, std::uint64_t id, SessionHandler& handler, SessionLimits limits)
-    : socket_(std::move(socket)),
-      timer_(socket_.get_executor()),
+Session::Session(std::unique_ptr<Stream> stream, std::uint64_t id, SessionHandler& handler, SessionLimits limits)
+    : stream_(std::move(stream)),
+      timer_(stream_->socket().get_executor()),
       id_(id),
       handler_(handler),
       limits_(limits),
       reader_(limits.max_frame_bytes) {
   boost::system::error_code ec;
-  auto remote = socket_.remote_endpoint(ec);
+  tcp::socket& socket = stream_->socket();
+  auto remote = socket.remote_endpoint(ec);
   if (!ec) {
     peer_address_ = remote.address().to_string();
     peer_ = peer_address_ + ":" + std::to_string(remote.port());
   } else {
     peer_ = "?";
   }
-  socket_.set_option(tcp::no_delay(true), ec);
-  socket_.non_blocking(true, ec);  // for the direct write in send()
+  socket.set_option(tcp::no_delay(true), ec);
+  socket.non_blocking(true, ec);  // for the direct write in send()
+  ready_ = !stream_->tls();          // plain TCP: nothing to wait for (the challenge goes out at once)
 }
 
 void Session::start(double deadline_s) {
   set_deadline(deadline_s);
-  read_more();
+  auto handshake = [](const std::shared_ptr<Session>& self) {
+    self->stream_->async_handshake([self](const boost::system::error_code& ec) {
+      if (self->phase_ == Phase::Closed) return;
+      if (ec) {
+        self->close(describe_tls_failure(ec, false));
+        return;
+      }
+      self->ready_ = true;
+      if (!self->queue_.empty() && !self->writing_) self->write_next();
+      self->read_more();
+    });
+  };
+  if (!stream_->tls()) {
+    read_more();
+    return;
+  }
+  // A TLS port: a client that does not start with a TLS handshake record (0x16), such as a
+  // plaintext rendezvous client's greeting, is told in plain text what to do, then closed.
+  stream_->socket().async_wait(tcp::socket::wait_read, [self = shared_from_this(), handshake](
+                                                           const boost::system::error_code& ec) {
+    if (self->phase_ == Phase::Closed) return;
+    if (ec) {
+      self->close(ec.message());
+      return;
+    }
+    unsigned char first = 0;
+    boost::system::error_code peek_ec;
+    const std::size_t n = self->stream_->socket().receive(asio::buffer(&first, 1), tcp::socket::message_peek, peek_ec);
+    if (peek_ec || n == 0) {
+      self->close(peek_ec ? peek_ec.message() : "connection closed by peer");
+      return;
+    }
+    if (first != 0x16) {
+      const Frame refusal = encode(make_error(
+          "tls_required", "this rendezvous server speaks TLS only: give the client the CA of its certificate "
+                          "(--rdzv_conf tls_ca=FILE, or ddp-rendezvous status --tls_ca=FILE; docs/security.md)"));
+      boost::system::error_code ignored;
+      self->stream_->socket().send(asio::buffer(*refusal), 0, ignored);  // best effort: the socket does not block
+      self->close("a client without TLS on a TLS port");
+      return;
+    }
+    handshake(self);
+  });
 }
 
 void Session::set_deadline(double seconds) {
@@ -66,7 +110,7 @@ void Session::arm_deadline() {
 
 // Reads whatever the socket has (often several frames at once) and handles every complete frame.
 void Session::read_more() {
-  socket_.async_read_some(asio::buffer(rbuf_), [self = shared_from_this()](boost::system::error_code ec, std::size_t n) {
+  stream_->async_read_some(asio::buffer(rbuf_), [self = shared_from_this()](const boost::system::error_code& ec, std::size_t n) {
     if (self->phase_ == Phase::Closed) return;
     if (ec) {
       self->close(ec == asio::error::eof ? "connection closed by peer" : ec.message());
@@ -107,11 +151,11 @@ void Session::send(const Frame& frame) {
     close("peer does not read: more than " + std::to_string(limits_.max_queued_bytes) + " bytes queued");
     return;
   }
-  if (!writing_ && queue_.empty()) {
+  if (ready_ && !writing_ && queue_.empty()) {
     // Fast path (a round broadcast to 10,000 nodes): write straight from this call; only what
-    // the kernel does not take right now goes through an async write.
+    // the kernel does not take right now goes through an async write (all of it over TLS).
     boost::system::error_code ec;
-    std::size_t n = socket_.send(asio::buffer(*frame), 0, ec);
+    std::size_t n = stream_->write_now(asio::buffer(*frame), ec);
     if (ec && ec != asio::error::would_block && ec != asio::error::try_again) {
       queued_bytes_ -= frame->size();
       close(ec.message());
@@ -124,7 +168,7 @@ void Session::send(const Frame& frame) {
     front_offset_ = ec ? 0 : n;
   }
   queue_.push_back(frame);
-  if (!writing_) write_next();
+  if (ready_ && !writing_) write_next();
 }
 
 void Session::write_next() {
@@ -137,8 +181,8 @@ void Session::write_next() {
   Frame frame = queue_.front();
   const std::size_t offset = front_offset_;
   front_offset_ = 0;
-  asio::async_write(socket_, asio::buffer(frame->data() + offset, frame->size() - offset),
-                    [self = shared_from_this(), frame](boost::system::error_code ec, std::size_t) {
+  stream_->async_write(asio::buffer(frame->data() + offset, frame->size() - offset),
+                       [self = shared_from_this(), frame](const boost::system::error_code& ec, std::size_t) {
                       if (self->phase_ == Phase::Closed) return;
                       self->queued_bytes_ -= frame->size();
                       self->queue_.pop_front();
@@ -162,15 +206,13 @@ void Session::close_after_flush() {
   close_when_flushed_ = true;
   deadline_armed_ = false;
   set_deadline(1.0);  // a peer that never reads its error is cut off
-  if (!writing_) close("closed by the server");
+  if (!writing_ && (ready_ || queue_.empty())) close("closed by the server");
 }
 
 void Session::close(const std::string& why) {
   if (phase_ == Phase::Closed) return;
   phase_ = Phase::Closed;
-  boost::system::error_code ec;
-  socket_.shutdown(tcp::socket::shutdown_both, ec);
-  socket_.close(ec);
+  stream_->close();
   timer_.cancel();
   queue_.clear();
   handler_.on_closed(*this, why);

@@ -1,4 +1,5 @@
-// One rendezvous connection on the server side: its socket, read buffers and write queue.
+// One rendezvous connection on the server side: its stream (plain TCP or TLS, rendezvous/stream.h),
+// read buffers and write queue.
 //
 // Created by the Server on accept, owned by the SessionManager (and by its own pending async
 // operations through shared_from_this); lives until the socket closes. All calls happen on the
@@ -16,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "rendezvous/protocol.h"
+#include "rendezvous/stream.h"
 
 namespace ddp::rdzv {
 
@@ -44,11 +46,12 @@ class Session : public std::enable_shared_from_this<Session> {
  public:
   enum class Phase { Handshake, Authenticated, Closing, Closed };
 
-  Session(boost::asio::ip::tcp::socket socket, std::uint64_t id, SessionHandler& handler, SessionLimits limits);
+  Session(std::unique_ptr<Stream> stream, std::uint64_t id, SessionHandler& handler, SessionLimits limits);
 
-  // Starts reading; the deadline fires on_deadline after `deadline_s` unless extended.
+  // Starts the TLS handshake (when the stream is TLS), then reading; the deadline fires
+  // on_deadline after `deadline_s` unless extended (it covers a stalled handshake too).
   void start(double deadline_s);
-  // Queues one frame.
+  // Queues one frame (written once the handshake is done).
   void send(const Frame& frame);
   // Sends an error message, then closes once it is written (at most ~1 s later).
   void fail(const std::string& code, const std::string& message);
@@ -67,6 +70,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::string job_id;      // from hello
   std::string nonce;       // the challenge sent to this connection (hex)
   bool member = false;     // joined a job: the state machine watches its heartbeats
+  bool greeted = false;        // sent its greeting (optional, at most one, before hello)
   bool authenticated = false;  // said a valid hello or status
   bool all_jobs = true;        // status shows every job (open server or cluster secret), else job_id's
 
@@ -76,7 +80,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void write_next();
   void arm_deadline();
 
-  boost::asio::ip::tcp::socket socket_;
+  std::unique_ptr<Stream> stream_;
   boost::asio::steady_timer timer_;
   std::uint64_t id_;
   SessionHandler& handler_;
@@ -90,6 +94,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::size_t queued_bytes_ = 0;
   std::size_t front_offset_ = 0;  // bytes of queue_.front() already written directly
   bool writing_ = false;
+  bool ready_ = false;  // the handshake is done: frames may be written
   bool close_when_flushed_ = false;
   std::chrono::steady_clock::time_point deadline_;
   bool deadline_armed_ = false;

@@ -1,5 +1,6 @@
 #include "rendezvous/status.h"
 
+#include <algorithm>
 #include <ctime>
 
 #include <cstdio>
@@ -20,7 +21,7 @@ namespace asio = boost::asio;
 using asio::ip::tcp;
 
 StatusResult query_status(const std::string& endpoint, const std::string& token, double timeout_s,
-                          const std::string& job_id) {
+                          const std::string& job_id, const std::shared_ptr<TlsContext>& tls) {
   StatusResult result;
   std::string host;
   unsigned short port = 0;
@@ -34,28 +35,46 @@ StatusResult query_status(const std::string& endpoint, const std::string& token,
   asio::io_context io(1);
   tcp::resolver resolver(io);
   tcp::socket socket(io);
+  std::unique_ptr<Stream> stream;  // the connection once connected (plain or TLS)
+  const auto close_connection = [&] {
+    boost::system::error_code ignored;
+    if (stream) {
+      stream->close();
+    } else {
+      socket.close(ignored);
+    }
+  };
   asio::steady_timer timer(io);
   FrameReader reader(256u << 20);  // a status reply of 10,000 nodes is large
   std::vector<char> buf(65536);
   std::string payload;
   Frame request;
-  const std::string where = "rendezvous " + endpoint;
+  const std::string where = "rendezvous " + host + ":" + std::to_string(port);
+  // Until the peer proved to be a rendezvous server (check_server_start): what it sent so far.
+  bool connected = false;
+  bool identified = false;
+  std::string start_bytes;
+  const Frame greeting = encode_greeting();
 
   timer.expires_after(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
       std::chrono::duration<double>(timeout_s)));
   timer.async_wait([&](boost::system::error_code ec) {
     if (ec) return;
-    if (result.error.empty() && result.status.is_null()) result.error = where + ": no answer within " +
-                                                                        std::to_string(timeout_s) + " s";
-    boost::system::error_code ignored;
+    if (result.error.empty() && result.status.is_null()) {
+      char secs[32];
+      std::snprintf(secs, sizeof secs, "%g s", timeout_s);
+      result.error = !connected    ? "connect to " + where + ": no answer within " + secs
+                     : !identified ? where + " accepted the connection but sent no ddp-rendezvous challenge within " +
+                                         secs + ": is another service listening there?"
+                                   : where + ": no status reply within " + secs;
+    }
     resolver.cancel();
-    socket.close(ignored);
+    close_connection();
   });
   auto finish = [&](const std::string& error) {
     if (result.error.empty()) result.error = error;
     timer.cancel();
-    boost::system::error_code ignored;
-    socket.close(ignored);
+    close_connection();
   };
   // Handles one message; returns false when the query is over.
   auto on_message = [&](Message& m) -> bool {
@@ -66,7 +85,7 @@ StatusResult query_status(const std::string& endpoint, const std::string& token,
         h.client_nonce = random_hex();
         if (!token.empty()) h.proof = auth_proof(token, "status", std::get<Challenge>(m.body).nonce, h.client_nonce, job_id);
         request = encode(make_status_request(h));
-        asio::async_write(socket, asio::buffer(*request), [&](boost::system::error_code ec, std::size_t) {
+        stream->async_write(asio::buffer(*request), [&](const boost::system::error_code& ec, std::size_t) {
           if (ec) finish("send to " + where + ": " + ec.message());
         });
         return true;
@@ -86,7 +105,13 @@ StatusResult query_status(const std::string& endpoint, const std::string& token,
     }
   };
   std::function<void()> read_more = [&]() {
-    socket.async_read_some(asio::buffer(buf), [&](boost::system::error_code ec, std::size_t n) {
+    stream->async_read_some(asio::buffer(buf), [&](const boost::system::error_code& ec, std::size_t n) {
+      if (!identified && (!ec || ec == asio::error::eof || !start_bytes.empty())) {
+        if (!ec) start_bytes.append(buf.data(), std::min(n, kFrameHeaderBytes + kMaxChallengeBytes + 1));
+        const ServerCheck check = check_server_start(start_bytes, static_cast<bool>(ec));
+        if (check.verdict == ServerCheck::Verdict::refuse) return finish(where + " " + check.reason);
+        identified = check.verdict == ServerCheck::Verdict::rendezvous;
+      }
       if (ec) return finish("read from " + where + ": " + ec.message());
       reader.feed(buf.data(), n);
       while (true) {
@@ -101,10 +126,17 @@ StatusResult query_status(const std::string& endpoint, const std::string& token,
     });
   };
   resolver.async_resolve(host, std::to_string(port), [&](boost::system::error_code ec, tcp::resolver::results_type r) {
-    if (ec) return finish(where + ": resolve " + host + ": " + ec.message());
+    if (ec) return finish("resolve " + host + " (for " + where + "): " + ec.message());
     asio::async_connect(socket, r, [&](boost::system::error_code ec2, const tcp::endpoint&) {
       if (ec2) return finish("connect to " + where + ": " + ec2.message());
-      read_more();
+      connected = true;
+      stream = make_client_stream(std::move(socket), tls, host);
+      stream->async_handshake([&](const boost::system::error_code& ec3) {
+        if (ec3) return finish(where + ": " + describe_tls_failure(ec3, true));
+        // Said at once, so that a service that is not a rendezvous server answers (and is named).
+        // Read once it is written (a failed write shows in the read): writes never overlap.
+        stream->async_write(asio::buffer(*greeting), [&](const boost::system::error_code&, std::size_t) { read_more(); });
+      });
     });
   });
   io.run();

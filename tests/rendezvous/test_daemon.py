@@ -15,6 +15,7 @@ import time
 import unittest
 
 BIN = os.path.join(os.environ.get("DDPLAUNCH_BUILD_DIR", "build"), "bin", "ddp-rendezvous")
+PROTOCOL = 3  # rendezvous/protocol.h kProtocolVersion
 
 
 def frame(msg):
@@ -97,7 +98,7 @@ def hello(sock, job, token="", role="hello"):
     """Answers the server's challenge like an agent; returns (server_nonce, client_nonce)."""
     challenge = recv_type(sock, "challenge")
     client_nonce = os.urandom(16).hex()
-    msg = {"type": role, "protocol_version": 2, "client_nonce": client_nonce,
+    msg = {"type": role, "protocol_version": PROTOCOL, "client_nonce": client_nonce,
            "proof": proof(token, role, challenge["nonce"], client_nonce, job) if token else ""}
     if job:
         msg["job_id"] = job
@@ -249,7 +250,7 @@ class DaemonTest(unittest.TestCase):
         self.addCleanup(b.close)
         recv_type(b, "challenge")
         nonce_a = recv_type(a, "challenge")["nonce"]
-        b.sendall(frame({"type": "hello", "protocol_version": 2, "job_id": "train", "client_nonce": "c",
+        b.sendall(frame({"type": "hello", "protocol_version": PROTOCOL, "job_id": "train", "client_nonce": "c",
                          "proof": proof("s3cret", "hello", nonce_a, "c", "train")}))
         expect_error(b, "bad_token")
         honest = join(self.daemon.port, "train", "honest", "s3cret")
@@ -282,11 +283,15 @@ class FakeServer:
 
     def accept_hello(self):
         conn, _ = self.listener.accept()
-        conn.sendall(frame({"type": "challenge", "protocol_version": 2, "nonce": self.nonce}))
+        conn.sendall(frame({"type": "challenge", "protocol_version": PROTOCOL, "nonce": self.nonce,
+                            "magic": "ddp-rendezvous"}))
         conn.settimeout(30)
-        (n,) = struct.unpack(">I", self._exact(conn, 4))
-        body = self._exact(conn, n)
-        return conn, json.loads(body)
+        while True:  # the client's greeting comes first, then its answer to the challenge
+            (n,) = struct.unpack(">I", self._exact(conn, 4))
+            msg = json.loads(self._exact(conn, n))
+            if msg["type"] != "greeting":
+                return conn, msg
+            assert (msg["magic"], msg["protocol_version"]) == ("ddp-rendezvous", PROTOCOL), msg
 
     def _exact(self, conn, n):
         buf = b""
@@ -347,7 +352,7 @@ class ClientProofTest(unittest.TestCase):
                                                        hello_msg["client_nonce"], "victim"))
             self.assertNotIn(self.secret.encode(), self.fake.raw)
             # A fake server without the secret answers welcome with a made-up proof.
-            conn.sendall(frame({"type": "welcome", "protocol_version": 2, "proof": "00" * 32}))
+            conn.sendall(frame({"type": "welcome", "protocol_version": PROTOCOL, "proof": "00" * 32}))
             out, _ = proc.communicate(timeout=60)
             self.assertEqual(proc.returncode, 3, out)
             self.assertIn("could not prove it knows this job's secret", out)
@@ -532,12 +537,269 @@ class HostileClientTest(unittest.TestCase):
         self.assert_still_serves()
 
     def test_server_messages_and_garbage_types_from_a_client_are_refused(self):
-        for bad in ({"type": "round", "assignment": {}}, {"type": "hello", "protocol_version": 2, "job_id": "x"},
+        for bad in ({"type": "round", "assignment": {}}, {"type": "hello", "protocol_version": PROTOCOL, "job_id": "x"},
                     {"type": "join", "node": "not an object"}, {"type": "failure", "failure": {"rank": "zero"}}):
             s = self.attacker()
             s.sendall(frame(bad))
             recv_type(s, "error")
         self.assert_still_serves()
+
+    def test_greetings_of_another_protocol_or_version_or_twice_are_refused(self):
+        for bad, code in (({"type": "greeting", "protocol_version": PROTOCOL, "magic": "redis"}, "bad_message"),
+                          ({"type": "greeting", "protocol_version": 2, "magic": "ddp-rendezvous"}, "version_mismatch"),
+                          ({"type": "greeting", "magic": "ddp-rendezvous"}, "bad_message")):
+            s = socket.create_connection(("127.0.0.1", self.daemon.port), timeout=5)
+            self.addCleanup(s.close)
+            s.sendall(frame(bad))
+            expect_error(s, code)
+        s = socket.create_connection(("127.0.0.1", self.daemon.port), timeout=5)
+        self.addCleanup(s.close)
+        good = {"type": "greeting", "protocol_version": PROTOCOL, "magic": "ddp-rendezvous"}
+        s.sendall(frame(good) + frame(good))
+        self.assertIn("got \"greeting\"", expect_error(s, "bad_message")["message"])
+        self.assert_still_serves()
+
+
+def python_with_http_server():
+    """The interpreter that runs this test (any python has http.server)."""
+    import sys
+    return sys.executable or "/usr/bin/python3"
+
+
+class OtherServiceTest(unittest.TestCase):
+    """Issue 17: a client that reached some other service on the endpoint names it at once (exit 3),
+    instead of waiting out join_timeout or reporting a frame of 1213486160 bytes."""
+
+    def start_http_server(self):
+        proc = subprocess.Popen([python_with_http_server(), "-u", "-m", "http.server", "--bind", "127.0.0.1", "0"],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                cwd=tempfile.gettempdir())
+        def stop():
+            proc.kill()
+            proc.wait(timeout=10)
+            proc.stdout.close()
+        self.addCleanup(stop)
+        line = proc.stdout.readline()  # "Serving HTTP on 127.0.0.1 port 41234 (...) ..." (bounded by stop())
+        m = re.search(r"port (\d+)", line)
+        if not m:
+            self.fail("http.server did not start: " + line)
+        return int(m.group(1))
+
+    def run_bounded(self, args, deadline_s):
+        """Runs a client; it must have exited within deadline_s (else the test fails)."""
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            out, _ = proc.communicate(timeout=deadline_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
+            self.fail(f"{args[0]} was still running after {deadline_s} s: {out}")
+        return proc.returncode, out
+
+    def test_status_against_an_http_server_names_it_within_5_s(self):
+        port = self.start_http_server()
+        rc, out = self.run_bounded([BIN, "status", "--endpoint", f"127.0.0.1:{port}", "--timeout", "30"], 5)
+        self.assertEqual(rc, 3, out)
+        self.assertIn(f"127.0.0.1:{port} is not a ddp-rendezvous server (it answered '", out)
+        self.assertIn("<!DOCTYPE HTML>", out)  # http.server's error page, quoted
+        self.assertNotIn("exceeds the limit", out)
+
+    def test_an_agent_against_an_http_server_exits_3_within_5_s(self):
+        if not os.path.exists(DDPLAUNCH):
+            self.skipTest("ddplaunch is not built")
+        port = self.start_http_server()
+        rc, out = self.run_bounded([DDPLAUNCH, "--nnodes=2", "--nproc_per_node=1", "--rdzv_backend=c10d",
+                                    f"--rdzv_endpoint=127.0.0.1:{port}",
+                                    "--rdzv_id=j", "--rdzv_conf=join_timeout=60", "--env_check=off", "--no_python",
+                                    "/bin/true"], 5)
+        self.assertEqual(rc, 3, out)
+        self.assertIn(f"127.0.0.1:{port} is not a ddp-rendezvous server (it answered '", out)
+
+    def test_a_silent_service_is_named_with_its_port(self):
+        silent = socket.socket()
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # the kernel completes connections; nobody ever answers
+        self.addCleanup(silent.close)
+        port = silent.getsockname()[1]
+        rc, out = self.run_bounded([BIN, "status", "--endpoint", f"127.0.0.1:{port}", "--timeout", "2"], 30)
+        self.assertEqual(rc, 3, out)
+        self.assertIn(f"127.0.0.1:{port} accepted the connection but sent no ddp-rendezvous challenge", out)
+        if os.path.exists(DDPLAUNCH):
+            rc, out = self.run_bounded([DDPLAUNCH, "--nnodes=2", "--nproc_per_node=1", "--rdzv_backend=c10d",
+                                        f"--rdzv_endpoint=127.0.0.1:{port}", "--rdzv_id=j",
+                                        "--rdzv_conf=join_timeout=4", "--env_check=off", "--no_python", "/bin/true"],
+                                       60)
+            self.assertEqual(rc, 3, out)
+            self.assertIn(f"127.0.0.1:{port} accepted the connection but sent no ddp-rendezvous challenge", out)
+
+    def test_a_server_of_an_older_protocol_is_named_as_such(self):
+        fake = FakeServer()
+        self.addCleanup(fake.close)
+        proc = subprocess.Popen([BIN, "status", "--endpoint", f"127.0.0.1:{fake.port}", "--timeout", "20"],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            conn, _ = fake.listener.accept()
+            self.addCleanup(conn.close)
+            conn.sendall(frame({"type": "challenge", "protocol_version": 2, "nonce": fake.nonce}))  # version 2
+            out, _ = proc.communicate(timeout=30)
+            self.assertEqual(proc.returncode, 3, out)
+            self.assertIn(f"127.0.0.1:{fake.port} is a ddp-rendezvous server of protocol version 2; this program "
+                          f"speaks version {PROTOCOL}", out)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+    def test_a_refused_connection_names_host_and_port(self):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()
+        r = subprocess.run([BIN, "status", "--endpoint", f"127.0.0.1:{port}"], capture_output=True, text=True,
+                           timeout=30)
+        self.assertEqual(r.returncode, 3)
+        self.assertIn(f"127.0.0.1:{port}: Connection refused", r.stderr)
+
+
+class TlsTest(unittest.TestCase):
+    """TLS (issue 11 item 2, docs/security.md) with a throwaway CA made by the openssl CLI."""
+
+    @classmethod
+    def setUpClass(cls):
+        if not shutil.which("openssl"):
+            raise unittest.SkipTest("no openssl command to make test certificates")
+        cls.dir = tempfile.mkdtemp(prefix="ddp_tls_")
+
+        def openssl(*args):
+            subprocess.run(["openssl", *args], cwd=cls.dir, check=True, capture_output=True, timeout=60)
+
+        key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+        for ca in ("ca", "other_ca"):
+            openssl("req", "-x509", *key, "-keyout", ca + ".key", "-out", ca + ".pem", "-days", "2",
+                    "-subj", "/CN=ddplaunch test " + ca)
+        for name, san in (("server", "IP:127.0.0.1,DNS:localhost"), ("client", "DNS:client"),
+                          ("elsewhere", "DNS:elsewhere.example")):
+            openssl("req", *key, "-keyout", name + ".key", "-out", name + ".csr", "-subj", "/CN=" + name)
+            with open(os.path.join(cls.dir, name + ".ext"), "w") as f:
+                f.write("subjectAltName=%s\n" % san)
+            openssl("x509", "-req", "-in", name + ".csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+                    "-out", name + ".pem", "-days", "2", "-extfile", name + ".ext")
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.dir, ignore_errors=True)
+
+    def path(self, name):
+        return os.path.join(self.dir, name)
+
+    def tls_daemon(self, cert="server", *extra):
+        d = Daemon("--tls_cert", self.path(cert + ".pem"), "--tls_key", self.path(cert + ".key"), *extra)
+        self.addCleanup(d.stop)
+        return d
+
+    def test_status_over_tls_checks_the_servers_certificate(self):
+        d = self.tls_daemon()
+        self.assertIn("(TLS)", d.text())
+        r = status(d.port, "--tls_ca", self.path("ca.pem"))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("no jobs", r.stdout)
+        r = status(d.port, "--tls_ca", self.path("other_ca.pem"))
+        self.assertEqual(r.returncode, 3, r.stderr)
+        self.assertIn(f"127.0.0.1:{d.port}: the server's certificate is not trusted", r.stderr)
+        # The CA may also come from the environment.
+        r = subprocess.run([BIN, "status", "--endpoint", f"127.0.0.1:{d.port}"], capture_output=True, text=True,
+                           timeout=30, env=dict(os.environ, DDPLAUNCH_RDZV_TLS_CA=self.path("ca.pem")))
+        self.assertEqual(r.returncode, 0, r.stderr)
+
+    def test_a_certificate_for_another_host_is_refused(self):
+        d = self.tls_daemon("elsewhere")
+        r = status(d.port, "--tls_ca", self.path("ca.pem"))
+        self.assertEqual(r.returncode, 3, r.stderr)
+        self.assertIn("not trusted", r.stderr)
+
+    def test_plaintext_and_tls_peers_refuse_each_other_clearly(self):
+        d = self.tls_daemon()
+        r = status(d.port)
+        self.assertEqual(r.returncode, 3, r.stderr)
+        self.assertIn(f"127.0.0.1:{d.port} refused the connection: this rendezvous server speaks TLS only", r.stderr)
+        if os.path.exists(DDPLAUNCH):  # an agent without tls_ca is refused at once too (exit 3)
+            r = self.run_agent(d.port, "")
+            self.assertEqual(r.returncode, 3, r.stdout + r.stderr)
+            self.assertIn("speaks TLS only", r.stdout + r.stderr)
+        plain = Daemon()
+        self.addCleanup(plain.stop)
+        r = status(plain.port, "--tls_ca", self.path("ca.pem"))
+        self.assertEqual(r.returncode, 3, r.stderr)
+        self.assertIn(f"127.0.0.1:{plain.port}", r.stderr)
+        self.assertRegex(r.stderr, "does not speak TLS|closed the connection during the TLS handshake")
+        # Both daemons still serve their own kind.
+        self.assertEqual(status(d.port, "--tls_ca", self.path("ca.pem")).returncode, 0)
+        self.assertEqual(status(plain.port).returncode, 0)
+
+    def test_client_certificates_when_the_server_requires_them(self):
+        d = self.tls_daemon("server", "--tls_client_ca", self.path("ca.pem"))
+        r = status(d.port, "--tls_ca", self.path("ca.pem"))
+        self.assertEqual(r.returncode, 3, r.stderr)
+        r = status(d.port, "--tls_ca", self.path("ca.pem"), "--tls_cert", self.path("client.pem"), "--tls_key",
+                   self.path("client.key"))
+        self.assertEqual(r.returncode, 0, r.stderr)
+
+    def test_garbage_and_silence_on_a_tls_port_do_not_stop_the_daemon(self):
+        d = self.tls_daemon()
+        junk = socket.create_connection(("127.0.0.1", d.port), timeout=5)
+        self.addCleanup(junk.close)
+        junk.sendall(b"\x16\x03\x01\xff\xff" + os.urandom(4096))
+        silent = socket.create_connection(("127.0.0.1", d.port), timeout=5)
+        self.addCleanup(silent.close)
+        r = status(d.port, "--tls_ca", self.path("ca.pem"))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIsNone(d.proc.poll())
+
+    def test_unusable_certificate_files_are_usage_errors(self):
+        r = subprocess.run([BIN, "--port", "0", "--tls_cert", self.path("missing.pem"), "--tls_key",
+                            self.path("server.key")], capture_output=True, text=True, timeout=30)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("missing.pem", r.stderr)
+        r = subprocess.run([BIN, "--port", "0", "--tls_cert", self.path("server.pem"), "--tls_key",
+                            self.path("client.key")], capture_output=True, text=True, timeout=30)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("--tls_key=" + self.path("client.key"), r.stderr)  # not the key of server.pem
+
+    def run_agent(self, port, conf):
+        """A one-node job through the daemon at `port`, with `conf` in --rdzv_conf (join_timeout 30 unless set)."""
+        if "join_timeout" not in conf:
+            conf = ",".join(c for c in ("join_timeout=30", conf) if c)
+        return subprocess.run([DDPLAUNCH, "--nnodes=1", "--nproc_per_node=2", "--rdzv_backend=c10d",
+                               f"--rdzv_endpoint=127.0.0.1:{port}", "--rdzv_id=tls-job",
+                               "--rdzv_conf", conf, "--env_check=off", "--no_python",
+                               "/bin/true"], capture_output=True, text=True, timeout=120)
+
+    def test_an_agent_with_tls_never_hosts_a_plaintext_server_and_standalone_ignores_tls(self):
+        if not os.path.exists(DDPLAUNCH):
+            self.skipTest("ddplaunch is not built")
+        free = socket.socket()
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+        free.close()
+        # Without TLS this agent would host the rendezvous itself and succeed; with it, it waits
+        # for a ddp-rendezvous --tls_cert that never comes.
+        r = self.run_agent(port, "join_timeout=3,tls_ca=" + self.path("ca.pem"))
+        self.assertEqual(r.returncode, 3, r.stdout + r.stderr)
+        self.assertNotIn("hosting the rendezvous server in-process", r.stdout + r.stderr)
+        r = subprocess.run([DDPLAUNCH, "--standalone", "--nproc_per_node=2", "--env_check=off", "--no_python",
+                            "/bin/true"], capture_output=True, text=True, timeout=120,
+                           env=dict(os.environ, DDPLAUNCH_RDZV_TLS_CA=self.path("ca.pem")))
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+
+    def test_a_job_runs_over_tls_and_a_wrong_ca_fails_it_with_exit_3(self):
+        if not os.path.exists(DDPLAUNCH):
+            self.skipTest("ddplaunch is not built")
+        d = self.tls_daemon()
+        r = self.run_agent(d.port, "tls_ca=" + self.path("ca.pem"))
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        r = self.run_agent(d.port, "tls_ca=" + self.path("other_ca.pem"))
+        self.assertEqual(r.returncode, 3, r.stdout + r.stderr)
+        self.assertIn("the server's certificate is not trusted", r.stdout + r.stderr)
 
 
 if __name__ == "__main__":

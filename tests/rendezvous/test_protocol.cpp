@@ -247,6 +247,74 @@ TEST_CASE("the first message must be hello or status with our version and, for h
   CHECK(check_first_message(make_hello(Hello{}))->code == "bad_message");
 }
 
+TEST_CASE("the greeting carries the magic and our version in one frame that ends a line") {
+  const Frame g = encode_greeting();
+  FrameReader reader;
+  reader.feed(g->data(), g->size());
+  std::string payload;
+  REQUIRE(reader.next(payload) == FrameReader::Result::frame);
+  CHECK(payload.substr(payload.size() - 2) == "\r\n");  // line-based services answer it
+  Decoded d = decode(payload);
+  REQUIRE_FALSE(d.error);
+  REQUIRE(d.message->type == MessageType::greeting);
+  CHECK_FALSE(check_greeting(std::get<Greeting>(d.message->body)));
+  Greeting old;
+  old.protocol_version = 2;
+  REQUIRE(check_greeting(old));
+  CHECK(check_greeting(old)->code == "version_mismatch");
+  Greeting other;
+  other.magic = "redis";
+  CHECK(check_greeting(other)->code == "bad_message");
+  CHECK(is_client_message(MessageType::greeting));
+}
+
+TEST_CASE("a client names a peer that is not a rendezvous server from its first bytes") {
+  using V = ServerCheck::Verdict;
+  // A rendezvous server's challenge, fed a byte at a time: undecided until it is whole.
+  const Frame challenge = encode(make_challenge("abcd"));
+  for (std::size_t n = 1; n < challenge->size(); ++n) {
+    INFO("after " << n << " bytes");
+    CHECK(check_server_start(std::string_view(*challenge).substr(0, n)).verdict == V::need_more);
+  }
+  CHECK(check_server_start(*challenge).verdict == V::rendezvous);
+  // HTTP answers (status line or an HTML page) are refused from their first byte, and quoted.
+  ServerCheck http = check_server_start("HTTP/1.0 400 Bad request\r\nServer: x\r\n");
+  CHECK(http.verdict == V::refuse);
+  CHECK(http.reason == "is not a ddp-rendezvous server (it answered 'HTTP/1.0 400 Bad request Server: x ')");
+  CHECK(check_server_start("<").verdict == V::refuse);
+  // A framed answer that is not a challenge, or too long to be one, or not JSON.
+  CHECK(check_server_start(*encode(make_welcome())).verdict == V::refuse);
+  CHECK(check_server_start(std::string("\0\1\0\0", 4)).verdict == V::refuse);
+  CHECK(check_server_start(std::string("\0\0\0\5hello", 9)).verdict == V::refuse);
+  // A challenge without the magic, of an older protocol: named as an older rendezvous server.
+  json old = to_json(make_challenge("abcd"));
+  old.erase("magic");
+  old["protocol_version"] = 2;
+  ServerCheck older = check_server_start(*encode_frame(old));
+  CHECK(older.verdict == V::refuse);
+  CHECK(older.reason.find("ddp-rendezvous server of protocol version 2; this program speaks version 3") !=
+        std::string::npos);
+  json nomagic = to_json(make_challenge("abcd"));
+  nomagic["magic"] = "other";
+  CHECK(check_server_start(*encode_frame(nomagic)).verdict == V::refuse);
+  // A rendezvous server refusing at once (a TLS-only server to a plaintext client) is quoted.
+  ServerCheck refused = check_server_start(*encode(make_error("tls_required", "speaks TLS only")));
+  CHECK(refused.verdict == V::refuse);
+  CHECK(refused.reason == "refused the connection: speaks TLS only [tls_required]");
+  // A TLS record (a TLS server's alert) is named as TLS.
+  CHECK(check_server_start(std::string("\x15\x03\x03\x00\x02\x02\x46", 7)).reason.find("speaks TLS") == 0);
+  // Closed: before a word, or after part of something else.
+  CHECK(check_server_start("", true).verdict == V::refuse);
+  CHECK(check_server_start("", false).verdict == V::need_more);
+  CHECK(check_server_start(std::string("\0\0", 2), true).verdict == V::refuse);
+}
+
+TEST_CASE("excerpts of a peer's answer are printable, short and single-spaced") {
+  CHECK(printable_excerpt("a\r\n  b\tc") == "a b c");
+  CHECK(printable_excerpt(std::string("\0\x7f\\", 3)) == "\\x00\\x7f\\x5c");
+  CHECK(printable_excerpt(std::string(100, 'x'), 10) == std::string(10, 'x') + "...");
+}
+
 TEST_CASE("proofs depend on the secret, the role, both nonces and the job") {
   const std::string p = auth_proof("s3cret", "hello", "n1", "c1", "job");
   CHECK(p.size() == 64);

@@ -1,0 +1,119 @@
+// The worker group's containment (agent/containment.*) with real processes: which workers prove
+// that the group's cgroup works. Skipped, with the reason printed, where no cgroup can be made.
+#include <doctest/doctest.h>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <functional>
+#include <thread>
+
+#include "agent/containment.h"
+
+using namespace ddp::agent;
+
+namespace {
+
+bool wait_until(const std::function<bool()>& condition, std::chrono::seconds deadline) {
+  const auto end = std::chrono::steady_clock::now() + deadline;
+  while (std::chrono::steady_clock::now() < end) {
+    if (condition()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return condition();
+}
+
+// Forks a child that joins the cgroup (as a worker does between fork and exec) when `join`,
+// then exits at once when `exit_now`, else waits to be killed. Async-signal-safe calls only.
+pid_t fork_worker(const Containment& c, bool join, bool exit_now) {
+  const int procs = c.cgroup_procs_fd();
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    if (join) (void)!::write(procs, "0", 1);
+    if (exit_now) ::_exit(0);
+    for (;;) ::pause();
+  }
+  return pid;
+}
+
+void end(pid_t pid) {
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+}
+
+}  // namespace
+
+TEST_SUITE("the worker group is contained") {
+  TEST_CASE("a first worker that has already exited does not make the agent give up its cgroup") {
+    Containment c;
+    if (c.cgroup_dir().empty()) {
+      MESSAGE("skipped: no cgroup for the worker group here: " << c.cgroup_problem());
+      return;
+    }
+    const pid_t quick = fork_worker(c, true, true);
+    REQUIRE(quick > 0);
+    // A zombie's /proc/PID/cgroup reads "0::/", as if it had never joined.
+    REQUIRE(wait_until([&] { return process_state(quick) == 'Z'; }, std::chrono::seconds(10)));
+    c.check_member(quick);
+    CHECK(c.cgroup_problem().empty());
+    CHECK(c.cgroup_procs_fd() >= 0);
+    ::waitpid(quick, nullptr, 0);
+    // The next worker, running, decides: it joined, so the cgroup is kept.
+    const pid_t running = fork_worker(c, true, false);
+    REQUIRE(running > 0);
+    REQUIRE(wait_until([&] { return process_state(running) == 'S'; }, std::chrono::seconds(10)));
+    c.check_member(running);
+    CHECK(c.cgroup_problem().empty());
+    CHECK(c.cgroup_procs_fd() >= 0);
+    end(running);
+  }
+
+  TEST_CASE("a running first worker outside the cgroup makes the agent fall back to the marker") {
+    Containment c;
+    if (c.cgroup_dir().empty()) {
+      MESSAGE("skipped: no cgroup for the worker group here: " << c.cgroup_problem());
+      return;
+    }
+    const pid_t outside = fork_worker(c, false, false);
+    REQUIRE(outside > 0);
+    REQUIRE(wait_until([&] { return process_state(outside) == 'S'; }, std::chrono::seconds(10)));
+    c.check_member(outside);
+    CHECK(c.cgroup_problem().find("did not join cgroup") != std::string::npos);
+    CHECK(c.cgroup_procs_fd() == -1);
+    end(outside);
+  }
+
+  TEST_CASE("workers forked after the cgroup was killed (a restart) start and run inside it") {
+    Containment c;
+    if (c.cgroup_dir().empty()) {
+      MESSAGE("skipped: no cgroup for the worker group here: " << c.cgroup_problem());
+      return;
+    }
+    for (int round = 0; round < 3; ++round) {
+      INFO("round " << round);
+      const pid_t pid = c.fork_worker();
+      if (pid == 0) {
+        for (;;) ::pause();
+      }
+      REQUIRE(pid > 0);
+      c.watch_group(pid);
+      // Alive and waiting (not killed at birth), and inside the worker group's cgroup.
+      REQUIRE(wait_until([&] { return process_state(pid) == 'S'; }, std::chrono::seconds(10)));
+      c.check_member(pid);
+      CHECK(c.cgroup_problem().empty());
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+      c.kill_all();  // what the agent does after each round: cgroup.kill
+    }
+  }
+
+  TEST_CASE("the state of a process that does not exist is unknown") {
+    const pid_t gone = ::fork();
+    if (gone == 0) ::_exit(0);
+    ::waitpid(gone, nullptr, 0);
+    CHECK(process_state(gone) == '\0');
+    CHECK(process_state(::getpid()) == 'R');
+  }
+}
