@@ -99,7 +99,8 @@ std::map<std::string, std::string> worker_env(const RoundEnv& round, int local_r
   env["TORCHELASTIC_ERROR_FILE"] = error_file;
   env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = inherited_or("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
   env["NCCL_ASYNC_ERROR_HANDLING"] = inherited_or("NCCL_ASYNC_ERROR_HANDLING", "1");
-  // torchrun 2.x's --signals_to_handle default, which its workers inherit.
+  // torchrun 2.x's --signals_to_handle (ddplaunch exports the flag's text, as run.py does), or
+  // its default for an agent started without the launcher.
   env["TORCHELASTIC_SIGNALS_TO_HANDLE"] =
       inherited_or("TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT");
   if (round.set_omp_num_threads) env["OMP_NUM_THREADS"] = "1";

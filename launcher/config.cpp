@@ -252,6 +252,7 @@ void resolve_fault_tolerance(const RawValues& raw, LaunchConfig& config,
   }
   if (auto g = raw.find("signals_to_handle")) {
     config.signals_to_handle = parse_signal_list(g->value, g->source);
+    config.signals_to_handle_text = g->value;
   } else {
     config.signals_to_handle = {SIGTERM, SIGINT, SIGHUP, SIGQUIT};
   }

@@ -92,6 +92,8 @@ struct LaunchConfig {
   std::string local_addr;              // --local_addr
   std::vector<int> signals_to_handle;  // resolved, never empty: default SIGTERM, SIGINT, SIGHUP,
                                        // SIGQUIT
+  std::string signals_to_handle_text = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";  // as given: the
+                                       // workers' TORCHELASTIC_SIGNALS_TO_HANDLE, as torchrun's
   std::string python = "python3";      // --python, PET_PYTHON, $PYTHON_EXEC, then python3
   EnvCheckMode env_check = EnvCheckMode::kStrict;  // --env_check (issue 6)
   std::string env_lock;                // --env_lock FILE (issue 6)

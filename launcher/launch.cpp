@@ -462,6 +462,9 @@ int launch(const LaunchConfig& config) {
                  line.c_str());
   }
   if (config.check_env) return check_env(config);
+  // torchrun's run.py exports --signals_to_handle as it was given to its workers (their
+  // @record handler reads it); the agent's workers inherit its environment.
+  ::setenv("TORCHELASTIC_SIGNALS_TO_HANDLE", config.signals_to_handle_text.c_str(), 1);
   const ResolvedProgram program = resolve_program(program_request(config));
   if (!program.note.empty()) std::fprintf(stderr, "ddplaunch: %s\n", program.note.c_str());
   // --env_check=off promises no interpreter probe at all (docs/env-check.md): no torch check then.

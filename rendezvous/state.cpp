@@ -8,13 +8,14 @@
 #include <sstream>
 
 namespace ddp::rdzv {
-namespace {
 
 std::string seconds_text(double s) {
   std::ostringstream os;
   os << s << " s";
   return os.str();
 }
+
+namespace {
 
 std::string failure_text(const WorkerFailure& f) {
   std::ostringstream os;

@@ -84,9 +84,11 @@ using RoundCheck =
 RoundCheck make_env_round_check(std::function<void(const std::string&)> log);
 
 // Makes the per-node secret a resuming node proves itself with (hex, kMinSecretChars or more).
-// The default reads std::random_device; tests may inject a deterministic one.
+// The default reads OpenSSL's generator; tests may inject a deterministic one.
 using SecretSource = std::function<std::string()>;
 std::string random_secret();
+// A duration in the state machine's messages: "2.5 s" (state.cpp and state_resume.cpp).
+std::string seconds_text(double s);
 
 class StateMachine {
  public:

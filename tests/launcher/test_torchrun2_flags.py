@@ -185,6 +185,17 @@ class TorchRun2Flags(unittest.TestCase):
         out, _ = self.workers(nproc=1, env=clean_env(PET_STANDALONE="1"))
         self.assertRegex(out[0][3], r"^[0-9a-f]{8}-[0-9a-f]{4}-4")
 
+    def test_workers_see_signals_to_handle_as_given_like_torchruns(self):
+        record = 'echo "$TORCHELASTIC_SIGNALS_TO_HANDLE" > "out/$RANK"'
+        for flags, expected in ((["--signals_to_handle=SIGUSR1,SIGTERM"], "SIGUSR1,SIGTERM"),
+                                ([], "SIGTERM,SIGINT,SIGHUP,SIGQUIT")):
+            self.reset()
+            r = self.ddplaunch("--nproc_per_node=1", *flags, "--no_python", "/bin/sh", "-c", record,
+                               env=clean_env(TORCHELASTIC_SIGNALS_TO_HANDLE="SIGHUP"))
+            self.assertEqual(r.returncode, 0, r.describe())
+            with open(os.path.join(self.tmp, "out", "0")) as f:
+                self.assertEqual(f.read().strip(), expected, r.describe())
+
     def test_torch_elastic_shutdown_timeout_and_keep_alive_keys_are_read(self):
         self.workers(nproc=1, env=clean_env(TORCH_ELASTIC_SHUTDOWN_TIMEOUT="5"))
         r = self.refused(env=clean_env(TORCH_ELASTIC_SHUTDOWN_TIMEOUT="soon"))
