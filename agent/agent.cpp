@@ -206,6 +206,29 @@ struct Agent::Impl {
   int exit_code = static_cast<int>(ExitCode::kSuccess);
   int handled_signal = 0;
   bool omp_warned = false;
+  std::uint64_t generation = 0;  // of the current (or last) round; 0 before the first
+
+  // The one place the agent records a lifecycle event (issue 15): the event log and the metrics
+  // consume it.
+  void record_event(const char* type, const std::string& cause, std::vector<int> ranks,
+                    nlohmann::json fields = nlohmann::json::object(), const std::string& message = "") {
+    if (!options.events) return;
+    metrics::Event e;
+    e.type = type;
+    e.job = options.run_id;
+    e.node = options.node.host;
+    e.generation = generation;
+    e.ranks = std::move(ranks);
+    e.cause = cause;
+    e.message = message;
+    e.fields = std::move(fields);
+    e.time = metrics::wall_time();
+    options.events->record(e);
+  }
+
+  static nlohmann::json exit_fields(const Worker& w) {
+    return {{"local_rank", w.local_rank}, {"pid", w.pid}, {"exit_code", w.status.exit_code}, {"signal", w.status.signal}};
+  }
 
   int run() {
     RendezvousEvents events;
@@ -311,6 +334,14 @@ struct Agent::Impl {
     failures.clear();
     workers.clear();
     state = State::kRunning;
+    generation = a.generation;
+    {
+      std::vector<int> ranks;
+      for (int lr = 0; lr < round.local_world_size; ++lr) ranks.push_back(a.rank_offset + lr);
+      record_event("round", "complete", std::move(ranks),
+                   {{"group_rank", a.group_rank}, {"group_world_size", a.group_world_size}, {"world_size", a.world_size},
+                    {"master", a.master_addr + ":" + std::to_string(a.master_port)}, {"restart_count", a.restart_count}});
+    }
     const auto argv = worker_argv(options.command);
     for (int lr = 0; lr < round.local_world_size; ++lr) {
       try {
@@ -397,6 +428,7 @@ struct Agent::Impl {
     for (int fd : close_after_spawn) ::close(fd);
     w.alive = true;
     for (auto& p : w.pipes) p->start();
+    record_event("worker_started", "", {w.rank}, {{"local_rank", w.local_rank}, {"pid", w.pid}});
     workers.push_back(std::move(w));
   }
 
@@ -407,6 +439,10 @@ struct Agent::Impl {
     if (it == workers.end()) return;  // not ours (or from an earlier round)
     it->alive = false;
     it->status = st;
+    // A failure is recorded with what the summary shows (record_failure); every other exit here.
+    if (state != State::kRunning || st.success()) {
+      record_event("worker_exited", state == State::kRunning ? "success" : "stopped", {it->rank}, exit_fields(*it));
+    }
     const bool all_exited = std::none_of(workers.begin(), workers.end(), [](const Worker& w) { return w.alive; });
     if (state == State::kRunning) {
       if (!st.success()) {
@@ -463,6 +499,11 @@ struct Agent::Impl {
     for (const auto& path : {w.stdout_log, w.stderr_log}) {
       if (!path.empty()) lf.log_files.push_back(path);
     }
+    nlohmann::json fields = exit_fields(w);
+    fields["error_file"] = lf.error_file;
+    fields["log_files"] = lf.log_files;
+    record_event("worker_exited", f.signal != 0 ? "signal" : "exit_code", {w.rank}, std::move(fields),
+                 f.error_file_message);
     failures.push_back(std::move(lf));
   }
 
@@ -568,6 +609,7 @@ struct Agent::Impl {
             "/status); giving up on it. It may still hold resources such as GPU memory.");
         w.alive = false;
         w.given_up = true;
+        record_event("worker_exited", "given_up", {w.rank}, exit_fields(w), "did not exit after SIGKILL");
       }
       stop_done();
     });
@@ -601,6 +643,7 @@ struct Agent::Impl {
   void on_restart(const std::string& reason, bool counted) {
     if (state == State::kDone || handled_signal) return;
     say("restarting the workers: " + reason);
+    record_event("restart", counted ? "worker_failure" : "membership", {}, {{"counted", counted}}, reason);
     when_stopped([this] { join_round(); });
   }
 
@@ -659,6 +702,12 @@ struct Agent::Impl {
   void finish(int code) {
     if (state == State::kDone) return;
     exit_code = code;
+    record_event("job_end", code == 0                                            ? "succeeded"
+                            : code == static_cast<int>(ExitCode::kJobFailed)       ? "failed"
+                            : code == static_cast<int>(ExitCode::kRendezvousFailed) ? "rendezvous_failed"
+                            : code == static_cast<int>(ExitCode::kUsage)           ? "usage"
+                                                                                   : "signal",
+                 {}, {{"exit_code", code}});
     state = State::kDone;
     drain_pipes();
     rendezvous->close();

@@ -21,6 +21,7 @@
 #include "agent/process.h"
 #include "agent/rendezvous_handler.h"
 #include "agent/worker_env.h"
+#include "metrics/event.h"
 #include "rendezvous/types.h"
 
 namespace ddp::agent {
@@ -56,6 +57,10 @@ struct AgentOptions {
   bool virtual_local_rank = false;
   // --numa_binding: the binding of each local rank (agent/numa.h); empty = none (default).
   std::vector<NumaBinding> numa_bindings;
+  // Issue 15: where the agent's lifecycle events go (round, worker_started, worker_exited with
+  // its cause, restart, job_end): the event log and the metrics. The failure summary is built
+  // from the same records. Null (default) = nowhere.
+  std::shared_ptr<metrics::EventSink> events;
 };
 
 class Agent {

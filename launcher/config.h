@@ -86,6 +86,9 @@ struct LaunchConfig {
   EnvCheckMode env_check = EnvCheckMode::kStrict;  // --env_check (issue 6)
   std::string env_lock;                // --env_lock FILE (issue 6)
   bool check_env = false;              // --check_env (issue 6)
+  std::string event_log;               // --event_log FILE ('-' = stderr); "" = none (issue 15)
+  std::optional<int> metrics_port;     // --metrics_port; unset = no metrics server (issue 15)
+  std::string metrics_addr = "127.0.0.1";  // --metrics_addr (docs/metrics.md)
   std::string program;                 // training script, module or executable
   std::vector<std::string> program_args;
 };
