@@ -17,6 +17,14 @@ HttpRequestParser::Result HttpRequestParser::feed(std::string_view bytes) {
   const std::size_t room = max_ - head_.size();
   const std::size_t before = head_.size();
   head_.append(bytes.substr(0, room));
+  // Judge the request line as soon as it is whole: garbage is answered without waiting for more.
+  if (!line_checked_) {
+    const std::size_t eol = head_.find('\n');
+    if (eol != std::string::npos) {
+      line_checked_ = true;
+      if (parse_request_line(head_.substr(0, eol)) == Result::error) return result_;
+    }
+  }
   const std::size_t from = before >= 3 ? before - 3 : 0;
   const std::size_t end = head_.find("\r\n\r\n", from);
   if (end == std::string::npos) {
@@ -36,8 +44,12 @@ HttpRequestParser::Result HttpRequestParser::feed(std::string_view bytes) {
 }
 
 HttpRequestParser::Result HttpRequestParser::parse_head() {
-  const std::size_t eol = head_.find('\n');
-  std::string line = head_.substr(0, eol);
+  const Result r = parse_request_line(head_.substr(0, head_.find('\n')));
+  if (r != Result::error) result_ = Result::complete;
+  return result_;
+}
+
+HttpRequestParser::Result HttpRequestParser::parse_request_line(std::string line) {
   if (!line.empty() && line.back() == '\r') line.pop_back();
   const std::size_t sp1 = line.find(' ');
   const std::size_t sp2 = sp1 == std::string::npos ? std::string::npos : line.find(' ', sp1 + 1);
@@ -61,8 +73,7 @@ HttpRequestParser::Result HttpRequestParser::parse_head() {
   }
   request_.method = method;
   request_.path = target.substr(0, target.find('?'));
-  result_ = Result::complete;
-  return result_;
+  return Result::complete;
 }
 
 const char* reason_phrase(int status) {

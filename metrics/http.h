@@ -32,9 +32,11 @@ class HttpRequestParser {
  private:
   Result fail(int status, std::string why);
   Result parse_head();
+  Result parse_request_line(std::string line);  // complete = valid (the head may go on)
 
   std::size_t max_;
   std::string head_;
+  bool line_checked_ = false;
   Result result_ = Result::need_more;
   HttpRequest request_;
   int status_ = 0;
