@@ -73,7 +73,7 @@ class HttpServer::Connection : public std::enable_shared_from_this<Connection> {
 };
 
 HttpServer::HttpServer(asio::io_context& io, const tcp::endpoint& endpoint, HttpServerOptions options)
-    : io_(io), options_(options), acceptor_(io) {
+    : io_(io), options_(options), acceptor_(io), retry_timer_(io) {
   acceptor_.open(endpoint.protocol());
   acceptor_.set_option(tcp::acceptor::reuse_address(true));
   acceptor_.bind(endpoint);
@@ -89,6 +89,7 @@ void HttpServer::stop() {
   stopped_ = true;
   boost::system::error_code ignored;
   acceptor_.close(ignored);
+  retry_timer_.cancel();
   for (auto& [raw, weak] : open_) {
     if (auto c = weak.lock()) c->close();
   }
@@ -98,7 +99,15 @@ void HttpServer::stop() {
 void HttpServer::accept() {
   acceptor_.async_accept([this](boost::system::error_code ec, tcp::socket socket) {
     if (stopped_ || ec == asio::error::operation_aborted) return;
-    if (!ec) {
+    if (ec) {
+      // Out of descriptors (EMFILE) or similar: try again shortly instead of spinning.
+      retry_timer_.expires_after(std::chrono::milliseconds(100));
+      retry_timer_.async_wait([this](boost::system::error_code e) {
+        if (!e && !stopped_) accept();
+      });
+      return;
+    }
+    {
       if (*live_ >= options_.max_connections) {
         boost::system::error_code ignored;
         socket.close(ignored);  // full: the client retries at its next scrape
@@ -110,7 +119,7 @@ void HttpServer::accept() {
         c->start();
       }
     }
-    accept();  // errors such as EMFILE: go on accepting (the next accept may succeed)
+    accept();
   });
 }
 

@@ -52,6 +52,7 @@ class HttpServer {
   boost::asio::io_context& io_;
   HttpServerOptions options_;
   boost::asio::ip::tcp::acceptor acceptor_;
+  boost::asio::steady_timer retry_timer_;  // after an accept error such as EMFILE
   unsigned short port_ = 0;
   std::map<std::string, Route> routes_;
   std::shared_ptr<std::size_t> live_ = std::make_shared<std::size_t>(0);
