@@ -7,7 +7,8 @@ import socket
 import time
 import unittest
 
-from metrics_helpers import (MetricsTestCase, http_get, metrics_port_from, raw_connection, read_until_closed,
+from metrics_helpers import (RENDEZVOUS, MetricsTestCase, http_get, metrics_port_from, processes, raw_connection,
+                             read_until_closed,
                              samples, wait_for)
 
 
@@ -45,6 +46,19 @@ class DaemonMetricsTest(MetricsTestCase):
         self.assertEqual(s['ddp_rendezvous_round_formation_seconds_bucket{le="+Inf"}'], 2)
         self.assertEqual(s["ddp_rendezvous_failure_to_restart_seconds_count"], 1)
         self.assertGreater(s["ddp_rendezvous_failure_to_restart_seconds_sum"], 0)
+
+    def test_bad_metrics_flags_are_refused_naming_them(self):
+        r = processes.run([RENDEZVOUS, "--host", "127.0.0.1", "--port", "0", "--metrics_port", "0",
+                           "--metrics_addr", "not-an-ip"], timeout=30)
+        self.assertEqual(r.returncode, 2, r.describe())
+        self.assertIn("--metrics_addr not-an-ip", r.stderr)
+        r = processes.run([RENDEZVOUS, "--host", "127.0.0.1", "--port", "0", "--metrics_port", "70000"], timeout=30)
+        self.assertEqual(r.returncode, 2, r.describe())
+        self.start_daemon()  # its metrics port is taken now
+        r = processes.run([RENDEZVOUS, "--host", "127.0.0.1", "--port", "0", "--metrics_port",
+                           str(self.metrics_port)], timeout=30)
+        self.assertEqual(r.returncode, 3, r.describe())
+        self.assertIn("cannot serve metrics on 127.0.0.1:%d" % self.metrics_port, r.stderr)
 
 
 class AgentMetricsTest(MetricsTestCase):
