@@ -225,6 +225,7 @@ void StateMachine::erase_if_empty(const std::string& job_id) {
       done.forgotten_at = now + retention_.keep_finished;
       done.status = job_status(job, now);
       done.status["nodes"] = job.end_nodes.is_array() ? job.end_nodes : nlohmann::json::array();
+      if (job.end_nodes_omitted > 0) done.status["nodes_omitted"] = job.end_nodes_omitted;
       if (!job.end_summary.empty()) done.status["summary"] = job.end_summary;
       finished_.push_back(std::move(done));
       while (finished_.size() > retention_.max_finished) finished_.pop_front();
@@ -255,8 +256,17 @@ void StateMachine::emit(const Job& job, const char* type, const std::string& cau
 void StateMachine::job_ended(Job& job, const std::string& summary) {
   job.ended_at = clock_.now();
   job.end_summary = summary;
-  job.end_nodes = job_status(job, job.ended_at)["nodes"];
-  for (auto& n : job.end_nodes) n["last_heartbeat_age"] = nullptr;  // no heartbeats after the end
+  // What is kept of its nodes once they are gone: the first kKeptNodeRows by group rank, without
+  // fingerprints, so that 256 kept jobs of 10,000 nodes stay a few MB (docs/rendezvous.md).
+  nlohmann::json rows = job_status(job, job.ended_at)["nodes"];
+  job.end_nodes = nlohmann::json::array();
+  for (auto& n : rows) {
+    if (job.end_nodes.size() == kKeptNodeRows) break;
+    n.erase("fingerprint");
+    n["last_heartbeat_age"] = nullptr;  // no heartbeats after the end
+    job.end_nodes.push_back(std::move(n));
+  }
+  job.end_nodes_omitted = rows.size() - job.end_nodes.size();
   emit(job, "job_end", job.state == JobState::Succeeded ? "succeeded" : "failed", "", {},
        {{"restarts_used", job.restarts_used}, {"max_restarts", job.max_restarts}}, summary);
 }

@@ -201,7 +201,9 @@ class StateMachine {
     double ended_at = 0;
     std::string end_summary;
     nlohmann::json end_nodes;
+    std::size_t end_nodes_omitted = 0;
   };
+  static constexpr std::size_t kKeptNodeRows = 64;  // node rows of a kept finished job
   // A finished job kept for status() after its last node went (issue 17).
   struct FinishedJob {
     double ended_at = 0;

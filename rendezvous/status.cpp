@@ -177,8 +177,11 @@ std::string format_watch(const nlohmann::json& status, const std::string& header
   os << line;
   for (const auto& job : jobs) {
     const std::string restarts = text_of(job, "restarts_used") + "/" + text_of(job, "max_restarts");
-    const std::string nodes = std::to_string(job.value("nodes", nlohmann::json::array()).size()) + "/" +
-                              text_of(job, "max_nodes");
+    const std::size_t listed = job.value("nodes", nlohmann::json::array()).size();
+    const std::size_t omitted = job.contains("nodes_omitted") && job.at("nodes_omitted").is_number_unsigned()
+                                    ? job.at("nodes_omitted").get<std::size_t>()
+                                    : 0;
+    const std::string nodes = std::to_string(listed + omitted) + "/" + text_of(job, "max_nodes");
     std::string ended;
     if (job.value("finished", false) && job.contains("ended_seconds_ago") && job.at("ended_seconds_ago").is_number()) {
       char text[96];

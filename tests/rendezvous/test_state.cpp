@@ -968,3 +968,22 @@ TEST_CASE("gauges count jobs and nodes by state and each job's most silent node"
   CHECK(g.nodes_by_state["running"] == 2);
   CHECK(g.oldest_heartbeat_age["job"] == doctest::Approx(4.0));
 }
+
+TEST_CASE("a kept finished job holds at most 64 node rows, without fingerprints") {
+  Fixture f;
+  const int n = 70;
+  for (int i = 0; i < n; ++i) {
+    NodeSpec s = spec("node" + std::to_string(i % 10), n, n);
+    s.fingerprint = {{"python", "3.11"}};
+    f.sm.join(static_cast<ConnId>(i + 1), s);
+  }
+  for (int i = 0; i < n; ++i) f.sm.report_success(static_cast<ConnId>(i + 1));
+  for (int i = 0; i < n; ++i) f.sm.disconnected(static_cast<ConnId>(i + 1), "closed");
+  auto jobs = f.sm.status()["jobs"];
+  REQUIRE(jobs.size() == 1);
+  CHECK(jobs[0]["finished"] == true);
+  CHECK(jobs[0]["nodes"].size() == 64);
+  CHECK(jobs[0]["nodes_omitted"] == 6);
+  CHECK(jobs[0]["nodes"][0]["group_rank"] == 0);
+  CHECK_FALSE(jobs[0]["nodes"][0].contains("fingerprint"));
+}
