@@ -263,6 +263,29 @@ struct Agent::Impl {
   bool gpu_skip_said = false;
   std::vector<int> previous_pids;
   std::set<int> stale_health_pids;  // checks abandoned for a newer one: their exits are ignored
+  std::uint64_t generation = 0;  // of the current (or last) round; 0 before the first
+
+  // The one place the agent records a lifecycle event (issue 15): the event log and the metrics
+  // consume it.
+  void record_event(const char* type, const std::string& cause, std::vector<int> ranks,
+                    nlohmann::json fields = nlohmann::json::object(), const std::string& message = "") {
+    if (!options.events) return;
+    metrics::Event e;
+    e.type = type;
+    e.job = options.run_id;
+    e.node = options.node.host;
+    e.generation = generation;
+    e.ranks = std::move(ranks);
+    e.cause = cause;
+    e.message = message;
+    e.fields = std::move(fields);
+    e.time = metrics::wall_time();
+    options.events->record(e);
+  }
+
+  static nlohmann::json exit_fields(const Worker& w) {
+    return {{"local_rank", w.local_rank}, {"pid", w.pid}, {"exit_code", w.status.exit_code}, {"signal", w.status.signal}};
+  }
 
   int run() {
     RendezvousEvents events;
@@ -405,6 +428,14 @@ struct Agent::Impl {
     monitor.reset(monotonic_seconds());
     if (file_timer) file_timer->clear();
     state = State::kRunning;
+    generation = a.generation;
+    {
+      std::vector<int> ranks;
+      for (int lr = 0; lr < round.local_world_size; ++lr) ranks.push_back(a.rank_offset + lr);
+      record_event("round", "complete", std::move(ranks),
+                   {{"group_rank", a.group_rank}, {"group_world_size", a.group_world_size}, {"world_size", a.world_size},
+                    {"master", a.master_addr + ":" + std::to_string(a.master_port)}, {"restart_count", a.restart_count}});
+    }
     const auto argv = worker_argv(options.command);
     for (int lr = 0; lr < round.local_world_size; ++lr) {
       try {
@@ -417,7 +448,7 @@ struct Agent::Impl {
         return;
       }
     }
-    if (options.hang.enabled()) schedule_progress_check();
+    if (options.hang.enabled() || options.on_progress) schedule_progress_check();
     if (!options.health_check.empty()) schedule_health_check();
   }
 
@@ -510,6 +541,7 @@ struct Agent::Impl {
     for (int fd : close_after_spawn) ::close(fd);
     w.alive = true;
     for (auto& p : w.pipes) p->start();
+    record_event("worker_started", "", {w.rank}, {{"local_rank", w.local_rank}, {"pid", w.pid}});
     workers.push_back(std::move(w));
   }
 
@@ -525,6 +557,10 @@ struct Agent::Impl {
     if (it == workers.end()) return;  // not ours (or from an earlier round)
     it->alive = false;
     it->status = st;
+    // A failure is recorded with what the summary shows (record_failure); every other exit here.
+    if (state != State::kRunning || st.success()) {
+      record_event("worker_exited", state == State::kRunning ? "success" : "stopped", {it->rank}, exit_fields(*it));
+    }
     const bool all_exited = std::none_of(workers.begin(), workers.end(), [](const Worker& w) { return w.alive; });
     if (state == State::kStopping && it->hung && !it->recorded) {
       // A hung worker that died of its dump signal after the stop began: its stacks belong in
@@ -597,6 +633,11 @@ struct Agent::Impl {
     for (const auto& path : {w.stdout_log, w.stderr_log}) {
       if (!path.empty()) lf.log_files.push_back(path);
     }
+    nlohmann::json fields = exit_fields(w);
+    fields["error_file"] = lf.error_file;
+    fields["log_files"] = lf.log_files;
+    record_event("worker_exited", f.signal != 0 ? "signal" : "exit_code", {w.rank}, std::move(fields),
+                 f.error_file_message);
     failures.push_back(std::move(lf));
   }
 
@@ -703,6 +744,7 @@ struct Agent::Impl {
             "/status); giving up on it. It may still hold resources such as GPU memory.");
         w.alive = false;
         w.given_up = true;
+        record_event("worker_exited", "given_up", {w.rank}, exit_fields(w), "did not exit after SIGKILL");
       }
       stop_done();
     });
@@ -742,6 +784,7 @@ struct Agent::Impl {
       return;
     }
     say("restarting the workers: " + reason);
+    record_event("restart", counted ? "worker_failure" : "membership", {}, {{"counted", counted}}, reason);
     when_stopped([this] { join_round(); });
   }
 
@@ -797,20 +840,24 @@ struct Agent::Impl {
 
   void sample_progress(double now) {
     for (const auto& w : workers) {
-      if (w.local_rank < board.slots()) monitor.observe(w.local_rank, board.read(w.local_rank), now);
+      if (w.local_rank >= board.slots()) continue;
+      ProgressSample sample = board.read(w.local_rank);
+      if (options.on_progress && sample.beats != 0) options.on_progress(w.local_rank, sample.step, now);
+      monitor.observe(w.local_rank, sample, now);
     }
   }
 
   // Samples often enough that a hang is declared within 2% of the timeout (at most every second).
   void schedule_progress_check() {
-    const double period =
-        options.hang.automatic ? 1.0 : std::clamp(options.hang.timeout / 50.0, 0.02, 1.0);
+    const double period = !options.hang.enabled() || options.hang.automatic
+                              ? 1.0
+                              : std::clamp(options.hang.timeout / 50.0, 0.02, 1.0);
     progress_timer.expires_after(to_duration(period));
     progress_timer.async_wait([this](const boost::system::error_code& ec) {
       if (ec || state != State::kRunning) return;
       const double now = monotonic_seconds();
       sample_progress(now);
-      auto hangs = monitor.check(now);
+      auto hangs = options.hang.enabled() ? monitor.check(now) : std::vector<Hang>{};
       if (!hangs.empty()) {
         declare_hangs(hangs);
         return;
@@ -1035,6 +1082,12 @@ struct Agent::Impl {
   void finish(int code) {
     if (state == State::kDone) return;
     exit_code = code;
+    record_event("job_end", code == 0                                            ? "succeeded"
+                            : code == static_cast<int>(ExitCode::kJobFailed)       ? "failed"
+                            : code == static_cast<int>(ExitCode::kRendezvousFailed) ? "rendezvous_failed"
+                            : code == static_cast<int>(ExitCode::kUsage)           ? "usage"
+                                                                                   : "signal",
+                 {}, {{"exit_code", code}});
     state = State::kDone;
     drain_pipes();
     rendezvous->close();

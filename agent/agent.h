@@ -22,6 +22,7 @@
 #include "agent/progress.h"
 #include "agent/rendezvous_handler.h"
 #include "agent/worker_env.h"
+#include "metrics/event.h"
 #include "rendezvous/types.h"
 
 namespace ddp::agent {
@@ -83,6 +84,14 @@ struct AgentOptions {
   bool announce_rounds = false;
   // Issue 17: the sub-directory of log_dir for this run's logs; empty (default) = run_id.
   std::string log_subdir;
+  // Issue 15: where the agent's lifecycle events go (round, worker_started, worker_exited with
+  // its cause, restart, job_end): the event log and the metrics. The failure summary is built
+  // from the same records. Null (default) = nowhere.
+  std::shared_ptr<metrics::EventSink> events;
+  // Issue 15: each sample of a worker's progress slot that has reported (local rank, its last
+  // step, monotonic seconds), at most once a second per worker without --hang_timeout (the
+  // agent's metrics: last step, steps per second). Null (default) = none.
+  std::function<void(int local_rank, int64_t step, double time)> on_progress;
 };
 
 class Agent {

@@ -312,12 +312,27 @@ void resolve_logs(const RawValues& raw, LaunchConfig& config) {
              "DefaultLogsSpecs (or default), or drop the flag");
     }
   }
+  // Issue 15: the lifecycle events and the metrics server (docs/metrics.md).
+  if (auto g = raw.find("event_log")) {
+    if (trim(g->value).empty()) refuse(g->shown() + ": give a file name, or '-' for stderr");
+    config.event_log = trim(g->value);
+  }
   if (auto g = raw.find("event_log_handler")) {
-    if (trim(g->value) != "null") {
-      refuse(g->shown() + ": names a handler of torch.distributed.elastic.events, a Python "
-             "logging hook that ddplaunch does not have (it records no torchelastic events). "
-             "Accepted: null (torchrun's default), or drop the flag");
+    // torchrun's handlers (torch.distributed.elastic.events.handlers): console logs each event,
+    // null and dynamic_rendezvous (a NullHandler) log none.
+    const std::string v = trim(g->value);
+    if (v == "console") {
+      if (config.event_log.empty()) config.event_log = "-";
+    } else if (v != "null" && v != "dynamic_rendezvous") {
+      refuse(g->shown() + ": names a handler of torch.distributed.elastic.events that ddplaunch does not "
+             "have. Accepted: null (torchrun's default), console (JSON lines on stderr), "
+             "dynamic_rendezvous (none); or --event_log=FILE");
     }
+  }
+  if (auto g = raw.find("metrics_port")) config.metrics_port = parse_port(*g);
+  if (auto g = raw.find("metrics_addr")) {
+    if (!valid_host(trim(g->value))) refuse(g->shown() + ": not an IP address, e.g. 127.0.0.1 or 0.0.0.0");
+    config.metrics_addr = trim(g->value);
   }
 }
 

@@ -101,6 +101,9 @@ struct LaunchConfig {
   // The options Slurm's variables supplied (launcher/slurm.h), one "--flag=value (VARIABLE)"
   // each, for the start-up line; empty outside a Slurm allocation.
   std::vector<std::string> from_slurm;
+  std::string event_log;               // --event_log FILE ('-' = stderr); "" = none (issue 15)
+  std::optional<int> metrics_port;     // --metrics_port; unset = no metrics server (issue 15)
+  std::string metrics_addr = "127.0.0.1";  // --metrics_addr (docs/metrics.md)
   std::string program;                 // training script, module or executable
   std::vector<std::string> program_args;
 };

@@ -15,12 +15,16 @@
 #include <boost/filesystem.hpp>
 
 #include "agent/fingerprint.h"
+#include "agent/metrics.h"
 #include "agent/local_rendezvous.h"
 #include "agent/logs.h"
 #include "agent/progress_line.h"
 #include "agent/remote_rendezvous.h"
 #include "rendezvous/env_check.h"
 #include "rendezvous/fingerprint_schema.h"
+#include "metrics/event.h"
+#include "metrics/exposition.h"
+#include "metrics/http_server.h"
 #include "rendezvous/status.h"
 
 namespace ddp::launcher {
@@ -489,6 +493,47 @@ int launch(const LaunchConfig& config) {
   if (!uses_local_rendezvous(config) && config.env_check != EnvCheckMode::kOff && !config.standalone) {
     options.node.fingerprint = node_fingerprint(config, program);
   }
+  // Issue 15: one event bus for the event log and the metrics; the metrics server on the agent's
+  // io_context (docs/metrics.md).
+  auto bus = std::make_shared<metrics::EventBus>();
+  if (!config.event_log.empty()) {
+    try {
+      bus->add(std::make_shared<metrics::EventLog>(config.event_log));
+    } catch (const std::runtime_error& e) {
+      throw UsageError(std::string("ddplaunch: --event_log: ") + e.what());
+    }
+  }
+  std::shared_ptr<agent::AgentMetrics> agent_metrics;
+  std::unique_ptr<metrics::HttpServer> http;
+  if (config.metrics_port) {
+    agent_metrics = std::make_shared<agent::AgentMetrics>();
+    bus->add(agent_metrics);
+    boost::system::error_code ec;
+    const auto addr = boost::asio::ip::make_address(config.metrics_addr, ec);
+    if (ec) throw UsageError("ddplaunch: --metrics_addr " + config.metrics_addr + ": not an IP address");
+    try {
+      http = std::make_unique<metrics::HttpServer>(
+          io, boost::asio::ip::tcp::endpoint(addr, static_cast<unsigned short>(*config.metrics_port)));
+    } catch (const boost::system::system_error& e) {
+      throw UsageError("ddplaunch: --metrics_port: cannot listen on " + config.metrics_addr + ":" +
+                       std::to_string(*config.metrics_port) + ": " + e.code().message());
+    }
+    http->route("/metrics", [agent_metrics] {
+      return metrics::HttpResponse{200, metrics::kExpositionContentType, agent_metrics->render()};
+    });
+    http->route("/healthz", [] { return metrics::HttpResponse{200, "text/plain; charset=utf-8", "ok\n"}; });
+    http->route("/readyz", [agent_metrics] {
+      return agent_metrics->running() > 0
+                 ? metrics::HttpResponse{200, "text/plain; charset=utf-8", "workers running\n"}
+                 : metrics::HttpResponse{503, "text/plain; charset=utf-8", "no worker running\n"};
+    });
+    options.on_progress = [agent_metrics](int local_rank, int64_t step, double time) {
+      agent_metrics->set_progress(local_rank, static_cast<double>(step), time);
+    };
+    std::fprintf(stderr, "ddplaunch: metrics on http://%s:%u/metrics\n", config.metrics_addr.c_str(),
+                 static_cast<unsigned>(http->port()));
+  }
+  if (!bus->empty()) options.events = bus;
   agent::Agent agent(io, std::move(options), std::move(rendezvous));
   return agent.run();
 }

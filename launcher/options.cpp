@@ -124,8 +124,16 @@ const std::vector<OptionSpec> kOptions = {
    Group::kLogs, "torchrun's Python plug-in for the log layout; only the default layout "
    "exists here, so only 'DefaultLogsSpecs' (or 'default') is accepted."},
   {"event_log_handler", 0, false, "NAME", "null",
-   Group::kLogs, "torchrun's Python event handler; ddplaunch records no torchelastic "
-   "events, so only 'null' is accepted."},
+   Group::kLogs, "torchrun's event handler: 'console' writes the lifecycle events as JSON "
+   "lines to stderr (like --event_log=-), 'null' and 'dynamic_rendezvous' record none."},
+  {"event_log", 0, false, "FILE", "none",
+   Group::kLogs, "Append one JSON line per lifecycle event (round, worker started/exited "
+   "with cause, restart, job end) to FILE; '-' = stderr (docs/metrics.md)."},
+  {"metrics_port", 0, false, "PORT", "off",
+   Group::kLogs, "Serve Prometheus /metrics, /healthz and /readyz on PORT (0 = a free "
+   "port, printed) (docs/metrics.md)."},
+  {"metrics_addr", 0, false, "ADDR", "127.0.0.1",
+   Group::kLogs, "Address the metrics server listens on (it has no authentication)."},
   // Environment check
   {"env_check", 0, false, "strict|warn|off", "strict",
    Group::kEnvCheck, "What to do when the nodes' software differs: refuse the round (exit 3), "

@@ -11,8 +11,12 @@
 #include <CLI/CLI.hpp>
 #include <boost/asio.hpp>
 
+#include "metrics/event.h"
+#include "metrics/exposition.h"
+#include "metrics/http_server.h"
 #include "rendezvous/auth.h"
 #include "rendezvous/notify.h"
+#include "rendezvous/metrics.h"
 #include "rendezvous/server.h"
 #include "rendezvous/status.h"
 #include "rendezvous/stream.h"
@@ -63,8 +67,17 @@ std::string flag_or_env(const std::string& flag, const char* variable) {
   return env ? env : "";
 }
 
+// Issue 15/17: metrics, events and how long finished jobs stay listed.
+struct Observability {
+  int metrics_port = -1;                 // --metrics_port; -1 = no metrics server
+  std::string metrics_addr = "127.0.0.1";  // --metrics_addr
+  std::string event_log;                 // --event_log; "" = none
+  double keep_finished = 600;            // --keep_finished seconds
+  std::size_t max_finished = 256;        // --max_finished
+};
+
 int serve(const std::string& host, unsigned short port, const std::string& token_file, std::size_t max_connections,
-          bool quiet, const ddp::rdzv::TlsFiles& tls) {
+          bool quiet, const ddp::rdzv::TlsFiles& tls, const Observability& obs) {
   ddp::rdzv::ServerOptions options;
   if (!tls.cert.empty() || !tls.key.empty() || !tls.ca.empty()) {
     try {
@@ -73,6 +86,23 @@ int serve(const std::string& host, unsigned short port, const std::string& token
       throw UsageError(e.what());
     }
   }
+  options.retention.keep_finished = obs.keep_finished;
+  options.retention.max_finished = obs.max_finished;
+  // One place records the state machine's events; the metrics and the event log consume them.
+  auto bus = std::make_shared<ddp::metrics::EventBus>();
+  std::shared_ptr<ddp::rdzv::DaemonMetrics> metrics;
+  if (obs.metrics_port >= 0) {
+    metrics = std::make_shared<ddp::rdzv::DaemonMetrics>();
+    bus->add(metrics);
+  }
+  if (!obs.event_log.empty()) {
+    try {
+      bus->add(std::make_shared<ddp::metrics::EventLog>(obs.event_log));
+    } catch (const std::runtime_error& e) {
+      throw UsageError(std::string(e.what()) + " (--event_log)");
+    }
+  }
+  if (!bus->empty()) options.on_event = [bus](const ddp::metrics::Event& e) { bus->record(e); };
   const std::string path = token_path(token_file);
   if (!path.empty()) {
     try {
@@ -101,17 +131,48 @@ int serve(const std::string& host, unsigned short port, const std::string& token
     std::cerr << "ddp-rendezvous: cannot listen on " << host << ":" << port << ": " << e.code().message() << "\n";
     return kExitConnect;
   }
+  std::unique_ptr<ddp::metrics::HttpServer> http;
+  if (metrics) {
+    auto maddr = asio::ip::make_address(obs.metrics_addr, ec);
+    if (ec) {
+      std::cerr << "ddp-rendezvous: --metrics_addr " << obs.metrics_addr << " is not an IP address: " << ec.message()
+                << "\n";
+      return kExitUsage;
+    }
+    try {
+      http = std::make_unique<ddp::metrics::HttpServer>(
+          io, tcp::endpoint(maddr, static_cast<unsigned short>(obs.metrics_port)));
+    } catch (const boost::system::system_error& e) {
+      std::cerr << "ddp-rendezvous: cannot serve metrics on " << obs.metrics_addr << ":" << obs.metrics_port << ": "
+                << e.code().message() << " (--metrics_port)\n";
+      return kExitConnect;
+    }
+    ddp::rdzv::Server* srv = server.get();
+    http->route("/metrics", [srv, metrics] {
+      ddp::metrics::HttpResponse r;
+      r.content_type = ddp::metrics::kExpositionContentType;
+      r.body = metrics->render(srv->state().gauges(), srv->connection_count());
+      return r;
+    });
+    http->route("/healthz", [] { return ddp::metrics::HttpResponse{200, "text/plain; charset=utf-8", "ok\n"}; });
+    http->route("/readyz", [srv] {
+      return srv->serving() ? ddp::metrics::HttpResponse{200, "text/plain; charset=utf-8", "ready\n"}
+                            : ddp::metrics::HttpResponse{503, "text/plain; charset=utf-8", "stopping\n"};
+    });
+  }
   asio::signal_set signals(io, SIGINT, SIGTERM);
   signals.async_wait([&](const boost::system::error_code& e, int signo) {
     if (e) return;
     options.log(std::string("stopping on ") + (signo == SIGINT ? "SIGINT" : "SIGTERM"));
     if (auto error = ddp::rdzv::notify_systemd("STOPPING=1"); !error.empty()) options.log(error);
     server->stop();
+    if (http) http->stop();
     io.stop();
   });
   options.log("listening on " + host + ":" + std::to_string(server->port()) +
               (options.secrets.open() ? " (no token)" : " (token required)") +
               (options.tls ? (tls.ca.empty() ? " (TLS)" : " (TLS, client certificates required)") : ""));
+  if (http) options.log("metrics on http://" + obs.metrics_addr + ":" + std::to_string(http->port()) + "/metrics");
   if (options.secrets.open() && !is_loopback(address)) {
     const std::string warning =
         "WARNING: listening on " + host + " with no secret: anyone who can reach this port can read every job, "
@@ -156,13 +217,33 @@ int main(int argc, char** argv) {
   app.add_option("--tls_key,--tls-key", server_tls.key, "PEM private key of --tls_cert");
   app.add_option("--tls_client_ca,--tls-client-ca", server_tls.ca,
                  "PEM CA: clients must present a certificate it signed (needs --tls_cert)");
+  Observability obs;
+  app.add_option("--metrics_port,--metrics-port", obs.metrics_port,
+                 "serve Prometheus /metrics, /healthz and /readyz on this port (0 = any free port); default: off");
+  app.add_option("--metrics_addr,--metrics-addr", obs.metrics_addr,
+                 "address of the metrics server (it has no authentication; docs/metrics.md)")
+      ->capture_default_str();
+  app.add_option("--event_log,--event-log", obs.event_log,
+                 "append one JSON line per lifecycle event to this file ('-' = stderr)");
+  app.add_option("--keep_finished,--keep-finished", obs.keep_finished,
+                 "seconds a finished job stays listed by status after its last node left (0 = not at all)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--max_finished,--max-finished", obs.max_finished, "finished jobs listed at most (oldest go first)")
+      ->capture_default_str();
 
   auto* status = app.add_subcommand("status", "print every job's generation, state, nodes and restarts");
-  std::string endpoint;
+  std::string endpoint = "localhost:29400";
   bool as_json = false;
   double timeout = 10.0;
-  status->add_option("--endpoint", endpoint, "HOST:PORT of the rendezvous server")->required();
-  status->add_flag("--json", as_json, "print JSON");
+  bool watch = false;
+  double interval = 2.0;
+  status->add_option("--endpoint", endpoint, "HOST:PORT of the rendezvous server")->capture_default_str();
+  status->add_flag("--json", as_json, "print JSON (with --watch: one JSON document per line)");
+  status->add_flag("--watch", watch, "redraw the table every --interval seconds until Ctrl-C");
+  status->add_option("--interval", interval, "seconds between redraws with --watch")
+      ->capture_default_str()
+      ->check(CLI::Range(0.1, 3600.0));
   std::string status_job;
   status->add_option("--token_file,--token-file", token_file,
                      "file holding the secret (default $DDPLAUNCH_RDZV_TOKEN_FILE)");
@@ -202,6 +283,7 @@ int main(int argc, char** argv) {
           throw UsageError(e.what());
         }
       }
+      if (watch) return ddp::rdzv::watch_status(endpoint, secret, timeout, status_job, interval, as_json, tls);
       auto result = ddp::rdzv::query_status(endpoint, secret, timeout, status_job, tls);
       if (!result.error.empty()) {
         std::cerr << "ddp-rendezvous status: " << result.error << "\n";
@@ -215,7 +297,8 @@ int main(int argc, char** argv) {
       }
       return kExitOk;
     }
-    return serve(host, port, token_file, max_connections, quiet, server_tls);
+    if (obs.metrics_port > 65535 || obs.metrics_port < -1) throw UsageError("--metrics_port: not a port (0-65535)");
+    return serve(host, port, token_file, max_connections, quiet, server_tls, obs);
   } catch (const UsageError& e) {
     std::cerr << "ddp-rendezvous: " << e.what() << "\n";
     return kExitUsage;

@@ -26,6 +26,7 @@ Server::Server(asio::io_context& io, const tcp::endpoint& endpoint, ServerOption
       accept_retry_timer_(io),
       heartbeat_ack_(encode(make_heartbeat_ack())) {
   if (!options_.token.empty()) secrets_.set_cluster(options_.token);  // per-job secrets keep precedence
+  state_.set_retention(options_.retention);
   acceptor_.open(endpoint.protocol());
   acceptor_.set_option(tcp::acceptor::reuse_address(true));
   acceptor_.bind(endpoint);
@@ -282,6 +283,10 @@ void Server::drop(ConnId conn, const std::string& code, const std::string& messa
 
 void Server::log(const std::string& line) {
   if (options_.log) options_.log(line);
+}
+
+void Server::event(const metrics::Event& event) {
+  if (options_.on_event) options_.on_event(event);
 }
 
 }  // namespace ddp::rdzv

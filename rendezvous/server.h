@@ -37,6 +37,9 @@ struct ServerOptions {
   std::function<void(const std::string&)> log;      // one line per event; empty = silent
   RoundCheck round_check;                           // issue 6: the environment check
   std::shared_ptr<TlsContext> tls;                  // TLS for every connection; null (default) = plain TCP
+  // Issue 15: the state machine's lifecycle events (event log, metrics); empty = none.
+  std::function<void(const metrics::Event&)> on_event;
+  Retention retention;                              // issue 17: finished jobs kept in status
 };
 
 class Server : private SessionHandler, private Outbox {
@@ -55,6 +58,7 @@ class Server : private SessionHandler, private Outbox {
   void stop();
 
   const StateMachine& state() const { return state_; }
+  bool serving() const { return !stopped_; }
   std::size_t connection_count() const { return sessions_.size(); }
   std::size_t unauthenticated_count() const { return unauthenticated_; }
 
@@ -68,6 +72,7 @@ class Server : private SessionHandler, private Outbox {
   void send(ConnId to, const Frame& frame) override;
   void drop(ConnId conn, const std::string& code, const std::string& message) override;
   void log(const std::string& line) override;
+  void event(const metrics::Event& event) override;
   void handle_first(Session& session, const Message& message);
   void handle(Session& session, Message& message);
   void send_status(Session& session);

@@ -216,9 +216,60 @@ void StateMachine::remove_node(Job& job, ConnId conn) {
 void StateMachine::erase_if_empty(const std::string& job_id) {
   auto it = jobs_.find(job_id);
   if (it != jobs_.end() && it->second.nodes.empty()) {
+    const Job& job = it->second;
+    const double now = clock_.now();
+    if ((job.state == JobState::Succeeded || job.state == JobState::Failed) && retention_.keep_finished > 0 &&
+        retention_.max_finished > 0) {
+      // Issue 17: it stays in status() for keep_finished seconds, marked finished.
+      FinishedJob done;
+      done.ended_at = job.ended_at;
+      done.forgotten_at = now + retention_.keep_finished;
+      done.status = job_status(job, now);
+      done.status["nodes"] = job.end_nodes.is_array() ? job.end_nodes : nlohmann::json::array();
+      if (job.end_nodes_omitted > 0) done.status["nodes_omitted"] = job.end_nodes_omitted;
+      if (!job.end_summary.empty()) done.status["summary"] = job.end_summary;
+      finished_.push_back(std::move(done));
+      while (finished_.size() > retention_.max_finished) finished_.pop_front();
+    }
     out_.log("job " + job_id + ": no nodes left, forgotten");
     jobs_.erase(it);
   }
+}
+
+void StateMachine::prune_finished(double now) {
+  while (!finished_.empty() && finished_.front().forgotten_at <= now) finished_.pop_front();
+}
+
+void StateMachine::emit(const Job& job, const char* type, const std::string& cause, const std::string& node,
+                        std::vector<int> ranks, nlohmann::json fields, const std::string& message) {
+  metrics::Event e;
+  e.type = type;
+  e.job = job.id;
+  e.node = node;
+  e.generation = job.generation;
+  e.ranks = std::move(ranks);
+  e.cause = cause;
+  e.message = message;
+  e.fields = std::move(fields);
+  out_.event(e);
+}
+
+void StateMachine::job_ended(Job& job, const std::string& summary) {
+  job.ended_at = clock_.now();
+  job.end_summary = summary;
+  // What is kept of its nodes once they are gone: the first kKeptNodeRows by group rank, without
+  // fingerprints, so that 256 kept jobs of 10,000 nodes stay a few MB (docs/rendezvous.md).
+  nlohmann::json rows = job_status(job, job.ended_at)["nodes"];
+  job.end_nodes = nlohmann::json::array();
+  for (auto& n : rows) {
+    if (job.end_nodes.size() == kKeptNodeRows) break;
+    n.erase("fingerprint");
+    n["last_heartbeat_age"] = nullptr;  // no heartbeats after the end
+    job.end_nodes.push_back(std::move(n));
+  }
+  job.end_nodes_omitted = rows.size() - job.end_nodes.size();
+  emit(job, "job_end", job.state == JobState::Succeeded ? "succeeded" : "failed", "", {},
+       {{"restarts_used", job.restarts_used}, {"max_restarts", job.max_restarts}}, summary);
 }
 
 // The job's policy is set by its first node; every other node must ask for the same, instead of
@@ -264,6 +315,10 @@ void StateMachine::join(ConnId conn, NodeSpec spec) {
   auto [jit, created] = jobs_.try_emplace(spec.job_id);
   Job& job = jit->second;
   if (created) {
+    // A new job under the id of a finished one replaces it in status().
+    finished_.erase(std::remove_if(finished_.begin(), finished_.end(),
+                                   [&](const FinishedJob& f) { return f.status.value("job_id", "") == spec.job_id; }),
+                    finished_.end());
     job.id = spec.job_id;
     job.min_nodes = spec.min_nodes;
     job.max_nodes = spec.max_nodes;
@@ -346,7 +401,7 @@ void StateMachine::join(ConnId conn, NodeSpec spec) {
 
   if (job.state == JobState::Running) {
     if (was_running) {
-      end_round(job, "node " + describe(node) + " rejoined", false);
+      end_round(job, "node " + describe(node) + " rejoined", false, "node_lost");
     } else if (job.round_size < static_cast<std::size_t>(job.max_nodes)) {
       admit_newcomers(job, "node " + describe(node) + " joined");
     } else {
@@ -378,7 +433,7 @@ void StateMachine::admit_newcomers(Job& job, const std::string& reason) {
   job.last_join_restart = now;
   job.admit_at = job.join_restarts < 2 ? now : now + std::min(kChurnMaxDelay, std::ldexp(1.0, job.join_restarts - 2));
   job.admit_pending = false;
-  end_round(job, reason, false);
+  end_round(job, reason, false, "node_joined");
 }
 
 void StateMachine::touch(ConnId conn) {
@@ -388,8 +443,13 @@ void StateMachine::touch(ConnId conn) {
   if (it != job->nodes.end()) it->second.last_seen = clock_.now();
 }
 
-void StateMachine::end_round(Job& job, const std::string& reason, bool counted) {
+void StateMachine::end_round(Job& job, const std::string& reason, bool counted, const std::string& cause) {
   if (counted) ++job.restarts_used;
+  const std::string why = !cause.empty() ? cause : counted ? "worker_failure" : "membership";
+  if (!job.restart_since && (why == "worker_failure" || why == "node_lost" || why == "node_left")) {
+    job.restart_since = clock_.now();  // failure-to-restart time runs from here to the next round
+  }
+  emit(job, "restart", why, "", {}, {{"counted", counted}, {"restarts_used", job.restarts_used}}, reason);
   Frame frame = encode(make_restart(reason, counted, job.restarts_used, job.max_restarts));
   for (auto& [conn, node] : job.nodes) {
     if (node.state == NodeState::Running || node.state == NodeState::Succeeded) {
@@ -533,6 +593,14 @@ void StateMachine::complete_round(Job& job) {
   job.state = JobState::Running;
   job.round_size = n;
   job.round_succeeded = 0;
+  {
+    const double now = clock_.now();
+    nlohmann::json fields = {{"nodes", n}, {"world_size", world_size}, {"formation_seconds", now - job.gather_since},
+                             {"restarts_used", job.restarts_used}, {"master", a.master_addr + ":" + std::to_string(a.master_port)}};
+    if (job.restart_since) fields["failure_to_restart_seconds"] = now - *job.restart_since;
+    job.restart_since.reset();
+    emit(job, "round", "complete", "", {}, std::move(fields));
+  }
   job.round_failures.clear();
   job.min_reached_at.reset();
   out_.log("job " + job.id + ": round " + std::to_string(job.generation) + " complete: " + std::to_string(n) +
@@ -565,6 +633,9 @@ void StateMachine::report_failure(ConnId conn, const WorkerFailure& failure) {
     return;
   }
   out_.log("job " + job->id + ": failure on " + describe(node) + ": " + failure_text(failure));
+  emit(*job, "failure", failure.signal != 0 ? "signal" : "exit_code", failure.host, {failure.rank},
+       {{"local_rank", failure.local_rank}, {"exit_code", failure.exit_code}, {"signal", failure.signal}},
+       failure_text(failure));
   job->round_failures.push_back(failure);
   if (job->restarts_used < job->max_restarts) {
     end_round(*job, failure_text(failure), true);
@@ -576,7 +647,7 @@ void StateMachine::report_failure(ConnId conn, const WorkerFailure& failure) {
   job->failing = true;
   end_round(*job, "the job is failing (restart budget of " + std::to_string(job->max_restarts) +
                       " spent): stopping every worker to find the root cause",
-            false);
+            false, "job_failing");
   maybe_complete(*job);
 }
 
@@ -596,6 +667,7 @@ void StateMachine::fail_job(Job& job, const WorkerFailure& failure, const std::s
   }
   job.state = JobState::Failed;
   out_.log("job " + job.id + ": failed: " + summary);
+  job_ended(job, summary);
 }
 
 void StateMachine::report_success(ConnId conn) {
@@ -622,6 +694,7 @@ void StateMachine::report_success(ConnId conn) {
   }
   job->state = JobState::Succeeded;
   out_.log("job " + job->id + ": succeeded (generation " + std::to_string(job->generation) + ")");
+  job_ended(*job, "");
 }
 
 void StateMachine::node_gone(Job& job, ConnId conn, const std::string& why, bool left) {
@@ -637,8 +710,10 @@ void StateMachine::node_gone(Job& job, ConnId conn, const std::string& why, bool
   }
   out_.log("job " + job.id + ": " + (left ? "left: " : "lost: ") + who + ": " + why);
   job.waiting_changed = true;
+  emit(job, left ? "node_left" : "node_lost",
+       left ? "left" : why.rfind("no heartbeat", 0) == 0 ? "heartbeat_timeout" : "connection_closed", who, {}, {}, why);
   if (state == NodeState::Running && job.state == JobState::Running) {
-    end_round(job, "node " + who + (left ? " left the job" : " lost: " + why), false);
+    end_round(job, "node " + who + (left ? " left the job" : " lost: " + why), false, left ? "node_left" : "node_lost");
   }
   maybe_complete(job);
 }
@@ -670,6 +745,7 @@ void StateMachine::drop_all(Job& job, const std::string& code, const std::string
 
 void StateMachine::tick() {
   const double now = clock_.now();
+  prune_finished(now);
   std::vector<std::string> ids;
   for (auto& [id, job] : jobs_) ids.push_back(id);
   for (const std::string& id : ids) {
@@ -721,19 +797,21 @@ void StateMachine::tick() {
                             std::to_string(job.min_nodes) + " nodes joined within join_timeout " +
                             seconds_text(job.timeouts.join_timeout);
       out_.log("job " + job.id + ": " + message);
+      emit(job, "job_end", "join_timeout", "", {}, {}, message);
       drop_all(job, "join_timeout", message);
       erase_if_empty(id);
     }
   }
 }
 
-nlohmann::json StateMachine::status() const {
-  const double now = clock_.now();
-  nlohmann::json jobs = nlohmann::json::array();
-  for (const auto& [id, job] : jobs_) {
+nlohmann::json StateMachine::job_status(const Job& job, double now) const {
+  const std::string& id = job.id;
+  {
     nlohmann::json nodes = nlohmann::json::array();
     for (const auto& [conn, node] : job.nodes) {
-      nodes.push_back({{"group_rank", node.state == NodeState::Running || node.state == NodeState::Succeeded
+      // A finished node keeps the rank of its last round (issue 17: finished jobs stay listed).
+      nodes.push_back({{"group_rank", node.state == NodeState::Running || node.state == NodeState::Succeeded ||
+                                              node.state == NodeState::Finished
                                           ? node.group_rank
                                           : -1},
                        {"host", node.spec.host},
@@ -769,7 +847,7 @@ nlohmann::json StateMachine::status() const {
         env["message"] = cmp.message();
       }
     }
-    jobs.push_back({{"job_id", id},
+    return {{"job_id", id},
                     {"env", std::move(env)},
                     {"state", state_name(job.state)},
                     {"generation", job.generation},
@@ -779,9 +857,51 @@ nlohmann::json StateMachine::status() const {
                     {"max_restarts", job.max_restarts},
                     {"rebuilt_from_resumes", job.rebuilt_at.has_value()},
                     {"rebuilt_seconds_ago", job.rebuilt_at ? nlohmann::json(now - *job.rebuilt_at) : nlohmann::json()},
-                    {"nodes", std::move(nodes)}});
+                    {"nodes", std::move(nodes)}};
+  }
+}
+
+nlohmann::json StateMachine::status() const {
+  const double now = clock_.now();
+  nlohmann::json jobs = nlohmann::json::array();
+  for (const auto& [id, job] : jobs_) {
+    jobs.push_back(job_status(job, now));
+    if (job.state == JobState::Succeeded || job.state == JobState::Failed) {
+      jobs.back()["finished"] = true;
+      jobs.back()["ended_seconds_ago"] = now - job.ended_at;
+      if (!job.end_summary.empty()) jobs.back()["summary"] = job.end_summary;
+    }
+  }
+  for (auto it = finished_.rbegin(); it != finished_.rend(); ++it) {  // newest first
+    if (it->forgotten_at <= now) continue;
+    nlohmann::json j = it->status;
+    j["finished"] = true;
+    j["ended_seconds_ago"] = now - it->ended_at;
+    jobs.push_back(std::move(j));
   }
   return {{"jobs", std::move(jobs)}};
+}
+
+Gauges StateMachine::gauges() const {
+  const double now = clock_.now();
+  Gauges g;
+  for (JobState s : {JobState::Gathering, JobState::Running, JobState::Succeeded, JobState::Failed, JobState::Restoring}) {
+    g.jobs_by_state[state_name(s)] = 0;
+  }
+  for (int s = 0; s < static_cast<int>(NodeState::kCount); ++s) g.nodes_by_state[state_name(static_cast<NodeState>(s))] = 0;
+  for (const auto& [id, job] : jobs_) {
+    ++g.jobs_by_state[state_name(job.state)];
+    for (int s = 0; s < static_cast<int>(NodeState::kCount); ++s) {
+      g.nodes_by_state[state_name(static_cast<NodeState>(s))] += job.counts[s];
+    }
+    double oldest = 0;
+    for (const auto& [conn, node] : job.nodes) oldest = std::max(oldest, now - node.last_seen);
+    g.oldest_heartbeat_age[id] = oldest;
+  }
+  for (const auto& f : finished_) {
+    if (f.forgotten_at > now) ++g.finished_jobs_kept;
+  }
+  return g;
 }
 
 }  // namespace ddp::rdzv

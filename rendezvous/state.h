@@ -34,6 +34,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <optional>
@@ -43,6 +44,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "metrics/event.h"
 #include "rendezvous/clock.h"
 #include "rendezvous/protocol.h"
 #include "rendezvous/resume.h"
@@ -66,6 +68,25 @@ class Outbox {
   virtual void drop(ConnId conn, const std::string& code, const std::string& message) = 0;
   // One line per membership event (join, round, lost, restart, failure, success), no timestamp.
   virtual void log(const std::string& line) = 0;
+  // The same events as records (issue 15: the event log and the metrics consume them); `time` is
+  // 0 (the receiver stamps it) and durations are in `fields` on the state machine's clock.
+  // Default: ignored.
+  virtual void event(const metrics::Event& event) {}
+};
+
+// How long a finished job stays in status() after its last node went (issue 17), and how many
+// such jobs are kept at most (the oldest goes first). docs/rendezvous.md "Finished jobs".
+struct Retention {
+  double keep_finished = 600;      // seconds; 0 = forget at once (the old behaviour)
+  std::size_t max_finished = 256;  // finished jobs kept at most
+};
+
+// What the metrics read at each scrape: counts only, O(nodes) to compute.
+struct Gauges {
+  std::map<std::string, std::size_t> jobs_by_state;   // every state name, 0 when none
+  std::map<std::string, std::size_t> nodes_by_state;  // every node state name
+  std::map<std::string, double> oldest_heartbeat_age;  // per live job: the silence of its most silent node (s)
+  std::size_t finished_jobs_kept = 0;
 };
 
 // Checks the members of a round before it completes (issue 6 plugs the environment check in
@@ -120,8 +141,12 @@ class StateMachine {
   // Checks every deadline against the clock. The server calls it every few milliseconds.
   void tick();
 
-  // Every job: state, generation, restarts, nodes with their last heartbeat age.
+  // Every job: state, generation, restarts, nodes with their last heartbeat age; then the
+  // finished jobs still kept (Retention), marked "finished": true with "ended_seconds_ago".
   nlohmann::json status() const;
+  void set_retention(Retention retention) { retention_ = retention; }
+  Gauges gauges() const;
+  std::size_t finished_count() const { return finished_.size(); }
   bool is_member(ConnId conn) const { return conn_job_.count(conn) != 0; }
   std::size_t job_count() const { return jobs_.size(); }
   std::size_t node_count() const { return conn_job_.size(); }
@@ -178,6 +203,20 @@ class StateMachine {
     // Issue 17: the waiting nodes hear the counts (tell_waiting) when they change, from tick().
     bool waiting_changed = false;
     double next_waiting_notice = 0;   // at most one `waiting` broadcast a second per job
+    // Issue 15: when the round that ends now ended for a failure or a loss (failure-to-restart
+    // time), and when the job ended with its summary and last nodes (issue 17: kept in status).
+    std::optional<double> restart_since;
+    double ended_at = 0;
+    std::string end_summary;
+    nlohmann::json end_nodes;
+    std::size_t end_nodes_omitted = 0;
+  };
+  static constexpr std::size_t kKeptNodeRows = 64;  // node rows of a kept finished job
+  // A finished job kept for status() after its last node went (issue 17).
+  struct FinishedJob {
+    double ended_at = 0;
+    double forgotten_at = 0;
+    nlohmann::json status;  // as status() listed it when it ended
   };
   static constexpr double kWaitingNoticeInterval = 1.0;  // s
   static constexpr double kChurnWindow = 60.0;    // s without a join-caused restart resets the back-off
@@ -187,7 +226,9 @@ class StateMachine {
   void set_state(Job& job, Node& node, NodeState state);
   void remove_node(Job& job, ConnId conn);
   void node_gone(Job& job, ConnId conn, const std::string& why, bool left);
-  void end_round(Job& job, const std::string& reason, bool counted);
+  // `cause` labels the restart in events and metrics; "" = worker_failure when counted, else
+  // membership.
+  void end_round(Job& job, const std::string& reason, bool counted, const std::string& cause = "");
   void admit_newcomers(Job& job, const std::string& reason);
   std::optional<std::string> policy_mismatch(const Job& job, const NodeSpec& spec);
   void maybe_complete(Job& job);
@@ -206,6 +247,12 @@ class StateMachine {
   void conclude_restore(Job& job);
   std::size_t count(const Job& job, NodeState s) const { return job.counts[static_cast<int>(s)]; }
   static std::string describe(const Node& node);
+  nlohmann::json job_status(const Job& job, double now) const;
+  void job_ended(Job& job, const std::string& summary);
+  void emit(const Job& job, const char* type, const std::string& cause, const std::string& node = "",
+            std::vector<int> ranks = {}, nlohmann::json fields = nlohmann::json::object(),
+            const std::string& message = "");
+  void prune_finished(double now);
   static const char* state_name(NodeState s);
   static const char* state_name(JobState s);
 
@@ -216,6 +263,8 @@ class StateMachine {
   std::map<std::string, Job> jobs_;
   std::unordered_map<ConnId, std::string> conn_job_;
   std::uint64_t next_join_seq_ = 0;
+  Retention retention_;
+  std::deque<FinishedJob> finished_;  // oldest first
 };
 
 }  // namespace ddp::rdzv

@@ -1,6 +1,10 @@
 #include "rendezvous/status.h"
 
+#include <signal.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <csignal>
 #include <ctime>
 
 #include <cstdio>
@@ -169,7 +173,120 @@ std::string environment_lines(const nlohmann::json& env) {
   return os.str();
 }
 
+// The wall-clock time `ago` seconds before now, as "2026-12-01 12:00:00 UTC".
+std::string utc_stamp(double ago) {
+  const std::time_t when = std::time(nullptr) - static_cast<std::time_t>(ago);
+  char stamp[32];
+  std::tm tm{};
+  gmtime_r(&when, &tm);
+  std::strftime(stamp, sizeof stamp, "%Y-%m-%d %H:%M:%S UTC", &tm);
+  return stamp;
+}
+
+std::string text_of(const nlohmann::json& j, const char* key, const char* missing = "-") {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return missing;
+  if (it->is_string()) return it->get<std::string>();
+  return it->dump();
+}
+
+volatile std::sig_atomic_t g_watch_stop = 0;
+extern "C" void on_watch_signal(int) { g_watch_stop = 1; }
+
 }  // namespace
+
+std::string format_watch(const nlohmann::json& status, const std::string& header) {
+  std::ostringstream os;
+  os << header << "\n\n";
+  const auto& jobs = status.at("jobs");
+  if (jobs.empty()) {
+    os << "no jobs\n";
+    return os.str();
+  }
+  char line[512];
+  std::snprintf(line, sizeof line, "%-24s %-10s %5s %-9s %-7s %s\n", "JOB", "STATE", "GEN", "RESTARTS", "NODES", "ENDED");
+  os << line;
+  for (const auto& job : jobs) {
+    const std::string restarts = text_of(job, "restarts_used") + "/" + text_of(job, "max_restarts");
+    const std::size_t listed = job.value("nodes", nlohmann::json::array()).size();
+    const std::size_t omitted = job.contains("nodes_omitted") && job.at("nodes_omitted").is_number_unsigned()
+                                    ? job.at("nodes_omitted").get<std::size_t>()
+                                    : 0;
+    const std::string nodes = std::to_string(listed + omitted) + "/" + text_of(job, "max_nodes");
+    std::string ended;
+    if (job.value("finished", false) && job.contains("ended_seconds_ago") && job.at("ended_seconds_ago").is_number()) {
+      char text[96];
+      std::snprintf(text, sizeof text, "%s (%.0f s ago)", utc_stamp(job.at("ended_seconds_ago").get<double>()).c_str(),
+                    job.at("ended_seconds_ago").get<double>());
+      ended = text;
+    }
+    std::string state = text_of(job, "state");
+    if (job.value("finished", false)) state += "*";
+    std::snprintf(line, sizeof line, "%-24s %-10s %5s %-9s %-7s %s\n", text_of(job, "job_id").c_str(), state.c_str(),
+                  text_of(job, "generation").c_str(), restarts.c_str(), nodes.c_str(), ended.c_str());
+    os << line;
+    std::snprintf(line, sizeof line, "    %-5s %-24s %-10s %-11s %s\n", "RANK", "HOST", "STATE", "HEARTBEAT", "LAST STEP");
+    os << line;
+    for (const auto& n : job.value("nodes", nlohmann::json::array())) {
+      const int rank = n.value("group_rank", -1);
+      char age[32] = "-";
+      if (n.contains("last_heartbeat_age") && n.at("last_heartbeat_age").is_number()) {
+        std::snprintf(age, sizeof age, "%.1f s", n.at("last_heartbeat_age").get<double>());
+      }
+      std::snprintf(line, sizeof line, "    %-5s %-24s %-10s %-11s %s\n", rank >= 0 ? std::to_string(rank).c_str() : "-",
+                    text_of(n, "host").c_str(), text_of(n, "state").c_str(), age, text_of(n, "last_step").c_str());
+      os << line;
+    }
+  }
+  os << "\n(* finished: kept for a while after its nodes left, see --keep_finished)\n";
+  return os.str();
+}
+
+int watch_status(const std::string& endpoint, const std::string& token, double timeout_s, const std::string& job_id,
+                 double interval_s, bool as_json,
+                 const std::shared_ptr<TlsContext>& tls) {
+  struct sigaction sa {};
+  sa.sa_handler = on_watch_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = 0;  // no SA_RESTART: the sleep below ends at once
+  struct sigaction old_int {}, old_term {};
+  sigaction(SIGINT, &sa, &old_int);
+  sigaction(SIGTERM, &sa, &old_term);
+  const bool tty = ::isatty(STDOUT_FILENO) == 1;
+  int rc = 0;
+  while (!g_watch_stop) {
+    StatusResult r = query_status(endpoint, token, std::min(timeout_s, std::max(1.0, interval_s * 2)), job_id, tls);
+    if (r.usage_error) {
+      std::fprintf(stderr, "ddp-rendezvous status: %s\n", r.error.c_str());
+      rc = 2;
+      break;
+    }
+    if (g_watch_stop) break;
+    std::string frame;
+    if (as_json) {
+      nlohmann::json j = r.error.empty() ? r.status : nlohmann::json{{"error", r.error}};
+      j["time"] = static_cast<double>(std::time(nullptr));
+      frame = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+    } else {
+      const std::string header = "ddp-rendezvous status " + endpoint + "   " + utc_stamp(0) + "   every " +
+                                 [&] { std::ostringstream o; o << interval_s; return o.str(); }() +
+                                 " s (Ctrl-C to stop)";
+      try {
+        frame = r.error.empty() ? format_watch(r.status, header) : header + "\n\n" + r.error + "\n(retrying)\n";
+      } catch (const nlohmann::json::exception& e) {
+        frame = header + "\n\n" + endpoint + " sent a malformed status: " + e.what() + "\n";
+      }
+      frame = tty ? "\x1b[H\x1b[2J" + frame : frame + "\n";
+    }
+    std::fwrite(frame.data(), 1, frame.size(), stdout);
+    std::fflush(stdout);
+    // Sleep in short steps so that Ctrl-C ends the view at once.
+    for (double slept = 0; slept < interval_s && !g_watch_stop; slept += 0.05) ::usleep(50000);
+  }
+  sigaction(SIGINT, &old_int, nullptr);
+  sigaction(SIGTERM, &old_term, nullptr);
+  return rc;
+}
 
 std::string format_status(const nlohmann::json& status) {
   std::ostringstream os;
@@ -179,6 +296,13 @@ std::string format_status(const nlohmann::json& status) {
     return os.str();
   }
   for (const auto& job : jobs) {
+    if (job.value("finished", false) && job.contains("ended_seconds_ago") && job.at("ended_seconds_ago").is_number()) {
+      os << "job " << job.at("job_id").get<std::string>() << ": FINISHED (" << job.at("state").get<std::string>()
+         << ") at " << utc_stamp(job.at("ended_seconds_ago").get<double>()) << "\n";
+      if (job.contains("summary") && job.at("summary").is_string()) {
+        os << "  " << job.at("summary").get<std::string>() << "\n";
+      }
+    }
     os << "job " << job.at("job_id").get<std::string>() << ": " << job.at("state").get<std::string>()
        << ", generation " << job.at("generation").get<std::uint64_t>() << ", nnodes " << job.at("min_nodes").get<int>()
        << ":" << job.at("max_nodes").get<int>() << ", restarts used " << job.at("restarts_used").get<int>() << "/"
@@ -204,8 +328,10 @@ std::string format_status(const nlohmann::json& status) {
     for (const auto& n : job.at("nodes")) {
       int rank = n.at("group_rank").get<int>();
       std::string r = rank >= 0 ? std::to_string(rank) : "-";
-      char age[32];
-      std::snprintf(age, sizeof age, "%.1f s ago", n.at("last_heartbeat_age").get<double>());
+      char age[32] = "-";
+      if (n.at("last_heartbeat_age").is_number()) {
+        std::snprintf(age, sizeof age, "%.1f s ago", n.at("last_heartbeat_age").get<double>());
+      }
       std::snprintf(line, sizeof line, "  %-10s %-24s %-40s %-7d %-10s %s\n", r.c_str(),
                     n.at("host").get<std::string>().c_str(), n.at("addr").get<std::string>().c_str(),
                     n.at("workers").get<int>(), n.at("state").get<std::string>().c_str(), age);

@@ -23,7 +23,20 @@ struct StatusResult {
 StatusResult query_status(const std::string& endpoint, const std::string& token, double timeout_s,
                           const std::string& job_id = "", const std::shared_ptr<TlsContext>& tls = nullptr);
 
-// One block per job: generation, state, restarts, then a table of nodes by group rank.
+// One block per job: generation, state, restarts, then a table of nodes by group rank. A finished
+// job still kept by the daemon says so, with its end time (now - ended_seconds_ago, UTC).
 std::string format_status(const nlohmann::json& status);
+
+// The live view's table (issue 15): one line per job (state, generation, restarts, nodes, end),
+// under it one line per node (group rank, host, state, heartbeat age, last step when the status
+// carries one). `header` is the first line. Pure: tested without a terminal.
+std::string format_watch(const nlohmann::json& status, const std::string& header);
+
+// `status --watch`: queries every `interval_s` seconds and redraws until SIGINT or SIGTERM, then
+// returns 0. On a terminal each frame replaces the last (ANSI clear); otherwise frames follow each
+// other. With `as_json`, one JSON document per line instead. A query that fails is shown in the
+// frame and retried at the next interval (a daemon that restarts comes back into view).
+int watch_status(const std::string& endpoint, const std::string& token, double timeout_s, const std::string& job_id,
+                 double interval_s, bool as_json, const std::shared_ptr<TlsContext>& tls = nullptr);
 
 }  // namespace ddp::rdzv

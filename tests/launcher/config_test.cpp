@@ -443,7 +443,9 @@ TEST_SUITE("bad values exit 2 naming the flag and the accepted forms") {
         {{"--bogus=3", "t.py"}, {"unknown option '--bogus'"}},
         {{"--numa-binding=nodes", "t.py"}, {"--numa_binding=nodes", "node, socket, exclusive, core-complex"}},
         {{"--logs_specs", "x", "t.py"}, {"--logs_specs=x", "torchrun.logs_specs", "DefaultLogsSpecs"}},
-        {{"--event-log-handler=console", "t.py"}, {"--event_log_handler=console", "Accepted: null"}},
+        {{"--event-log-handler=fancy", "t.py"}, {"--event_log_handler=fancy", "Accepted: null", "console"}},
+        {{"--metrics_port=70000", "t.py"}, {"--metrics_port=70000", "0..65535"}},
+        {{"--event_log=", "t.py"}, {"--event_log=", "give a file name"}},
         {{"--nproc-per-node=xpu", "t.py"}, {"--nproc_per_node=xpu", "no XPU is visible"}},
         {{"--n=2", "t.py"}, {"ambiguous option: --n could match", "--nnodes", "--nproc_per_node", "--node_rank", "--no_python"}},
         {{"--rdzv", "x", "t.py"}, {"ambiguous option: --rdzv could match", "--rdzv_backend", "--rdzv_conf"}},
@@ -644,14 +646,17 @@ TEST_SUITE("torchrun 2.x command lines are accepted") {
     CHECK(parse({"--virtual_local_rank", "--nproc_per_node=3", "t.py"}).config.nproc_per_node == 3);
   }
 
-  TEST_CASE("the Python plug-in options accept their defaults only") {
+  TEST_CASE("the Python plug-in options accept their defaults; console events map onto --event_log") {
     ScopedEnv env;
     CHECK_NOTHROW(parse({"--logs-specs=default", "--event_log_handler", "null", "t.py"}));
     env.set("PET_LOGS_SPECS", "my_specs");
     CHECK(contains(refusal({"t.py"}).what(), "PET_LOGS_SPECS=my_specs"));
     env.unset("PET_LOGS_SPECS");
     env.set("PET_EVENT_LOG_HANDLER", "console");
-    CHECK(contains(refusal({"t.py"}).what(), "PET_EVENT_LOG_HANDLER=console"));
+    CHECK(parse({"t.py"}).config.event_log == "-");
+    CHECK(parse({"--event_log=ev.jsonl", "t.py"}).config.event_log == "ev.jsonl");  // an explicit file wins
+    env.set("PET_EVENT_LOG_HANDLER", "fancy");
+    CHECK(contains(refusal({"t.py"}).what(), "PET_EVENT_LOG_HANDLER=fancy"));
   }
 
   TEST_CASE("duplicate filters: ',,' is a comma, an empty value copies nothing") {

@@ -151,7 +151,8 @@ class TorchRun2Flags(unittest.TestCase):
         cases = (self.spellings("duplicate_stdout_filters", "loss,,acc")
                  + self.spellings("duplicate_stderr_filters", "Traceback")
                  + self.spellings("logs_specs", "DefaultLogsSpecs")
-                 + self.spellings("event_log_handler", "null"))
+                 + self.spellings("event_log_handler", "null")
+                 + self.spellings("event_log_handler", "console"))
         for args, env in cases:
             with self.subTest(args=args, env=env):
                 self.workers(*args, nproc=1, env=clean_env(**env))
@@ -159,7 +160,7 @@ class TorchRun2Flags(unittest.TestCase):
             with self.subTest(args=args, env=env):
                 r = self.refused(*args, env=clean_env(**env))
                 self.assertIn("torchrun.logs_specs", r.stderr)
-        for args, env in self.spellings("event_log_handler", "console"):
+        for args, env in self.spellings("event_log_handler", "fancy"):
             with self.subTest(args=args, env=env):
                 r = self.refused(*args, env=clean_env(**env))
                 self.assertIn("Accepted: null", r.stderr)

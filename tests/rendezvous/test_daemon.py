@@ -210,7 +210,7 @@ class DaemonTest(unittest.TestCase):
                            (["--token-file", "/nonexistent/token"], "cannot read the token file /nonexistent/token"),
                            (["--host", "not-an-ip"], "not an IP address"),
                            (["status", "--endpoint", "127.0.0.1:notaport"], "port must be"),
-                           (["status"], "endpoint")):
+                           (["status", "--interval", "0"], "--interval")):
             r = subprocess.run([BIN, *args], capture_output=True, text=True, timeout=30)
             self.assertEqual(r.returncode, 2, args)
             self.assertIn(text, r.stderr + r.stdout, args)

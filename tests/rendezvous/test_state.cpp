@@ -857,3 +857,189 @@ TEST_CASE("specs the codec would refuse are refused by the state machine too") {
   CHECK(f.out.dropped[2].message.find("fingerprint") != std::string::npos);
   CHECK(f.sm.job_count() == 0);
 }
+
+// ---- issue 17: finished jobs stay in status for a while; issue 15: lifecycle events ----------
+
+namespace {
+
+struct EventOutbox : RecordingOutbox {
+  std::vector<ddp::metrics::Event> events;
+  void event(const ddp::metrics::Event& e) override { events.push_back(e); }
+  std::vector<const ddp::metrics::Event*> of(const std::string& type) const {
+    std::vector<const ddp::metrics::Event*> out;
+    for (const auto& e : events) {
+      if (e.type == type) out.push_back(&e);
+    }
+    return out;
+  }
+};
+
+struct EventFixture {
+  ManualClock clock;
+  EventOutbox out;
+  StateMachine sm{clock, out};
+};
+
+}  // namespace
+
+TEST_CASE("a finished job stays in status, marked with its end, for keep_finished seconds") {
+  Fixture f;
+  f.sm.set_retention({30, 10});
+  f.sm.join(1, spec("node1", 1, 1));
+  f.sm.report_success(1);
+  f.clock.advance(2);
+  f.sm.disconnected(1, "closed");
+  CHECK(f.sm.job_count() == 0);  // no live job: a new one under this id may start
+  auto jobs = f.sm.status()["jobs"];
+  REQUIRE(jobs.size() == 1);
+  CHECK(jobs[0]["job_id"] == "job");
+  CHECK(jobs[0]["state"] == "succeeded");
+  CHECK(jobs[0]["finished"] == true);
+  CHECK(jobs[0]["ended_seconds_ago"].get<double>() == doctest::Approx(2.0));
+  REQUIRE(jobs[0]["nodes"].size() == 1);
+  CHECK(jobs[0]["nodes"][0]["host"] == "node1");
+  CHECK(jobs[0]["nodes"][0]["group_rank"] == 0);  // the rank of its last round
+  CHECK(jobs[0]["nodes"][0]["last_heartbeat_age"].is_null());
+  f.clock.advance(29.9);
+  f.sm.tick();
+  CHECK(f.sm.status()["jobs"].size() == 1);
+  f.clock.advance(0.2);  // 30 s after the last node went
+  f.sm.tick();
+  CHECK(f.sm.status()["jobs"].empty());
+  CHECK(f.sm.finished_count() == 0);
+}
+
+TEST_CASE("a failed job is kept with its summary; a new job under its id replaces it") {
+  Fixture f;
+  f.sm.join(1, spec("node1", 1, 1));
+  f.sm.report_failure(1, failure("node1", 0, 3));  // max_restarts 0: the job fails
+  f.sm.disconnected(1, "closed");
+  auto jobs = f.sm.status()["jobs"];
+  REQUIRE(jobs.size() == 1);
+  CHECK(jobs[0]["state"] == "failed");
+  CHECK(jobs[0]["finished"] == true);
+  CHECK(jobs[0]["summary"].get<std::string>().find("exited with code 3") != std::string::npos);
+  f.sm.join(2, spec("node2", 2, 2));  // same id, a new job
+  jobs = f.sm.status()["jobs"];
+  REQUIRE(jobs.size() == 1);
+  CHECK(jobs[0]["state"] == "gathering");
+  CHECK(jobs[0].value("finished", false) == false);
+}
+
+TEST_CASE("finished jobs kept are bounded in count, the oldest going first") {
+  Fixture f;
+  f.sm.set_retention({600, 3});
+  for (int i = 0; i < 5; ++i) {
+    const std::string id = "job" + std::to_string(i);
+    const ConnId c = static_cast<ConnId>(10 + i);
+    f.sm.join(c, spec("node1", 1, 1, 1, id));
+    f.sm.report_success(c);
+    f.sm.disconnected(c, "closed");
+    f.clock.advance(1);
+  }
+  CHECK(f.sm.finished_count() == 3);
+  auto jobs = f.sm.status()["jobs"];
+  REQUIRE(jobs.size() == 3);
+  CHECK(jobs[0]["job_id"] == "job4");  // newest first
+  CHECK(jobs[2]["job_id"] == "job2");
+}
+
+TEST_CASE("keep_finished 0 forgets a finished job at once, as before") {
+  Fixture f;
+  f.sm.set_retention({0, 10});
+  f.sm.join(1, spec("node1", 1, 1));
+  f.sm.report_success(1);
+  f.sm.disconnected(1, "closed");
+  CHECK(f.sm.status()["jobs"].empty());
+}
+
+TEST_CASE("events: a round's formation time and the failure-to-restart time come from the clock") {
+  EventFixture f;
+  NodeSpec a = spec("node1", 2, 2), b = spec("node2", 2, 2);
+  a.max_restarts = b.max_restarts = 1;
+  f.sm.join(1, a);
+  f.clock.advance(1.5);
+  f.sm.join(2, b);
+  auto rounds = f.out.of("round");
+  REQUIRE(rounds.size() == 1);
+  CHECK(rounds[0]->generation == 1);
+  CHECK(rounds[0]->job == "job");
+  CHECK(rounds[0]->fields["formation_seconds"].get<double>() == doctest::Approx(1.5));
+  CHECK(rounds[0]->fields["world_size"] == 2);
+  CHECK_FALSE(rounds[0]->fields.contains("failure_to_restart_seconds"));
+  f.clock.advance(10);
+  f.sm.report_failure(2, failure("node2", 1, 7));
+  auto failures = f.out.of("failure");
+  REQUIRE(failures.size() == 1);
+  CHECK(failures[0]->cause == "exit_code");
+  CHECK(failures[0]->node == "node2");
+  CHECK(failures[0]->ranks == std::vector<int>{1});
+  CHECK(failures[0]->generation == 1);
+  auto restarts = f.out.of("restart");
+  REQUIRE(restarts.size() == 1);
+  CHECK(restarts[0]->cause == "worker_failure");
+  CHECK(restarts[0]->fields["counted"] == true);
+  f.clock.advance(0.25);
+  f.sm.join(1, a);
+  f.sm.join(2, b);
+  rounds = f.out.of("round");
+  REQUIRE(rounds.size() == 2);
+  CHECK(rounds[1]->generation == 2);
+  CHECK(rounds[1]->fields["failure_to_restart_seconds"].get<double>() == doctest::Approx(0.25));
+  CHECK(rounds[1]->fields["formation_seconds"].get<double>() == doctest::Approx(0.25));
+}
+
+TEST_CASE("events: a lost node, its cause, and the job's end") {
+  EventFixture f;
+  f.sm.join(1, spec("node1", 1, 2));
+  f.sm.join(2, spec("node2", 1, 2));
+  f.sm.disconnected(2, "connection reset");
+  auto lost = f.out.of("node_lost");
+  REQUIRE(lost.size() == 1);
+  CHECK(lost[0]->cause == "connection_closed");
+  CHECK(lost[0]->node.find("node2") != std::string::npos);
+  auto restarts = f.out.of("restart");
+  REQUIRE(restarts.size() == 1);
+  CHECK(restarts[0]->cause == "node_lost");
+  CHECK(restarts[0]->fields["counted"] == false);
+  f.sm.join(1, spec("node1", 1, 2));
+  f.clock.advance(6);  // last_call_timeout 5 s at MIN
+  f.sm.tick();
+  f.sm.report_success(1);
+  auto ends = f.out.of("job_end");
+  REQUIRE(ends.size() == 1);
+  CHECK(ends[0]->cause == "succeeded");
+  CHECK(ends[0]->generation == 2);
+}
+
+TEST_CASE("gauges count jobs and nodes by state and each job's most silent node") {
+  Fixture f;
+  f.sm.join(1, spec("node1", 2, 2));
+  f.clock.advance(3);
+  f.sm.join(2, spec("node2", 2, 2));
+  f.clock.advance(1);
+  Gauges g = f.sm.gauges();
+  CHECK(g.jobs_by_state["running"] == 1);
+  CHECK(g.jobs_by_state["gathering"] == 0);
+  CHECK(g.nodes_by_state["running"] == 2);
+  CHECK(g.oldest_heartbeat_age["job"] == doctest::Approx(4.0));
+}
+
+TEST_CASE("a kept finished job holds at most 64 node rows, without fingerprints") {
+  Fixture f;
+  const int n = 70;
+  for (int i = 0; i < n; ++i) {
+    NodeSpec s = spec("node" + std::to_string(i % 10), n, n);
+    s.fingerprint = {{"python", "3.11"}};
+    f.sm.join(static_cast<ConnId>(i + 1), s);
+  }
+  for (int i = 0; i < n; ++i) f.sm.report_success(static_cast<ConnId>(i + 1));
+  for (int i = 0; i < n; ++i) f.sm.disconnected(static_cast<ConnId>(i + 1), "closed");
+  auto jobs = f.sm.status()["jobs"];
+  REQUIRE(jobs.size() == 1);
+  CHECK(jobs[0]["finished"] == true);
+  CHECK(jobs[0]["nodes"].size() == 64);
+  CHECK(jobs[0]["nodes_omitted"] == 6);
+  CHECK(jobs[0]["nodes"][0]["group_rank"] == 0);
+  CHECK_FALSE(jobs[0]["nodes"][0].contains("fingerprint"));
+}
