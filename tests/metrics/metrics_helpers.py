@@ -24,12 +24,12 @@ import os, sys, time
 out = sys.argv[1]
 rank, attempt = os.environ["RANK"], os.environ["TORCHELASTIC_RESTART_COUNT"]
 open(os.path.join(out, "started-%s-%s" % (rank, attempt)), "w").close()
-steps = int(os.environ.get("METRICS_TEST_STEPS", "0"))
-if steps:  # progress reports through the Python helper the agent puts on PYTHONPATH
+if os.environ.get("METRICS_TEST_STEPPING"):  # steps through the Python helper the agent puts on PYTHONPATH
     import ddplaunch
-    for _ in range(steps):
+    deadline = time.time() + 120
+    while not os.path.exists(os.path.join(out, "release")) and time.time() < deadline:
         ddplaunch.step()
-    open(os.path.join(out, "stepped-%s-%s" % (rank, attempt)), "w").close()
+        time.sleep(0.02)
 code_file = os.path.join(out, "exit-%s-%s" % (rank, attempt))
 if os.path.exists(code_file):
     sys.exit(int(open(code_file).read()))
