@@ -402,6 +402,19 @@ struct Agent::Impl {
 
   void on_round(const rdzv::Assignment& a) {
     if (state != State::kJoining) return;
+    if (!stop_reason.empty()) {
+      // A round after this node's fatal report: the rendezvous did not take it (a daemon that
+      // predates it, or one that restarted meanwhile). The decision stands: the job ends here.
+      say("the rendezvous started a new round despite this node's decision; leaving the job");
+      rendezvous->close();
+      if (reported_this_round) {
+        on_job_failed(*reported_this_round, stop_reason);
+      } else {
+        say("job failed: " + stop_reason);
+        finish(static_cast<int>(ExitCode::kJobFailed));
+      }
+      return;
+    }
     RoundEnv round;
     round.assignment = a;
     round.local_world_size = options.node.local_world_size;
