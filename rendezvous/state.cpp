@@ -667,12 +667,15 @@ bool StateMachine::report_fatal(Job& job, Node& node, const WorkerFailure& failu
   if (node.state != NodeState::Running && node.state != NodeState::Rejoining) return false;
   out_.log("job " + job.id + ": fatal failure on " + describe(node) + ": " + failure.fatal + " (" +
            failure_text(failure) + ")");
+  emit(job, "failure", "fatal", failure.host, {failure.rank},
+       {{"local_rank", failure.local_rank}, {"exit_code", failure.exit_code}, {"signal", failure.signal}},
+       failure.fatal);
   job.round_failures.push_back(failure);
   if (!job.fatal) job.fatal = failure;
   if (!job.failing) {
     job.failing = true;
     if (job.state == JobState::Running) {
-      end_round(job, "the job is failing (" + failure.fatal + "): stopping every worker", false);
+      end_round(job, "the job is failing (" + failure.fatal + "): stopping every worker", false, "job_failing");
     }
   }
   maybe_complete(job);

@@ -1146,3 +1146,30 @@ TEST_CASE("a kept finished job holds at most 64 node rows, without fingerprints"
   CHECK(jobs[0]["nodes"][0]["group_rank"] == 0);
   CHECK_FALSE(jobs[0]["nodes"][0].contains("fingerprint"));
 }
+
+TEST_CASE("a fatal report is a failure event with cause fatal and its reason, then a job_failing restart") {
+  EventFixture f;
+  NodeSpec s1 = spec("node1", 1, 2), s2 = spec("node2", 1, 2);
+  s1.max_restarts = s2.max_restarts = 5;
+  f.sm.join(1, s1);
+  f.sm.join(2, s2);
+  WorkerFailure w;
+  w.host = "node2";
+  w.rank = 1;
+  w.exit_code = 3;
+  w.fatal = "worker 1 exited with code 3, which --no_restart_exit_codes lists: not restarting";
+  f.sm.report_failure(2, w);
+  auto failures = f.out.of("failure");
+  REQUIRE(failures.size() == 1);
+  CHECK(failures[0]->cause == "fatal");
+  CHECK(failures[0]->message == w.fatal);
+  CHECK(failures[0]->ranks == std::vector<int>{1});
+  auto restarts = f.out.of("restart");
+  REQUIRE(restarts.size() == 1);
+  CHECK(restarts[0]->cause == "job_failing");
+  f.sm.join(1, s1);
+  f.sm.join(2, s2);
+  auto ends = f.out.of("job_end");
+  REQUIRE(ends.size() == 1);
+  CHECK(ends[0]->cause == "failed");
+}
