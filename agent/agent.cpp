@@ -252,6 +252,7 @@ struct Agent::Impl {
   int round_restart_count = 0;
   // Set when the job must end instead of restarting (--no_restart_exit_codes, a crash loop).
   std::string stop_reason;
+  bool fatal_reported = false;  // the rendezvous was told stop_reason (a fatal failure report)
   std::optional<rdzv::WorkerFailure> reported_this_round;  // what this node reported, if anything
   // --check_health: the running check (0: none), what to do with its result, whether the last
   // one failed (a passing one after that is said), and pids of the last round's workers (the
@@ -401,6 +402,19 @@ struct Agent::Impl {
 
   void on_round(const rdzv::Assignment& a) {
     if (state != State::kJoining) return;
+    if (!stop_reason.empty()) {
+      // A round after this node's fatal report: the rendezvous did not take it (a daemon that
+      // predates it, or one that restarted meanwhile). The decision stands: the job ends here.
+      say("the rendezvous started a new round despite this node's decision; leaving the job");
+      rendezvous->close();
+      if (reported_this_round) {
+        on_job_failed(*reported_this_round, stop_reason);
+      } else {
+        say("job failed: " + stop_reason);
+        finish(static_cast<int>(ExitCode::kJobFailed));
+      }
+      return;
+    }
     RoundEnv round;
     round.assignment = a;
     round.local_world_size = options.node.local_world_size;
@@ -670,12 +684,17 @@ struct Agent::Impl {
     });
     last_failures = failures;
     reported_this_round = first->failure;
+    if (!stop_reason.empty()) {
+      // A --no_restart_exit_codes exit: the whole job ends, on every node (end_job_everywhere).
+      reported_this_round->fatal = stop_reason;
+      fatal_reported = true;
+    }
     say("worker " + std::to_string(first->failure.rank) + " (local rank " +
         std::to_string(first->failure.local_rank) + ", pid " + std::to_string(first->failure.pid) + ") " +
         (first->failure.signal ? "was killed by " + signal_name(first->failure.signal)
                                : "exited with code " + std::to_string(first->failure.exit_code)) +
         "; stopped the other workers");
-    rendezvous->report_failure(first->failure);
+    rendezvous->report_failure(*reported_this_round);
   }
 
   // ---- stopping ----------------------------------------------------------------------------
@@ -780,7 +799,7 @@ struct Agent::Impl {
     if (state == State::kDone || handled_signal) return;
     if (counted) note_round_progress();
     if (!stop_reason.empty()) {
-      end_job_here();
+      end_job_everywhere();
       return;
     }
     say("restarting the workers: " + reason);
@@ -810,16 +829,31 @@ struct Agent::Impl {
     });
   }
 
-  // The job ends on this node's decision (--no_restart_exit_codes, a crash loop) rather than the
-  // rendezvous': the summary of what this node reported, and the reason.
-  void end_job_here() {
-    if (reported_this_round) {
-      on_job_failed(*reported_this_round, stop_reason);
-      return;
+  // This node decided that the job must end (--no_restart_exit_codes, a crash loop). The decision
+  // is the job's, not this node's: the rendezvous hears it in a fatal failure report and fails the
+  // job on every node with that reason (on_job_failed shows the verdict, here as everywhere).
+  // Meanwhile this node stops its workers and rejoins, which tells the rendezvous they have
+  // stopped; a failing job gets no new round. No health check before that join: the node only
+  // says it has stopped.
+  void end_job_everywhere() {
+    if (!fatal_reported && !failure_report_pending) {
+      rdzv::WorkerFailure f;
+      if (reported_this_round) {
+        f = *reported_this_round;
+      } else {
+        // This node saw no failure in the round (a peer's ended it): the report names no worker.
+        f.host = options.node.host;
+        f.exit_code = 1;
+        f.timestamp = now_seconds();
+      }
+      f.fatal = stop_reason;
+      fatal_reported = true;
+      rendezvous->report_failure(f);
     }
+    say("the job fails: " + stop_reason + "; stopping the workers");
     when_stopped([this] {
-      say("job failed: " + stop_reason);
-      finish(static_cast<int>(ExitCode::kJobFailed));
+      state = State::kJoining;
+      join_now();
     });
   }
 

@@ -10,6 +10,7 @@ LocalRendezvous::LocalRendezvous(boost::asio::io_context& io, LocalRendezvousOpt
 void LocalRendezvous::set_events(RendezvousEvents events) { events_ = std::move(events); }
 
 void LocalRendezvous::join(const rdzv::NodeSpec& spec) {
+  if (failed_) return;  // the agent rejoins after a fatal report only to say it has stopped
   rdzv::Assignment a;
   a.generation = ++generation_;
   a.group_rank = options_.node_rank;
@@ -26,6 +27,15 @@ void LocalRendezvous::join(const rdzv::NodeSpec& spec) {
 }
 
 void LocalRendezvous::report_failure(const rdzv::WorkerFailure& failure) {
+  if (failed_) return;
+  if (!failure.fatal.empty()) {
+    // The agent decided that the job ends (--no_restart_exit_codes, a crash loop): no restart.
+    failed_ = true;
+    boost::asio::post(io_, [this, failure] {
+      if (!closed_ && events_.on_job_failed) events_.on_job_failed(failure, failure.fatal);
+    });
+    return;
+  }
   if (restart_count_ < options_.max_restarts) {
     ++restart_count_;
     std::string reason = "worker " + std::to_string(failure.rank) + " failed; restart " +
@@ -34,6 +44,7 @@ void LocalRendezvous::report_failure(const rdzv::WorkerFailure& failure) {
       if (!closed_ && events_.on_restart) events_.on_restart(reason, true);
     });
   } else {
+    failed_ = true;
     std::string summary = "restart budget spent (--max_restarts=" + std::to_string(options_.max_restarts) + ")";
     boost::asio::post(io_, [this, failure, summary] {
       if (!closed_ && events_.on_job_failed) events_.on_job_failed(failure, summary);

@@ -1,7 +1,8 @@
 // The rendezvous of a job that needs no daemon: a single node (--standalone, or no rendezvous
 // flags) or the static backend (--master_addr/--master_port/--node_rank, each node restarting on
 // its own, like torchrun's static rendezvous). No sockets: every answer is posted on the agent's
-// io_context.
+// io_context. A fatal failure report (WorkerFailure::fatal) fails the job at once with its reason;
+// with the static backend that is this node's job only: there is no one to tell the others.
 //
 // Owned by the Agent; lives as long as the agent run; called on the io_context thread only.
 #pragma once
@@ -40,6 +41,7 @@ class LocalRendezvous final : public RendezvousHandler {
   std::uint64_t generation_ = 0;
   int restart_count_ = 0;
   bool closed_ = false;
+  bool failed_ = false;  // the job failed (budget spent or a fatal report): no round, no report
 };
 
 }  // namespace ddp::agent

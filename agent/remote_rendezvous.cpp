@@ -435,7 +435,8 @@ void RemoteRendezvous::join(const rdzv::NodeSpec& spec) {
 }
 
 void RemoteRendezvous::report_failure(const rdzv::WorkerFailure& failure) {
-  if (!reported_failure_) reported_failure_ = failure;  // re-sent after a resume
+  // Re-sent after a resume; a fatal report (the job must end) replaces an ordinary one.
+  if (!reported_failure_ || (reported_failure_->fatal.empty() && !failure.fatal.empty())) reported_failure_ = failure;
   if (client_) client_->report_failure(failure);        // queued while reconnecting
 }
 

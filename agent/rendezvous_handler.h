@@ -37,6 +37,8 @@ class RendezvousHandler {
   // Joins the next round with this node's spec; on_round fires when it completes.
   virtual void join(const rdzv::NodeSpec& spec) = 0;
   // A local worker failed: the rendezvous decides restart (on_restart, counted) or final failure.
+  // A failure marked fatal (WorkerFailure::fatal) fails the job on every node with its reason;
+  // the agent then stops its workers and joins once more to say so (no round follows).
   virtual void report_failure(const rdzv::WorkerFailure& failure) = 0;
   // Every local worker exited 0.
   virtual void report_success() = 0;

@@ -45,12 +45,18 @@ def join(job, host, **kw):
 FAILURE = frame({"type": "failure", "failure": {"host": "a", "rank": 1, "local_rank": 1, "exit_code": 3,
                                                 "signal": 0, "pid": 42, "timestamp": 1.7e9,
                                                 "error_file_message": "RuntimeError: boom"}})
+FATAL = frame({"type": "failure", "failure": {"host": "b", "rank": 0, "exit_code": 1,
+                                              "fatal": "2 restart(s) in a row made no progress"}})
 SEEDS = {
     "one_node_succeeds": chunk(0, hello("j") + join("j", "a") + frame({"type": "success"})),
     "two_nodes_fail_restart_rejoin": (
         chunk(0, hello("j") + join("j", "a", lo=2, hi=2)) + chunk(1, hello("j") + join("j", "b", lo=2, hi=2)) +
         chunk(0, FAILURE) + chunk(0, join("j", "a", lo=2, hi=2)) + chunk(1, join("j", "b", lo=2, hi=2)) +
         chunk(0, frame({"type": "success"})) + chunk(1, frame({"type": "success"}))),
+    "fatal_report_fails_an_elastic_job": (
+        chunk(0, hello("x") + join("x", "a", lo=1, hi=2)) + chunk(1, hello("x") + join("x", "b", lo=1, hi=2)) +
+        chunk(0, FAILURE) + chunk(0, join("x", "a", lo=1, hi=2)) + chunk(1, FATAL) +
+        chunk(1, join("x", "b", lo=1, hi=2))),
     "elastic_last_call_then_newcomer": (
         chunk(0, hello("e") + join("e", "a", lo=1, hi=3)) + chunk(1, hello("e") + join("e", "b", lo=1, hi=3)) +
         chunk(2, frame({"type": "heartbeat"}), advance=6) + chunk(2, hello("e") + join("e", "c", lo=1, hi=3)) +

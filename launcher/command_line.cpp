@@ -49,7 +49,15 @@ void take(CommandLine& line, const OptionSpec& spec, const std::string& token, c
     (name == "help" ? line.help : line.version) = true;
     return;
   }
-  const std::string source = std::string("--") + spec.name;
+  // Messages about the value name the option as written when that was an alias (--health_check).
+  std::string source = std::string("--") + spec.name;
+  if (token.compare(0, 2, "--") == 0) {
+    const std::string written = token.substr(2, token.find('=') == std::string::npos ? std::string::npos
+                                                                                     : token.find('=') - 2);
+    for (const OptionAlias& a : option_aliases()) {
+      if (written == a.alias || written == dash_spelling(a.alias)) source = "--" + written;
+    }
+  }
   if (spec.is_flag) {
     line.values.set(name, Given{value != nullptr ? value : "1", source});
     return;

@@ -184,6 +184,21 @@ std::string wrap(const std::string& text, std::size_t indent, std::size_t width 
   return out;
 }
 
+const std::vector<OptionAlias> kAliases = {
+    {"health_check", "check_health"},
+    {"health_check_interval", "check_health_interval"},
+    {"max_restarts_without_progress", "crash_loop_limit"},
+};
+
+// " Also --health_check, --health-check (exact)." for an option with an alias, else "".
+std::string alias_text(const OptionSpec& spec) {
+  std::string text;
+  for (const OptionAlias& a : kAliases) {
+    if (std::string(a.name) == spec.name) text += std::string(" Also --") + a.alias + ", --" + dash_spelling(a.alias);
+  }
+  return text.empty() ? text : text + " (exact names only).";
+}
+
 std::string option_names(const OptionSpec& spec) {
   std::string names;
   if (spec.short_name != 0) names += std::string("-") + spec.short_name + ", ";
@@ -198,6 +213,8 @@ std::string option_names(const OptionSpec& spec) {
 }  // namespace
 
 const std::vector<OptionSpec>& option_table() { return kOptions; }
+
+const std::vector<OptionAlias>& option_aliases() { return kAliases; }
 
 std::string dash_spelling(const std::string& name) {
   std::string out = name;
@@ -217,6 +234,12 @@ const OptionSpec* find_long_option(const std::string& name, std::vector<std::str
   for (const OptionSpec& spec : kOptions) all.push_back(&spec);
   for (const OptionSpec* spec : all) {
     if (name == spec->name || name == dash_spelling(spec->name)) return spec;
+  }
+  for (const OptionAlias& a : kAliases) {
+    if (name != a.alias && name != dash_spelling(a.alias)) continue;
+    for (const OptionSpec& spec : kOptions) {
+      if (std::string(a.name) == spec.name) return &spec;
+    }
   }
   if (name.empty()) return nullptr;
   std::vector<const OptionSpec*> matches;
@@ -318,7 +341,7 @@ std::string help_text() {
     for (const OptionSpec& spec : kOptions) {
       if (spec.group != group) continue;
       h += "    " + option_names(spec) + "\n";
-      std::string text = spec.help;
+      std::string text = spec.help + alias_text(spec);
       if (spec.default_text != nullptr) text += std::string(" Default: ") + spec.default_text + ".";
       text += " Env: " + env_name(spec.name) + ".";
       h += wrap(text, 8);

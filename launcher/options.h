@@ -30,8 +30,18 @@ std::string dash_spelling(const std::string& name);
 // "PET_NPROC_PER_NODE" for "nproc_per_node".
 std::string env_name(const std::string& name);
 
-// The option a long name (without "--") names: exactly (either spelling), else as a unique
-// prefix of a spelling, as argparse allows ("nnode" -> nnodes). "help" and "version" are found
+// A second name of an option, matched exactly (either spelling), never as a prefix: issue 12's
+// names for options whose own names are shorter to abbreviate (--health_check is
+// --check_health; as a prefixable name it would make --he ambiguous with --help, and
+// --max_restarts_without_progress every abbreviation of --max_restarts). `name` is the option's.
+struct OptionAlias {
+  const char* alias;
+  const char* name;
+};
+const std::vector<OptionAlias>& option_aliases();
+
+// The option a long name (without "--") names: exactly (either spelling, an option's name before
+// an alias), else as a unique prefix of an option's name, as argparse allows ("nnode" -> nnodes). "help" and "version" are found
 // too (as a spec with that name, group kWorkers, is_flag). Returns nullptr and fills
 // `candidates` ("--nnodes", ...) when the prefix matches more than one option; nullptr with no
 // candidates when it matches none.

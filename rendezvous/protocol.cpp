@@ -310,6 +310,7 @@ std::optional<std::string> read_failure(const json& j, WorkerFailure& w) {
   f.integer("pid", w.pid, 0, kIntMax);
   f.number("timestamp", w.timestamp, 0, 1e12);
   f.string("error_file_message", w.error_file_message, kMaxFailureMessageBytes, /*truncate=*/true);
+  f.string("fatal", w.fatal, kMaxFailureMessageBytes, /*truncate=*/true);
   return f.error();
 }
 

@@ -617,10 +617,13 @@ void StateMachine::report_failure(ConnId conn, const WorkerFailure& failure) {
     // Happened while the rendezvous was away (issue 10): counted once the restore concludes.
     out_.log("job " + job->id + ": failure on " + describe(job->nodes.at(conn)) + " while restoring: " +
              failure_text(failure));
-    if (!job->pending_failure) job->pending_failure = failure;
+    if (!job->pending_failure || (job->pending_failure->fatal.empty() && !failure.fatal.empty())) {
+      job->pending_failure = failure;
+    }
     return;
   }
   Node& node = job->nodes.at(conn);
+  if (!failure.fatal.empty() && report_fatal(*job, node, failure)) return;
   if (job->failing && node.state == NodeState::Rejoining) {
     // A node of the failing round tells what it saw before it stopped: a candidate root cause.
     out_.log("job " + job->id + ": failure on " + describe(node) + " (job failing): " + failure_text(failure));
@@ -651,7 +654,43 @@ void StateMachine::report_failure(ConnId conn, const WorkerFailure& failure) {
   maybe_complete(*job);
 }
 
+// A node decided that the job must end (--no_restart_exit_codes, a crash loop): the job fails
+// like one whose budget is spent, with that reason, once the nodes of the round have stopped.
+// Taken from a node of the running round, or from one that is rejoining (it heard a counted
+// restart and found the crash loop then; a round may even have completed without it). Returns
+// false when the report cannot end the job (the job or node is finished, or the node waits
+// for its first round), which is then handled as an ordinary report.
+bool StateMachine::report_fatal(Job& job, Node& node, const WorkerFailure& failure) {
+  if (job.state == JobState::Succeeded || job.state == JobState::Failed || job.state == JobState::Restoring) {
+    return false;
+  }
+  if (node.state != NodeState::Running && node.state != NodeState::Rejoining) return false;
+  out_.log("job " + job.id + ": fatal failure on " + describe(node) + ": " + failure.fatal + " (" +
+           failure_text(failure) + ")");
+  emit(job, "failure", "fatal", failure.host, {failure.rank},
+       {{"local_rank", failure.local_rank}, {"exit_code", failure.exit_code}, {"signal", failure.signal}},
+       failure.fatal);
+  job.round_failures.push_back(failure);
+  if (!job.fatal) job.fatal = failure;
+  if (!job.failing) {
+    job.failing = true;
+    if (job.state == JobState::Running) {
+      end_round(job, "the job is failing (" + failure.fatal + "): stopping every worker", false, "job_failing");
+    }
+  }
+  maybe_complete(job);
+  return true;
+}
+
 void StateMachine::finish_failing(Job& job) {
+  if (job.fatal) {
+    // The worker the fatal report names, else (a node-wide decision) the round's root cause.
+    const WorkerFailure& root = job.fatal->rank >= 0
+                                    ? *job.fatal
+                                    : *std::min_element(job.round_failures.begin(), job.round_failures.end(), explains);
+    fail_job(job, root, "job " + job.id + " failed: " + job.fatal->fatal);
+    return;
+  }
   const WorkerFailure& root =
       *std::min_element(job.round_failures.begin(), job.round_failures.end(), explains);
   std::string summary = "job " + job.id + " failed after " + std::to_string(job.restarts_used) + " of " +

@@ -21,6 +21,10 @@
 //    rejoined or is gone, the job fails everywhere (job_failed) with the root cause: the
 //    round's failure that explains the others (rdzv::explains: deaths by signal first, then
 //    the earliest). So the verdict never depends on which agent's report arrived first.
+//  - A *fatal* failure report (WorkerFailure::fatal: --no_restart_exit_codes, a crash loop)
+//    makes the job failing at once, whatever the budget, from a node of the running round or
+//    one whose round just ended (an agent decides on a crash loop when it hears the counted
+//    restart); the verdict, given the same way, carries the fatal reason.
 //  - When every node of the round reported success the job succeeded everywhere.
 //  - A job is dropped when its last node leaves; memory is bounded by the live connections.
 //  - While a job gathers, its waiting nodes that asked for it (NodeSpec::progress) get
@@ -187,6 +191,7 @@ class StateMachine {
     // the rest until its nodes have stopped). Cleared when a round completes.
     std::vector<WorkerFailure> round_failures;
     bool failing = false;  // the budget is spent: the job fails once its nodes have stopped
+    std::optional<WorkerFailure> fatal;  // the first fatal report: the job fails with its reason
     double next_heartbeat_check = 0;  // no node can be silent too long before this
     // Issue 10: rebuilt from resumes (when, on the clock), and the restore in progress.
     std::optional<double> rebuilt_at;
@@ -236,6 +241,7 @@ class StateMachine {
   void complete_round(Job& job);
   void fail_job(Job& job, const WorkerFailure& failure, const std::string& summary);
   void finish_failing(Job& job);
+  bool report_fatal(Job& job, Node& node, const WorkerFailure& failure);
   void drop_all(Job& job, const std::string& code, const std::string& message);
   void erase_if_empty(const std::string& job_id);
   bool report_pending_failure(Job& job, const WorkerFailure& failure);

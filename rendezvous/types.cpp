@@ -95,6 +95,7 @@ void to_json(nlohmann::json& j, const WorkerFailure& v) {
        {"pid", v.pid},
        {"timestamp", v.timestamp},
        {"error_file_message", v.error_file_message}};
+  if (!v.fatal.empty()) j["fatal"] = v.fatal;
 }
 
 void from_json(const nlohmann::json& j, WorkerFailure& v) {
@@ -106,6 +107,7 @@ void from_json(const nlohmann::json& j, WorkerFailure& v) {
   read_opt(j, "pid", v.pid);
   read_opt(j, "timestamp", v.timestamp);
   read_opt(j, "error_file_message", v.error_file_message);
+  read_opt(j, "fatal", v.fatal);
 }
 
 bool explains(const WorkerFailure& a, const WorkerFailure& b) {

@@ -64,6 +64,10 @@ struct WorkerFailure {
   int pid = 0;
   double timestamp = 0;          // seconds since the epoch
   std::string error_file_message;  // the worker's TORCHELASTIC_ERROR_FILE content, summarised
+  // Non-empty: the agent decided that the job must end, not restart (--no_restart_exit_codes, a
+  // crash loop), and why. The rendezvous then fails the job on every node with this reason.
+  // Empty (the default): an ordinary failure, restarted while the budget lasts.
+  std::string fatal;
 };
 
 // The root-cause order of failures: true when `a` explains `b` rather than the reverse. A worker

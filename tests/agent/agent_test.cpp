@@ -361,3 +361,42 @@ TEST_SUITE("the agent ends hangs and crash loops") {
     CHECK(err.find("(last step 17;") != std::string::npos);
   }
 }
+
+TEST_SUITE("the in-process rendezvous") {
+  TEST_CASE("a fatal report fails the job at once with its reason, budget or not, and no round follows") {
+    asio::io_context io;
+    LocalRendezvousOptions ro;
+    ro.max_restarts = 5;
+    LocalRendezvous rendezvous(io, ro);
+    int rounds = 0, restarts = 0;
+    std::vector<std::string> verdicts;
+    RendezvousEvents events;
+    events.on_round = [&](const ddp::rdzv::Assignment&) { ++rounds; };
+    events.on_restart = [&](const std::string&, bool) { ++restarts; };
+    events.on_job_failed = [&](const ddp::rdzv::WorkerFailure& f, const std::string& summary) {
+      CHECK(f.rank == 1);
+      verdicts.push_back(summary);
+    };
+    rendezvous.set_events(std::move(events));
+    ddp::rdzv::NodeSpec spec;
+    rendezvous.join(spec);
+    io.run();
+    REQUIRE(rounds == 1);
+    ddp::rdzv::WorkerFailure failure;
+    failure.rank = 1;
+    failure.exit_code = 3;
+    failure.fatal = "worker 1 exited with code 3, which --no_restart_exit_codes lists: not restarting";
+    rendezvous.report_failure(failure);
+    io.restart();
+    io.run();
+    CHECK(restarts == 0);
+    CHECK(verdicts == std::vector<std::string>{failure.fatal});
+    // The agent joins once more after stopping its workers: no round, no second verdict.
+    rendezvous.join(spec);
+    rendezvous.report_failure(failure);
+    io.restart();
+    io.run();
+    CHECK(rounds == 1);
+    CHECK(verdicts.size() == 1);
+  }
+}

@@ -621,6 +621,50 @@ TEST_SUITE("torchrun 2.x command lines are accepted") {
     CHECK(contains(out.str(), "SYNOPSIS"));
   }
 
+  TEST_CASE("issue 12's names --health_check, --health_check_interval, --max_restarts_without_progress are exact aliases") {
+    ScopedEnv env;
+    const LaunchConfig c = parse({"--health_check=true", "--health-check-interval=7",
+                                  "--max_restarts_without_progress", "3", "t.py"}).config;
+    CHECK(c.health_check == "true");
+    CHECK(c.health_check_interval == 7.0);
+    CHECK(c.max_restarts_without_progress == 3);
+    const LaunchConfig d = parse({"--health-check", "gpu", "--health_check_interval", "2",
+                                  "--max-restarts-without-progress=4", "t.py"}).config;
+    CHECK(d.health_check == "gpu");
+    CHECK(d.health_check_interval == 2.0);
+    CHECK(d.max_restarts_without_progress == 4);
+    // The last occurrence wins, whichever name it uses.
+    CHECK(parse({"--check_health=a", "--health_check=b", "t.py"}).config.health_check == "b");
+    CHECK(parse({"--crash_loop_limit=5", "--max_restarts_without_progress=1", "t.py"})
+              .config.max_restarts_without_progress == 1);
+    // A bad value is named as written.
+    CHECK(contains(refusal({"--health_check_interval=0", "t.py"}).what(), "--health_check_interval"));
+    // --max_restarts is still exact, and its abbreviations still unambiguous.
+    const LaunchConfig e = parse({"--max_restarts=2", "t.py"}).config;
+    CHECK(e.max_restarts == 2);
+    CHECK(e.max_restarts_without_progress == 0);
+    CHECK(parse({"--max_r=3", "t.py"}).config.max_restarts == 3);
+    CHECK(parse({"--max", "6", "t.py"}).config.max_restarts == 6);
+    // Aliases are exact only: no abbreviation of them, so --he and --hel stay --help.
+    for (const char* help : {"--he", "--hel"}) {
+      std::vector<const char*> argv{"ddplaunch", help};
+      std::ostringstream out;
+      ParseContext context;
+      context.out = &out;
+      CHECK_THROWS_AS(ddp::launcher::parse_command_line(2, argv.data(), context), UsageError);
+      CHECK(contains(out.str(), "SYNOPSIS"));
+    }
+    CHECK(contains(refusal({"--health_chec=x", "t.py"}).what(), "unknown option '--health_chec'"));
+    CHECK(contains(refusal({"--max_restarts_without=1", "t.py"}).what(), "unknown option"));
+    // --help lists them beside the options they name.
+    const std::string help = ddp::launcher::help_text();
+    for (const char* alias : {"--health_check,", "--health-check", "--health_check_interval,",
+                              "--health-check-interval", "--max_restarts_without_progress,",
+                              "--max-restarts-without-progress"}) {
+      CHECK_MESSAGE(contains(help, alias), "missing " << alias);
+    }
+  }
+
   TEST_CASE("an ambiguous prefix names every option it could be") {
     ScopedEnv env;
     const UsageError e = refusal({"--no", "t.py"});

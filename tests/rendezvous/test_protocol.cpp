@@ -149,6 +149,25 @@ TEST_CASE("a failure's message over the cap is truncated with a marker, not refu
   CHECK(got.host.size() < kMaxHostBytes + 100);
 }
 
+TEST_CASE("a failure's fatal reason survives the codec, is absent when empty, and is capped like messages") {
+  WorkerFailure w;
+  w.rank = 2;
+  auto plain = decode(payload_of(encode(make_failure(w))));
+  REQUIRE_FALSE(plain.error);
+  CHECK(std::get<WorkerFailure>(plain.message->body).fatal.empty());
+  CHECK(payload_of(encode(make_failure(w))).find("fatal") == std::string::npos);
+  w.fatal = "3 restart(s) in a row made no progress";
+  auto d = decode(payload_of(encode(make_failure(w))));
+  REQUIRE_FALSE(d.error);
+  CHECK(std::get<WorkerFailure>(d.message->body).fatal == w.fatal);
+  w.fatal = std::string(100000, 'f');
+  auto big = decode(payload_of(encode(make_failure(w))));
+  REQUIRE_FALSE(big.error);
+  const auto& got = std::get<WorkerFailure>(big.message->body).fatal;
+  CHECK(got.size() < kMaxFailureMessageBytes + 100);
+  CHECK(got.find(kTruncatedMarker) != std::string::npos);
+}
+
 TEST_CASE("every message survives encode then decode with its data") {
   Assignment a;
   a.generation = 7;

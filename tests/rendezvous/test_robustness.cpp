@@ -187,6 +187,43 @@ TEST_CASE("malformed JSON gets a bad_json error, before and after hello") {
   healthy.check_server_still_serves(st.port());
 }
 
+TEST_CASE("a failure report's fatal mark must be a string; an oversized one is truncated, and ends only its own job") {
+  ServerThread st({});
+  Healthy healthy(st.port());
+  for (const nlohmann::json& bad_mark : {nlohmann::json(42), nlohmann::json(true), nlohmann::json::array({"x"}),
+                                         nlohmann::json({{"reason", "x"}})}) {
+    RawConn bad(st.port());
+    bad.say_hello("fatal-job", "");
+    REQUIRE(bad.recv_type("welcome"));
+    bad.send(make_join(one_node("fatal-job")));
+    REQUIRE(bad.recv_type("round"));
+    bad.send({{"type", "failure"}, {"failure", {{"host", "h"}, {"rank", 0}, {"exit_code", 3}, {"fatal", bad_mark}}}});
+    auto err = bad.recv_type("error");
+    REQUIRE(err);
+    CHECK((*err)["code"] == "bad_message");
+    CHECK((*err)["message"].get<std::string>().find("\"fatal\" must be a string") != std::string::npos);
+    CHECK(bad.wait_closed());
+  }
+  {
+    // A reason far over the cap: the job fails with it cut to the cap, the server is unharmed.
+    RawConn loud(st.port());
+    loud.say_hello("fatal-job", "");
+    REQUIRE(loud.recv_type("welcome"));
+    loud.send(make_join(one_node("fatal-job")));
+    REQUIRE(loud.recv_type("round"));
+    loud.send({{"type", "failure"},
+               {"failure", {{"host", "h"}, {"rank", 0}, {"exit_code", 3}, {"fatal", std::string(500000, 'r')}}}});
+    REQUIRE(loud.recv_type("restart"));
+    loud.send(make_join(one_node("fatal-job")));
+    auto failed = loud.recv_type("job_failed");
+    REQUIRE(failed);
+    const std::string summary = (*failed)["summary"];
+    CHECK(summary.size() < kMaxFailureMessageBytes + 200);
+    CHECK(summary.find(kTruncatedMarker) != std::string::npos);
+  }
+  healthy.check_server_still_serves(st.port());
+}
+
 TEST_CASE("an oversized frame is refused from its header without allocating it") {
   ServerThread st({});
   Healthy healthy(st.port());

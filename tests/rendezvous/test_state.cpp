@@ -526,6 +526,109 @@ TEST_CASE("a node joining a failing job does not start a round") {
   CHECK(f.out.of(2, "round").empty());
 }
 
+TEST_CASE("a fatal failure report fails an elastic job everywhere with its reason, whatever the budget") {
+  Fixture f;
+  NodeSpec s1 = spec("node1", 1, 2), s2 = spec("node2", 1, 2);
+  s1.max_restarts = s2.max_restarts = 5;
+  f.sm.join(1, s1);
+  f.sm.join(2, s2);
+  REQUIRE(f.out.round(1).generation == 1);
+  f.out.clear();
+  WorkerFailure w = failure("node2", 1, 3);
+  w.fatal = "worker 1 exited with code 3, which --no_restart_exit_codes lists: not restarting";
+  f.sm.report_failure(2, w);
+  // Every node stops its workers (an uncounted restart); the verdict waits for them, and the
+  // surviving node alone (MIN is 1) is not given a new round.
+  for (ConnId c : {1, 2}) {
+    auto r = f.out.of(c, "restart");
+    REQUIRE(r.size() == 1);
+    CHECK(r[0]["counted"] == false);
+    CHECK(r[0]["reason"].get<std::string>().find("--no_restart_exit_codes") != std::string::npos);
+  }
+  f.sm.join(1, s1);
+  f.clock.advance(60);
+  f.sm.tick();
+  CHECK(f.out.of(1, "round").empty());
+  CHECK(f.out.of(1, "job_failed").empty());
+  f.sm.join(2, s2);
+  for (ConnId c : {1, 2}) {
+    auto failed = f.out.of(c, "job_failed");
+    REQUIRE(failed.size() == 1);
+    CHECK(failed[0]["failure"]["host"] == "node2");
+    CHECK(failed[0]["failure"]["exit_code"] == 3);
+    CHECK(failed[0]["summary"] == "job job failed: " + w.fatal);
+  }
+  CHECK(f.sm.status()["jobs"][0]["restarts_used"] == 0);
+}
+
+TEST_CASE("a fatal report from a node whose round just ended (a crash loop) fails the job with its reason") {
+  Fixture f;
+  NodeSpec s1 = spec("node1", 1, 2), s2 = spec("node2", 1, 2);
+  s1.max_restarts = s2.max_restarts = 5;
+  f.sm.join(1, s1);
+  f.sm.join(2, s2);
+  f.sm.report_failure(1, failure("node1", 0, 1));  // counted restart: both nodes rejoin
+  f.out.clear();
+  f.sm.join(1, s1);  // node 1 is back; node 2 finds its crash loop on hearing the restart
+  WorkerFailure loop;
+  loop.host = "node2";
+  loop.exit_code = 1;
+  loop.timestamp = 100;
+  loop.fatal = "2 restart(s) in a row made no progress; --crash_loop_limit=2";
+  f.sm.report_failure(2, loop);
+  CHECK(f.out.of(1, "job_failed").empty());  // node 2 is still stopping its workers
+  f.sm.join(2, s2);
+  for (ConnId c : {1, 2}) {
+    CHECK(f.out.of(c, "round").empty());
+    auto failed = f.out.of(c, "job_failed");
+    REQUIRE(failed.size() == 1);
+    // The report names no worker: the round's root cause stands in for it.
+    CHECK(failed[0]["failure"]["host"] == "node1");
+    CHECK(failed[0]["failure"]["rank"] == 0);
+    CHECK(failed[0]["summary"] == "job job failed: " + loop.fatal);
+  }
+}
+
+TEST_CASE("a fatal report from a node left out of a new round ends that round and fails the job") {
+  Fixture f;
+  NodeSpec s1 = spec("node1", 1, 2), s2 = spec("node2", 1, 2);
+  s1.max_restarts = s2.max_restarts = 5;
+  f.sm.join(1, s1);
+  f.sm.join(2, s2);
+  f.sm.report_failure(1, failure("node1", 0, 1));
+  f.sm.join(1, s1);
+  f.clock.advance(5);  // last call passes: node 1 runs alone
+  f.sm.tick();
+  REQUIRE(f.out.round(1).generation == 2);
+  f.out.clear();
+  WorkerFailure loop = failure("node2", 1, 1);
+  loop.fatal = "crash loop";
+  f.sm.report_failure(2, loop);
+  REQUIRE(f.out.of(1, "restart").size() == 1);
+  f.sm.join(1, s1);
+  CHECK(f.out.of(1, "job_failed").empty());
+  f.sm.join(2, s2);
+  CHECK(f.out.of(1, "job_failed").at(0)["summary"] == "job job failed: crash loop");
+  CHECK(f.out.of(2, "job_failed").at(0)["summary"] == "job job failed: crash loop");
+}
+
+TEST_CASE("a fatal report from a node that never ran a round, or after the verdict, changes nothing") {
+  Fixture f;
+  NodeSpec s1 = spec("node1", 2, 2), s2 = spec("node2", 2, 2);
+  f.sm.join(1, s1);
+  WorkerFailure w = failure("node1", 0, 3);
+  w.fatal = "no";
+  f.sm.report_failure(1, w);
+  CHECK(f.out.of(1, "job_failed").empty());
+  f.sm.join(2, s2);
+  REQUIRE(f.out.round(1).generation == 1);
+  f.sm.report_success(1);
+  f.sm.report_success(2);
+  REQUIRE(f.out.of(1, "job_succeeded").size() == 1);
+  f.sm.report_failure(2, w);
+  CHECK(f.out.of(2, "job_failed").empty());
+}
+
 TEST_CASE("a stale failure report after the round ended is not counted twice") {
   Fixture f;
   NodeSpec s1 = spec("node1", 2, 2), s2 = spec("node2", 2, 2);
@@ -1042,4 +1145,31 @@ TEST_CASE("a kept finished job holds at most 64 node rows, without fingerprints"
   CHECK(jobs[0]["nodes_omitted"] == 6);
   CHECK(jobs[0]["nodes"][0]["group_rank"] == 0);
   CHECK_FALSE(jobs[0]["nodes"][0].contains("fingerprint"));
+}
+
+TEST_CASE("a fatal report is a failure event with cause fatal and its reason, then a job_failing restart") {
+  EventFixture f;
+  NodeSpec s1 = spec("node1", 1, 2), s2 = spec("node2", 1, 2);
+  s1.max_restarts = s2.max_restarts = 5;
+  f.sm.join(1, s1);
+  f.sm.join(2, s2);
+  WorkerFailure w;
+  w.host = "node2";
+  w.rank = 1;
+  w.exit_code = 3;
+  w.fatal = "worker 1 exited with code 3, which --no_restart_exit_codes lists: not restarting";
+  f.sm.report_failure(2, w);
+  auto failures = f.out.of("failure");
+  REQUIRE(failures.size() == 1);
+  CHECK(failures[0]->cause == "fatal");
+  CHECK(failures[0]->message == w.fatal);
+  CHECK(failures[0]->ranks == std::vector<int>{1});
+  auto restarts = f.out.of("restart");
+  REQUIRE(restarts.size() == 1);
+  CHECK(restarts[0]->cause == "job_failing");
+  f.sm.join(1, s1);
+  f.sm.join(2, s2);
+  auto ends = f.out.of("job_end");
+  REQUIRE(ends.size() == 1);
+  CHECK(ends[0]->cause == "failed");
 }
