@@ -40,6 +40,13 @@ def tcp_accepts(host, port, timeout=2.0):
         return False
 
 
+def non_loopback_addresses():
+    """This machine's IPv4 addresses outside 127/8, from `ip -4 -o addr` (none when it has none)."""
+    res = subprocess.run(["ip", "-4", "-o", "addr", "show"], capture_output=True, text=True, timeout=10)
+    found = re.findall(r"\binet (\d+\.\d+\.\d+\.\d+)/", res.stdout)
+    return [a for a in found if not a.startswith("127.")]
+
+
 class ProgressInALog(LaunchTestCase):
     """stderr is a pipe here: progress comes as lines, and each round's result as one line."""
 
@@ -292,6 +299,10 @@ class BindWhatWasAsked(LaunchTestCase):
         # 127.0.0.2 is this machine too (127/8), but not the address the endpoint names; a server
         # bound to every address (0.0.0.0) would accept there.
         self.assertFalse(tcp_accepts("127.0.0.2", port), "the server listens beyond 127.0.0.1")
+        # And on this machine's own non-loopback addresses (those of its interfaces), where other
+        # hosts would reach it.
+        for addr in non_loopback_addresses():
+            self.assertFalse(tcp_accepts(addr, port), "the server is reachable on %s" % addr)
         self.assertTrue(tcp_accepts("127.0.0.1", port))
         self.assertIn("listening on 127.0.0.1", node.stderr())
 
