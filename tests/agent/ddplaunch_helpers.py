@@ -8,7 +8,7 @@ import sys
 import tempfile
 import unittest
 
-from processes import kill_group, run, spawn, wait_for  # noqa: F401  (re-exported)
+from processes import free_port, kill_group, port_open, run, spawn, wait_for  # noqa: F401  (re-exported)
 
 BUILD_DIR = os.environ.get("DDPLAUNCH_BUILD_DIR", os.path.join(os.path.dirname(__file__), "..", "..", "build"))
 DDPLAUNCH = os.path.join(BUILD_DIR, "bin", "ddplaunch")
@@ -36,6 +36,18 @@ class LaunchTestCase(unittest.TestCase):
         if executable:
             os.chmod(path, 0o755)
         return path
+
+    def start_rendezvous_daemon(self):
+        """A ddp-rendezvous on a free loopback port, killed when the test ends; returns its port."""
+        rendezvous = os.path.join(BUILD_DIR, "bin", "ddp-rendezvous")
+        if not os.path.exists(rendezvous):
+            self.fail("ddp-rendezvous not built: %s" % rendezvous)
+        port = free_port()
+        daemon = spawn([rendezvous, "--host", "127.0.0.1", "--port", str(port)], name="ddp-rendezvous")
+        self.addCleanup(daemon.kill)
+        wait_for(lambda: port_open(port) or daemon.poll() is not None, 15, "the daemon to listen")
+        self.assertIsNone(daemon.poll(), daemon.describe())
+        return port
 
     def launch(self, args, timeout=60, env=None):
         """Runs ddplaunch to completion (killed at `timeout`); returns processes.Result."""

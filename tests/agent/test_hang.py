@@ -138,15 +138,7 @@ class MultiNodeHang(LaunchTestCase):
     """Two agents on one ddp-rendezvous daemon on loopback, one rank each."""
 
     def test_a_rank_hung_on_one_node_restarts_the_job_on_both(self):
-        import processes
-        from processes import free_port, spawn
-        rendezvous = os.path.join(BUILD_DIR, "bin", "ddp-rendezvous")
-        if not os.path.exists(rendezvous):
-            self.fail("ddp-rendezvous not built: %s" % rendezvous)
-        port = free_port()
-        daemon = spawn([rendezvous, "--host", "127.0.0.1", "--port", str(port)], name="ddp-rendezvous")
-        self.addCleanup(daemon.kill)
-        wait_for(lambda: processes.port_open(port) or daemon.poll() is not None, 15, "the daemon to listen")
+        port = self.start_rendezvous_daemon()
         script = self.script("ddp_hang.py", DDP_HANG)
         conf = "heartbeat_interval=0.5,heartbeat_timeout=2,last_call_timeout=1,join_timeout=60"
         nodes = [self.spawn_launch(["--nnodes=2", "--nproc_per_node=1", "--rdzv_backend=c10d",

@@ -24,15 +24,7 @@ time.sleep(600)
 class JobWideDecisions(LaunchTestCase):
     def start_job(self, job_id, exit_code, bad_args, common_args=()):
         """A daemon and two agents of an elastic job (--nnodes=1:2); returns [good, bad]."""
-        import processes
-        from processes import free_port, spawn
-        rendezvous = os.path.join(BUILD_DIR, "bin", "ddp-rendezvous")
-        if not os.path.exists(rendezvous):
-            self.fail("ddp-rendezvous not built: %s" % rendezvous)
-        port = free_port()
-        daemon = spawn([rendezvous, "--host", "127.0.0.1", "--port", str(port)], name="ddp-rendezvous")
-        self.addCleanup(daemon.kill)
-        wait_for(lambda: processes.port_open(port) or daemon.poll() is not None, 15, "the daemon to listen")
+        port = self.start_rendezvous_daemon()
         script = self.script("worker.py", WORKER)
         # A long last call: the first round waits for both nodes (it completes at MAX = 2).
         conf = "heartbeat_interval=0.5,heartbeat_timeout=5,last_call_timeout=60,join_timeout=60"
