@@ -51,16 +51,10 @@ struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// The token file named on the command line, else $DDPLAUNCH_RDZV_TOKEN_FILE, else none.
-std::string token_path(const std::string& flag) {
-  if (!flag.empty()) return flag;
-  const char* env = std::getenv("DDPLAUNCH_RDZV_TOKEN_FILE");
-  return env ? env : "";
-}
-
 bool is_loopback(const asio::ip::address& a) { return a.is_loopback(); }
 
-// A flag's value, else the environment variable's, else "".
+// A flag's value, else the environment variable's, else "" (the token file: $DDPLAUNCH_RDZV_TOKEN_FILE;
+// status's TLS files: $DDPLAUNCH_RDZV_TLS_*).
 std::string flag_or_env(const std::string& flag, const char* variable) {
   if (!flag.empty()) return flag;
   const char* env = std::getenv(variable);
@@ -103,7 +97,7 @@ int serve(const std::string& host, unsigned short port, const std::string& token
     }
   }
   if (!bus->empty()) options.on_event = [bus](const ddp::metrics::Event& e) { bus->record(e); };
-  const std::string path = token_path(token_file);
+  const std::string path = flag_or_env(token_file, "DDPLAUNCH_RDZV_TOKEN_FILE");
   if (!path.empty()) {
     try {
       options.secrets = ddp::rdzv::Secrets::load(path);
@@ -265,7 +259,7 @@ int main(int argc, char** argv) {
   try {
     if (*status) {
       std::string secret;
-      if (const std::string path = token_path(token_file); !path.empty()) {
+      if (const std::string path = flag_or_env(token_file, "DDPLAUNCH_RDZV_TOKEN_FILE"); !path.empty()) {
         try {
           secret = ddp::rdzv::read_secret_file(path);
         } catch (const ddp::rdzv::SecretError& e) {
