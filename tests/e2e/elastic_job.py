@@ -53,6 +53,7 @@ RESUMED_RE = re.compile(r"^\[(?:ddp|elastic_ddp)\] resumed from (?P<path>\S+) (?
 FRESH_RE = re.compile(r"^\[elastic_ddp\] no checkpoint: starting at step 0")
 SAVED_RE = re.compile(r"^\[(?:ddp|elastic_ddp)\] saved (?:checkpoint )?(?P<path>\S+) \(step (?P<step>\d+)")
 ACCURACY_RE = re.compile(r"final_accuracy=(?P<acc>[0-9.]+)")
+STEPS_THIS_RUN_RE = re.compile(r"steps_this_run=(?P<n>\d+)")
 EPOCHS_RE = re.compile(r"^\[train\] steps=\d+ .*epochs_completed=(?P<epochs>\d+)")
 RECORD_RE = re.compile(r"^attempt=(\d+) world=(\d+) rank=(\d+) epoch=(\d+) step=(\d+) indices=([0-9,]*)$")
 SAMPLE_FILE_RE = re.compile(r"^g(\d+)-r(\d+)\.log$")
@@ -70,6 +71,7 @@ class Round:
         self.saved_steps = []      # checkpoints rank 0 saved in this round
         self.accuracy = None       # rank 0's test accuracy when the round ended (also when stopped)
         self.completed = False     # the round trained to the last epoch
+        self.steps_this_run = None  # steps the round trained, from the Python job's "done:" line
         self.records = []          # (world, rank, epoch, step, indices) from the sample logs
 
     @property
@@ -198,6 +200,9 @@ class ElasticJob:
                         current.completed = True
                     if line.startswith("[elastic_ddp] done:"):
                         current.completed = True
+                        m = STEPS_THIS_RUN_RE.search(line)
+                        if m:
+                            current.steps_this_run = int(m.group("n"))
                     m = ACCURACY_RE.search(line)
                     if m and (line.startswith("[train] final_accuracy=") or line.startswith("[elastic_ddp] done:")):
                         current.accuracy = float(m.group("acc"))

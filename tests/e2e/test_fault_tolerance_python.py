@@ -75,10 +75,25 @@ class PythonJobFaultToleranceTest(unittest.TestCase):
         self.assertTrue(before.saved_steps, job.describe())
         self.assertEqual(after[0].resumed_from_step, max(before.saved_steps), job.describe())
         self.assertGreater(after[0].resumed_from_step, 0)
+        # Exactly one round trained to the end. A later round may follow it only when a worker
+        # failed after that (a Gloo worker can die in torch's own teardown, after "done:": seen
+        # once in CI as SIGSEGV); ddplaunch then restarts as for any failure, and that round
+        # resumes from the final snapshot and trains nothing. Why it restarted is printed.
         finished = [r for r in after if r.completed]
-        self.assertEqual(len(finished), 1, job.describe())
-        self.assertIs(finished[0], after[-1])
-        self.assertGreaterEqual(finished[0].accuracy, ACCURACY, job.describe())
+        self.assertTrue(finished, job.describe())
+        trained = [r for r in finished if r.steps_this_run != 0]
+        self.assertEqual(len(trained), 1, job.describe())
+        self.assertIs(trained[0], finished[0], job.describe())
+        self.assertGreaterEqual(trained[0].accuracy, ACCURACY, job.describe())
+        self.assertTrue(after[-1].completed, job.describe())
+        final_step = max(trained[0].saved_steps)
+        for r in after[after.index(trained[0]) + 1:]:
+            self.assertEqual((r.resumed_from_step, r.steps_this_run), (final_step, 0), job.describe())
+        if after[-1] is not trained[0]:
+            reasons = sorted({line for node in (1, 2) for line in job.agent(node).stderr().splitlines()
+                              if "restarting the workers" in line})
+            print("a round after the last step (nothing trained twice); why:\n  " + "\n  ".join(reasons),
+                  file=sys.stderr)
         # Nothing of the round of 6 was trained twice: later rounds never resumed before it.
         for r in after:
             self.assertGreaterEqual(r.resumed_from_step or 0, max(before.saved_steps), job.describe())
