@@ -451,19 +451,34 @@ struct Agent::Impl {
                     {"master", a.master_addr + ":" + std::to_string(a.master_port)}, {"restart_count", a.restart_count}});
     }
     const auto argv = worker_argv(options.command);
-    for (int lr = 0; lr < round.local_world_size; ++lr) {
-      try {
-        start_worker(round, lr, argv);
-      } catch (const std::exception& e) {
-        say(e.what());
-        exit_code = static_cast<int>(ExitCode::kUsage);
-        rendezvous->close();
-        stop_workers(SIGTERM, [this] { finish(static_cast<int>(ExitCode::kUsage)); });
-        return;
-      }
+    try {
+      for (int lr = 0; lr < round.local_world_size; ++lr) start_worker(round, lr, argv);
+      processes->confirm_spawned();  // every worker forked: now wait for their execs
+    } catch (const std::exception& e) {
+      say(e.what());
+      forget_unstarted(e);
+      exit_code = static_cast<int>(ExitCode::kUsage);
+      rendezvous->close();
+      stop_workers(SIGTERM, [this] { finish(static_cast<int>(ExitCode::kUsage)); });
+      return;
     }
     if (options.hang.enabled() || options.on_progress) schedule_progress_check();
     if (!options.health_check.empty()) schedule_health_check();
+  }
+
+  // After a failed start: the workers that could not exec are gone already (reaped by
+  // confirm_spawned(), which runs here too for those forked before the failure).
+  void forget_unstarted(const std::exception& e) {
+    std::vector<int> gone;
+    if (auto* spawn_error = dynamic_cast<const SpawnError*>(&e)) gone = spawn_error->pids;
+    try {
+      processes->confirm_spawned();
+    } catch (const SpawnError& more) {
+      gone.insert(gone.end(), more.pids.begin(), more.pids.end());
+    }
+    for (auto& w : workers) {
+      if (std::count(gone.begin(), gone.end(), w.pid) > 0) w.alive = false;
+    }
   }
 
   // "generation 2: this node is group rank 1 of 2 (ranks 4-7), world size 8, master 10.0.0.1:29500".
@@ -502,6 +517,7 @@ struct Agent::Impl {
     if (local_rank < static_cast<int>(options.numa_bindings.size())) {
       req.numa = prepare_binding(options.numa_bindings[local_rank]);
     }
+    req.check_exec_later = true;  // start_workers() confirms the whole group's execs at once
 
     const bool shown = options.local_ranks_filter.empty() ||
                        std::count(options.local_ranks_filter.begin(), options.local_ranks_filter.end(), local_rank) > 0;

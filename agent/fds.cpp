@@ -46,6 +46,8 @@ void cloexec_fds_from(int first) {
 }
 
 void mark_open_fds_cloexec() {
+  // One system call (Linux >= 5.11) instead of a directory listing and two fcntl per descriptor.
+  if (close_range_call(3, UINT_MAX, CLOSE_RANGE_CLOEXEC)) return;
   DIR* dir = ::opendir("/proc/self/fd");
   if (dir == nullptr) {
     cloexec_fds_from(3);

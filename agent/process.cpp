@@ -95,21 +95,38 @@ class PosixProcesses final : public Processes {
       ::close(exec_error[0]);
       throw SpawnError("cannot start " + request.argv.at(0) + ": fork: " + std::strerror(fork_errno));
     }
-    int child_errno = 0;
-    ssize_t n;
-    while ((n = ::read(exec_error[0], &child_errno, sizeof child_errno)) < 0 && errno == EINTR) {
-    }
-    ::close(exec_error[0]);
-    if (n == static_cast<ssize_t>(sizeof child_errno)) {
-      while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
-      }
-      throw SpawnError("cannot start " + request.argv.at(0) + ": " + std::strerror(child_errno));
-    }
     // Close the window where the parent signals the group before the child ran setpgid.
     ::setpgid(pid, pid);
     containment_.watch_group(pid);
     containment_.check_member(pid);
+    pending_.push_back({pid, exec_error[0], request.argv.at(0)});
+    if (!request.check_exec_later) confirm_spawned();
     return pid;
+  }
+
+  void confirm_spawned() override {
+    std::vector<PendingExec> pending;
+    pending.swap(pending_);
+    std::string failure;
+    std::vector<int> failed;
+    for (const PendingExec& p : pending) {
+      int child_errno = 0;
+      ssize_t n;
+      while ((n = ::read(p.exec_error_fd, &child_errno, sizeof child_errno)) < 0 && errno == EINTR) {
+      }
+      ::close(p.exec_error_fd);
+      if (n != static_cast<ssize_t>(sizeof child_errno)) continue;  // exec closed the pipe: it ran
+      while (::waitpid(p.pid, nullptr, 0) < 0 && errno == EINTR) {
+      }
+      if (failed.empty()) {
+        failure = "cannot start " + p.program + ": " + std::strerror(child_errno);
+        if (child_errno == ENOENT && ::access(p.program.c_str(), F_OK) == 0) {
+          failure += " (the program exists: the interpreter its #! line names does not)";
+        }
+      }
+      failed.push_back(p.pid);
+    }
+    if (!failed.empty()) throw SpawnError(failure, std::move(failed));
   }
 
   void signal_group(int pgid, int signo) override {
@@ -159,7 +176,15 @@ class PosixProcesses final : public Processes {
     }
   }
 
+  // A spawned process whose exec is not yet confirmed: its end of the close-on-exec pipe.
+  struct PendingExec {
+    int pid;
+    int exec_error_fd;
+    std::string program;
+  };
+
   boost::asio::signal_set sigchld_;
+  std::vector<PendingExec> pending_;
   ExitHandler on_exit_;
   bool closed_ = false;
   Containment containment_;  // its destructor ends the sentinel, which removes the cgroup

@@ -25,6 +25,9 @@ struct SpawnRequest {
   int stdout_fd = -1;                         // -1: inherit the agent's stdout
   int stderr_fd = -1;                         // -1: inherit the agent's stderr
   PreparedBinding numa;                       // --numa_binding; default: not bound
+  // The exec's outcome is checked by the next confirm_spawned() instead of before spawn()
+  // returns: a worker group forks each worker while the ones before it exec.
+  bool check_exec_later = false;
 };
 
 // How a process ended: exactly one of exit_code (signal == 0) or signal (> 0).
@@ -37,7 +40,9 @@ struct ExitStatus {
 // The program could not be started (not found, not executable).
 class SpawnError : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit SpawnError(const std::string& what, std::vector<int> pids = {})
+      : std::runtime_error(what), pids(std::move(pids)) {}
+  std::vector<int> pids;  // from confirm_spawned(): the processes that could not exec (reaped)
 };
 
 class Processes {
@@ -51,6 +56,11 @@ class Processes {
   // The process inherits descriptors 0, 1 and 2 only.
   // Returns its pid. Throws SpawnError.
   virtual int spawn(const SpawnRequest& request) = 0;
+  // Waits until every process spawned with check_exec_later has exec'd. Throws SpawnError
+  // naming the first that could not; those that could not are reaped here (SpawnError::pids),
+  // and no exit is delivered for them.
+  // REQUIRES: called before control returns to the event loop after such a spawn().
+  virtual void confirm_spawned() {}
   // Sends `signo` to the process group `pgid`; a group that is gone is not an error.
   virtual void signal_group(int pgid, int signo) = 0;
   // Sends `signo` to the process `pid` alone (a hung worker asked for its stacks, a worker whose

@@ -30,6 +30,18 @@ class Refusals(LaunchTestCase):
         self.assertEqual(result.returncode, 2, result.describe())
         self.assertIn("/nonexistent/python", result.stderr)
 
+    def test_a_program_that_cannot_exec_exits_2_and_leaves_no_worker(self):
+        # Every worker forks before their execs are confirmed together: all four fail, the
+        # agent names why, and none is left behind (each failed worker is reaped once).
+        marker = os.path.join(self.tmp, "ran")
+        script = self.script("bad.sh", "#!/nonexistent/interpreter\ntouch %s\n" % marker)
+        os.chmod(script, 0o755)
+        result = self.launch(["--nproc_per_node=4", "--no_python", script], timeout=60)
+        self.assertEqual(result.returncode, 2, result.describe())
+        self.assertIn("cannot start " + script, result.stderr)
+        self.assertIn("#! line", result.stderr)
+        self.assertFalse(os.path.exists(marker))
+
     def test_a_static_job_with_an_elastic_node_count_exits_2(self):
         script = self.script("ok.py", "pass\n")
         result = self.launch(["--nnodes=1:2", "--rdzv_backend=static", "--python", PYTHON, script])
