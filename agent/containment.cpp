@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
@@ -340,6 +341,31 @@ void Containment::watch_group(int pgid) {
   send('+', pgid);
 }
 
+void Containment::watch_standby(int pgid) {
+  standby_groups_.push_back(pgid);
+  send('+', pgid);
+}
+
+void Containment::adopt_standby(int pid) {
+  standby_groups_.erase(std::remove(standby_groups_.begin(), standby_groups_.end(), pid), standby_groups_.end());
+  groups_.push_back(pid);
+  if (procs_fd_ >= 0) {
+    // Best effort: a standby left outside is still killed by its group and its parent-death signal.
+    const std::string text = std::to_string(pid);
+    (void)!::write(procs_fd_, text.data(), text.size());
+  }
+}
+
+void Containment::forget_standby(int pgid) {
+  const auto it = std::find(standby_groups_.begin(), standby_groups_.end(), pgid);
+  if (it == standby_groups_.end()) return;
+  standby_groups_.erase(it);
+  // The sentinel knows no removal: it forgets everything and hears the rest again.
+  send('c', 0);
+  for (int g : groups_) send('+', g);
+  for (int g : standby_groups_) send('+', g);
+}
+
 char process_state(int pid) {
   // /proc/PID/stat: "PID (COMM) S ..."; COMM may hold spaces and parentheses: the last ')' ends it.
   const std::string stat = read_file(("/proc/" + std::to_string(pid) + "/stat").c_str());
@@ -380,6 +406,7 @@ void Containment::kill_all() {
   for (int pgid : groups_) ::kill(-pgid, SIGKILL);
   groups_.clear();
   send('c', 0);
+  for (int g : standby_groups_) send('+', g);
   if (kill_fd_ >= 0) {
     (void)!::write(kill_fd_, "1", 1);
     // Linux (seen on 6.18) compares a CLONE_INTO_CGROUP child's cgroup kill count with its

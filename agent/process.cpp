@@ -11,6 +11,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <set>
 
 #include <boost/asio/signal_set.hpp>
 #include <boost/process/search_path.hpp>
@@ -44,14 +45,18 @@ class PosixProcesses final : public Processes {
     for (const auto& [k, v] : request.env) {
       if (k != Containment::kMarkerVariable) env_strings.push_back(k + "=" + v);
     }
-    env_strings.push_back(std::string(Containment::kMarkerVariable) + "=" + containment_.marker_value());
+    // A standby carries no marker: kill_all() (a restart) must not find it. It gets the marker
+    // in the environment it applies when it becomes a worker (adopt()).
+    if (!request.standby) {
+      env_strings.push_back(std::string(Containment::kMarkerVariable) + "=" + containment_.marker_value());
+    }
     std::vector<char*> envp;
     envp.reserve(env_strings.size() + 1);
     for (auto& e : env_strings) envp.push_back(e.data());
     envp.push_back(nullptr);
     char** const env_block = envp.data();
     const pid_t parent = ::getpid();
-    const int out_fd = request.stdout_fd, err_fd = request.stderr_fd;
+    const int out_fd = request.stdout_fd, err_fd = request.stderr_fd, pass_fd = request.pass_fd;
     const PreparedBinding numa = request.numa;
     std::vector<std::string> arg_strings = request.argv;
     arg_strings.at(0) = exe;
@@ -64,7 +69,8 @@ class PosixProcesses final : public Processes {
     if (::pipe2(exec_error, O_CLOEXEC) != 0) {
       throw SpawnError("cannot start " + request.argv.at(0) + ": pipe: " + std::strerror(errno));
     }
-    const pid_t pid = containment_.fork_worker();  // already in the worker group's cgroup
+    // A worker starts in the worker group's cgroup; a standby outside it, until adopt().
+    const pid_t pid = request.standby ? ::fork() : containment_.fork_worker();
     if (pid == 0) {
       // The child, between fork and exec: only async-signal-safe calls.
       ::setpgid(0, 0);
@@ -75,6 +81,7 @@ class PosixProcesses final : public Processes {
       // A worker gets 0, 1 and 2 and nothing else of the agent's (torchrun's close_fds=True),
       // whether or not each descriptor was opened close-on-exec.
       cloexec_fds_from(3);
+      if (pass_fd >= 0) ::fcntl(pass_fd, F_SETFD, 0);
       // The agent's signal handlers are reset by exec; its ignored (SIGPIPE) and blocked
       // signals would not be.
       struct sigaction dfl {};
@@ -107,9 +114,20 @@ class PosixProcesses final : public Processes {
     }
     // Close the window where the parent signals the group before the child ran setpgid.
     ::setpgid(pid, pid);
-    containment_.watch_group(pid);
-    containment_.check_member(pid);
+    if (request.standby) {
+      containment_.watch_standby(pid);
+      standbys_.insert(pid);
+    } else {
+      containment_.watch_group(pid);
+      containment_.check_member(pid);
+    }
     return pid;
+  }
+
+  void adopt(int pid, std::map<std::string, std::string>& env) override {
+    if (standbys_.erase(pid) == 0) return;
+    containment_.adopt_standby(pid);
+    env[Containment::kMarkerVariable] = containment_.marker_value();
   }
 
   void signal_group(int pgid, int signo) override {
@@ -155,6 +173,7 @@ class PosixProcesses final : public Processes {
       } else {
         continue;
       }
+      if (standbys_.erase(pid) > 0) containment_.forget_standby(pid);
       if (on_exit_) on_exit_(pid, st);
     }
   }
@@ -162,6 +181,7 @@ class PosixProcesses final : public Processes {
   boost::asio::signal_set sigchld_;
   ExitHandler on_exit_;
   bool closed_ = false;
+  std::set<int> standbys_;     // standbys not adopted yet
   Containment containment_;  // its destructor ends the sentinel, which removes the cgroup
 };
 

@@ -25,6 +25,13 @@ struct SpawnRequest {
   int stdout_fd = -1;                         // -1: inherit the agent's stdout
   int stderr_fd = -1;                         // -1: inherit the agent's stderr
   PreparedBinding numa;                       // --numa_binding; default: not bound
+  // A descriptor the process inherits under its own number (a standby's socket,
+  // DDPLAUNCH_STANDBY_FD), besides 0, 1 and 2. -1 (default): none.
+  int pass_fd = -1;
+  // A standby (agent/standby.h): it dies with the agent like a worker, but stays outside the
+  // worker group's containment (kill_leftovers() spares it) until adopt() makes it a worker.
+  // Default false.
+  bool standby = false;
 };
 
 // How a process ended: exactly one of exit_code (signal == 0) or signal (> 0).
@@ -48,9 +55,13 @@ class Processes {
   virtual void set_exit_handler(ExitHandler on_exit) = 0;
   // Starts a process in a new process group (its pid is the group id) that dies with the agent,
   // and so does everything it starts (a sentinel process and a cgroup: agent/containment.h).
-  // The process inherits descriptors 0, 1 and 2 only.
+  // The process inherits descriptors 0, 1 and 2 only (and request.pass_fd).
   // Returns its pid. Throws SpawnError.
   virtual int spawn(const SpawnRequest& request) = 0;
+  // A standby (spawned with `standby`) becomes a worker: from now on it is contained like one
+  // (its cgroup, kill_leftovers()), and `env`, the environment it will apply, gets what the
+  // containment needs its descendants to inherit. The fake has nothing to do.
+  virtual void adopt(int pid, std::map<std::string, std::string>& env) { (void)pid, (void)env; }
   // Sends `signo` to the process group `pgid`; a group that is gone is not an error.
   virtual void signal_group(int pgid, int signo) = 0;
   // Sends `signo` to the process `pid` alone (a hung worker asked for its stacks, a worker whose

@@ -43,6 +43,13 @@ const std::vector<OptionSpec> kOptions = {
    "GPU (local rank N uses GPU N; without GPUs, local ranks go round-robin over the NUMA "
    "nodes). 'socket': every node of that socket; 'exclusive': the node's cores split among "
    "its workers; 'core-complex': one last-level-cache group each."},
+  {"standby", 0, false, "off|on|auto", "off",
+   Group::kWorkers, "Keep one standby process per local rank, started and loaded (import torch) "
+   "while the job runs, that becomes the next round's worker in place of a cold start. 'auto': "
+   "on for Python programs. Other programs always start cold (docs/agent.md)."},
+  {"preload", 0, false, "MODULE,MODULE,...", "none",
+   Group::kWorkers, "Modules a standby imports besides torch before its assignment (with "
+   "--standby)."},
   {"start_method", 0, false, "spawn|fork|forkserver", "spawn",
    Group::kWorkers, "Accepted for torchrun compatibility; workers are always new processes."},
   {"master_addr", 0, false, "HOST", "127.0.0.1",
