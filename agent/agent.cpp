@@ -193,6 +193,17 @@ struct Worker {
   std::string note;                       // why the agent stopped it; heads its failure message
 };
 
+// The agent's working directory, which its workers inherit; empty when it cannot be named (it
+// was removed): a standby then cannot be told it, and its worker starts cold.
+std::string working_directory() {
+  std::vector<char> buf(4096);
+  for (;;) {
+    if (::getcwd(buf.data(), buf.size()) != nullptr) return buf.data();
+    if (errno != ERANGE || buf.size() > (1u << 20)) return {};
+    buf.resize(buf.size() * 2);
+  }
+}
+
 int std_bits(const std::vector<int>& per_rank, int local_rank) {
   return local_rank < static_cast<int>(per_rank.size()) ? per_rank[local_rank] : kStdNone;
 }
@@ -247,7 +258,7 @@ struct Agent::Impl {
     int fd = -1;
   };
   std::vector<Standby> standbys;
-  std::string cwd = boost::filesystem::current_path().string();  // the workers' working directory
+  std::string cwd = working_directory();  // the workers' (empty when unknown: standbys cannot be used)
   std::vector<Worker> workers;
   std::vector<LocalFailure> failures;  // of the current round, in the order observed
   std::vector<LocalFailure> last_failures;  // of the round that ended with a failure

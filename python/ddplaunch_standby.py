@@ -157,19 +157,29 @@ def receive(fd):
 
 
 def _preload(modules):
-    """Imports torch and `modules`; returns what could not be imported, as lines to show the
-    worker (torch missing is not worth a line: the script says so itself if it needs it)."""
+    """Imports torch and `modules`. Returns the warnings they raised (shown once the worker has
+    its stderr, as they would have been in a cold worker's) and what could not be imported, as
+    lines for the worker (torch missing is not worth one: the script says so if it needs it)."""
     import importlib
+    import warnings
 
     problems = []
-    for name in ["torch"] + modules:
-        try:
-            importlib.import_module(name)
-        except BaseException as e:  # noqa: B902 (a module may raise anything, SystemExit included)
-            if name != "torch":
-                problems.append("ddplaunch standby: --preload: cannot import %s: %s: %s" %
-                                (name, type(e).__name__, e))
-    return problems
+    with warnings.catch_warnings(record=True) as caught:
+        for name in ["torch"] + modules:
+            try:
+                importlib.import_module(name)
+            except BaseException as e:  # noqa: B902 (a module may raise anything, SystemExit included)
+                if name != "torch":
+                    problems.append("ddplaunch standby: --preload: cannot import %s: %s: %s" %
+                                    (name, type(e).__name__, e))
+    return list(caught), problems
+
+
+def _show_warnings(caught):
+    import warnings
+
+    for w in caught:
+        warnings.showwarning(w.message, w.category, w.filename, w.lineno, None, w.line)
 
 
 def _user_traceback(tb):
@@ -242,7 +252,7 @@ def main():
         sys.stderr.write("ddplaunch standby: DDPLAUNCH_STANDBY_FD=%r is not a descriptor number >= 3; "
                          "not running %s\n" % (fd_text, program))
         return 1
-    problems = _preload([m for m in preload.split(",") if m])
+    caught, problems = _preload([m for m in preload.split(",") if m])
     try:
         env, cwd, out_fd, err_fd = receive(int(fd_text))
     except NoAssignment:
@@ -268,6 +278,7 @@ def main():
     if env.get("PYTHONFAULTHANDLER"):
         import faulthandler
         faulthandler.enable()
+    _show_warnings(caught)
     for line in problems:
         sys.stderr.write(line + "\n")
     try:

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "agent/containment.h"
+#include "agent/fds.h"
 
 using namespace ddp::agent;
 
@@ -114,6 +115,7 @@ TEST_SUITE("the worker group is contained") {
     const pid_t standby = ::fork();  // as PosixProcesses forks a standby: outside the cgroup
     if (standby == 0) {
       ::setpgid(0, 0);
+      close_fds_from(3, -1);  // what exec does to the agent's (close-on-exec) descriptors
       for (;;) ::pause();
     }
     REQUIRE(standby > 0);
@@ -146,6 +148,8 @@ TEST_SUITE("the worker group is contained") {
       const pid_t standby = ::fork();
       if (standby == 0) {
         ::setpgid(0, 0);
+        // What exec does to the agent's descriptors (all close-on-exec), the sentinel's pipe among them.
+        close_fds_from(3, -1);
         for (;;) ::pause();
       }
       ::setpgid(standby, standby);

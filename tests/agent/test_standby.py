@@ -125,7 +125,8 @@ class AssignmentDecoder(unittest.TestCase):
 # ---- the bootstrap as a process, the test playing the agent ---------------------------------------
 
 STUB_TORCH = """
-import os
+import os, warnings
+warnings.warn("the stub torch warns at import", FutureWarning)
 # Written when the standby preloads torch, before any assignment: proves the preload ran first.
 with open(os.path.join(os.environ["STUB_OUT"], "torch_imported_by_%d" % os.getpid()), "w") as f:
     f.write("1")
@@ -235,7 +236,10 @@ class Bootstrap(LaunchTestCase):
         returncode, _, _ = self.finish(proc)
         self.assertEqual(returncode, 0)
         record = json.loads(out.read())
-        self.assertEqual(err.read(), "to stderr\n")
+        # The import's warning reaches the worker's stderr, as it would in a cold worker, then the program's.
+        text = err.read()
+        self.assertIn("FutureWarning: the stub torch warns at import", text)
+        self.assertTrue(text.endswith("to stderr\n"), text)
         # What `python -u program.py a "b c"` run in prog_dir gives.
         self.assertEqual(record["argv"], ["program.py", "a", "b c"])
         self.assertEqual(record["file"], os.path.join(self.prog_dir, "program.py"))
