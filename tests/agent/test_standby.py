@@ -330,6 +330,33 @@ class Bootstrap(LaunchTestCase):
                 self.assert_not_run(proc, words)
 
 
+# ---- ddplaunch --standby: what it accepts ----------------------------------------------------------
+
+
+class StandbyFlags(LaunchTestCase):
+    def test_a_program_not_run_by_python_starts_cold_with_a_line_under_standby_on(self):
+        result = self.launch(["--standby=on", "--nproc_per_node=2", "--no_python", "/bin/true"])
+        self.assertEqual(result.returncode, 0, result.describe())
+        self.assertIn("--standby=on: PROGRAM is not run by Python; its workers start cold", result.stderr)
+        # auto says nothing: cold is what it means for such a program.
+        result = self.launch(["--standby=auto", "--nproc_per_node=1", "--no_python", "/bin/true"])
+        self.assertEqual(result.returncode, 0, result.describe())
+        self.assertNotIn("standby", result.stderr)
+
+    def test_bad_values_are_refused_with_exit_code_2(self):
+        for args, words in ((["--standby=sometimes"], "accepted: off, on, auto"),
+                            (["--standby=on", "--preload=numpy,bad-name"], "'bad-name' is not a Python module name")):
+            with self.subTest(args=args):
+                result = self.launch(args + ["--no_python", "/bin/true"])
+                self.assertEqual(result.returncode, 2, result.describe())
+                self.assertIn(words, result.stderr)
+
+    def test_preload_without_a_standby_is_said(self):
+        result = self.launch(["--preload=json", "--no_python", "/bin/true"])
+        self.assertEqual(result.returncode, 0, result.describe())
+        self.assertIn("--preload has no effect without a standby", result.stderr)
+
+
 # ---- ddplaunch --standby=on with real workers ------------------------------------------------------
 
 WORKER = r"""
