@@ -22,9 +22,6 @@ namespace ddp::agent {
 struct SpawnRequest {
   std::vector<std::string> argv;              // argv[0] is searched in PATH when it has no '/'
   std::map<std::string, std::string> env;     // the complete environment
-  int stdout_fd = -1;                         // -1: inherit the agent's stdout
-  int stderr_fd = -1;                         // -1: inherit the agent's stderr
-  PreparedBinding numa;                       // --numa_binding; default: not bound
   // A descriptor the process inherits under its own number (a standby's socket,
   // DDPLAUNCH_STANDBY_FD), besides 0, 1 and 2. -1 (default): none.
   int pass_fd = -1;
@@ -32,6 +29,9 @@ struct SpawnRequest {
   // worker group's containment (kill_leftovers() spares it) until adopt() makes it a worker.
   // Default false.
   bool standby = false;
+  int stdout_fd = -1;                         // -1: inherit the agent's stdout
+  int stderr_fd = -1;                         // -1: inherit the agent's stderr
+  PreparedBinding numa;                       // --numa_binding; default: not bound
 };
 
 // How a process ended: exactly one of exit_code (signal == 0) or signal (> 0).
@@ -55,7 +55,7 @@ class Processes {
   virtual void set_exit_handler(ExitHandler on_exit) = 0;
   // Starts a process in a new process group (its pid is the group id) that dies with the agent,
   // and so does everything it starts (a sentinel process and a cgroup: agent/containment.h).
-  // The process inherits descriptors 0, 1 and 2 only (and request.pass_fd).
+  // The process inherits descriptors 0, 1 and 2 only.
   // Returns its pid. Throws SpawnError.
   virtual int spawn(const SpawnRequest& request) = 0;
   // A standby (spawned with `standby`) becomes a worker: from now on it is contained like one
