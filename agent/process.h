@@ -58,15 +58,15 @@ class Processes {
   // The process inherits descriptors 0, 1 and 2 only.
   // Returns its pid. Throws SpawnError.
   virtual int spawn(const SpawnRequest& request) = 0;
-  // A standby (spawned with `standby`) becomes a worker: from now on it is contained like one
-  // (its cgroup, kill_leftovers()), and `env`, the environment it will apply, gets what the
-  // containment needs its descendants to inherit. The fake has nothing to do.
-  virtual void adopt(int pid, std::map<std::string, std::string>& env) { (void)pid, (void)env; }
   // Sends `signo` to the process group `pgid`; a group that is gone is not an error.
   virtual void signal_group(int pgid, int signo) = 0;
   // Sends `signo` to the process `pid` alone (a hung worker asked for its stacks, a worker whose
   // torch file timer expired); a process that is gone is not an error. The fake records nothing.
   virtual void signal_process(int pid, int signo) { (void)pid, (void)signo; }
+  // A standby (spawned with `standby`) becomes a worker: from now on it is contained like one
+  // (its cgroup, kill_leftovers()), and `env`, the environment it will apply, gets what the
+  // containment needs its descendants to inherit. The fake has nothing to do.
+  virtual void adopt(int pid, std::map<std::string, std::string>& env) { (void)pid, (void)env; }
   // SIGKILLs whatever is left of the worker group after its workers were reaped: the members of
   // their process groups and, where the machine has a cgroup for them, everything in it
   // (processes that called setsid). The fake of the tests has nothing to clean up.
