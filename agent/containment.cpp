@@ -337,23 +337,29 @@ void Containment::send(char op, int pgid) {
 }
 
 void Containment::watch_group(int pgid) {
-  groups_.push_back(pgid);
+  if (std::find(standby_groups_.begin(), standby_groups_.end(), pgid) == standby_groups_.end()) {
+    groups_.push_back(pgid);
+  }
   send('+', pgid);
 }
 
-void Containment::watch_standby(int pgid) {
-  standby_groups_.push_back(pgid);
-  send('+', pgid);
+pid_t Containment::fork_standby() {
+  const pid_t pid = ::fork();
+  if (pid > 0) standby_groups_.push_back(pid);
+  return pid;
 }
 
-void Containment::adopt_standby(int pid) {
-  standby_groups_.erase(std::remove(standby_groups_.begin(), standby_groups_.end(), pid), standby_groups_.end());
+bool Containment::adopt_standby(int pid) {
+  const auto it = std::find(standby_groups_.begin(), standby_groups_.end(), pid);
+  if (it == standby_groups_.end()) return false;
+  standby_groups_.erase(it);
   groups_.push_back(pid);
   if (procs_fd_ >= 0) {
     // Best effort: a standby left outside is still killed by its group and its parent-death signal.
     const std::string text = std::to_string(pid);
     (void)!::write(procs_fd_, text.data(), text.size());
   }
+  return true;
 }
 
 void Containment::forget_standby(int pgid) {
@@ -376,6 +382,8 @@ char process_state(int pid) {
 
 void Containment::check_member(int pid) {
   if (cgroup_dir_.empty() || checked_) return;
+  // A standby is outside the cgroup by design: it proves nothing.
+  if (std::find(standby_groups_.begin(), standby_groups_.end(), pid) != standby_groups_.end()) return;
   // Read before the state: a process seen alive afterwards was alive when its cgroup was read.
   const std::string cgroups = read_file(("/proc/" + std::to_string(pid) + "/cgroup").c_str());
   const char state = process_state(pid);

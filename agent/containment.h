@@ -59,16 +59,20 @@ class Containment {
   pid_t fork_worker();
   // Tells the sentinel about a process group to kill if the agent dies.
   void watch_group(int pgid);
-  // A standby (agent/standby.h), forked with plain fork() outside the cgroup and without the
-  // marker: the sentinel kills its group if the agent dies, but kill_all() spares it.
-  void watch_standby(int pgid);
-  // The standby `pid` (the leader of its group) becomes a worker: it moves into the cgroup
-  // (costs the kernel an RCU grace period, as after a restart) and kill_all() kills it from now
-  // on. Its own environment block keeps no marker: it is found by its group, its descendants by
-  // the marker they inherit (the standby applies an environment that holds it).
-  void adopt_standby(int pid);
-  // A standby that exited before it was adopted: the sentinel forgets its group (whose id may be
-  // reused). REQUIRES: reaped.
+
+  // Forks a standby (agent/standby.h), like fork(), outside the cgroup; the child may only make
+  // async-signal-safe calls before exec. Its process group (its pid, once it called setpgid)
+  // is a standby's until adopt_standby() or forget_standby(): watch_group() tells the sentinel
+  // to kill it if the agent dies, kill_all() spares it, check_member() does not judge by it.
+  // (The caller gives it no marker either, so that a restart's marker scan spares it too.)
+  pid_t fork_standby();
+  // The standby `pid` becomes a worker: it moves into the cgroup (an RCU grace period, as after
+  // a restart) and kill_all() kills it from now on. Its own environment block keeps no marker:
+  // it is found by its group, its descendants by the marker they inherit (the standby applies
+  // an environment that holds it). False when `pid` is not a waiting standby.
+  bool adopt_standby(int pid);
+  // Forgets `pgid` if it is a standby that exited before it was adopted, so that the sentinel
+  // does not kill its id once reused. REQUIRES: reaped.
   void forget_standby(int pgid);
   // Checks (once, on the first worker found running) that `pid` joined the cgroup; when it did
   // not, the cgroup is abandoned for the marker, here and in the sentinel. A worker that has
@@ -76,7 +80,7 @@ class Containment {
   // REQUIRES: `pid` has not been reaped yet (its id cannot have been reused).
   void check_member(int pid);
   // SIGKILLs every watched process group and everything in the cgroup (without one: every
-  // marked process), then forgets the groups. Standbys (watch_standby) are spared. REQUIRES: the group leaders have been reaped (so their ids cannot be reused while
+  // marked process), then forgets the groups. Standbys (fork_standby) are spared. REQUIRES: the group leaders have been reaped (so their ids cannot be reused while
   // the sentinel still holds them).
   void kill_all();
 

@@ -11,7 +11,6 @@
 
 #include <cerrno>
 #include <cstring>
-#include <set>
 
 #include <boost/asio/signal_set.hpp>
 #include <boost/process/search_path.hpp>
@@ -70,7 +69,7 @@ class PosixProcesses final : public Processes {
       throw SpawnError("cannot start " + request.argv.at(0) + ": pipe: " + std::strerror(errno));
     }
     // A worker starts in the worker group's cgroup; a standby outside it, until adopt().
-    const pid_t pid = request.standby ? ::fork() : containment_.fork_worker();
+    const pid_t pid = request.standby ? containment_.fork_standby() : containment_.fork_worker();
     if (pid == 0) {
       // The child, between fork and exec: only async-signal-safe calls.
       ::setpgid(0, 0);
@@ -114,20 +113,9 @@ class PosixProcesses final : public Processes {
     }
     // Close the window where the parent signals the group before the child ran setpgid.
     ::setpgid(pid, pid);
-    if (request.standby) {
-      containment_.watch_standby(pid);
-      standbys_.insert(pid);
-    } else {
-      containment_.watch_group(pid);
-      containment_.check_member(pid);
-    }
+    containment_.watch_group(pid);
+    containment_.check_member(pid);
     return pid;
-  }
-
-  void adopt(int pid, std::map<std::string, std::string>& env) override {
-    if (standbys_.erase(pid) == 0) return;
-    containment_.adopt_standby(pid);
-    env[Containment::kMarkerVariable] = containment_.marker_value();
   }
 
   void signal_group(int pgid, int signo) override {
@@ -136,6 +124,11 @@ class PosixProcesses final : public Processes {
 
   void signal_process(int pid, int signo) override {
     if (pid > 0) ::kill(pid, signo);
+  }
+
+  void adopt(int pid, std::map<std::string, std::string>& env) override {
+    if (!containment_.adopt_standby(pid)) return;
+    env[Containment::kMarkerVariable] = containment_.marker_value();
   }
 
   void kill_leftovers() override { containment_.kill_all(); }
@@ -173,7 +166,7 @@ class PosixProcesses final : public Processes {
       } else {
         continue;
       }
-      if (standbys_.erase(pid) > 0) containment_.forget_standby(pid);
+      containment_.forget_standby(pid);
       if (on_exit_) on_exit_(pid, st);
     }
   }
@@ -181,7 +174,6 @@ class PosixProcesses final : public Processes {
   boost::asio::signal_set sigchld_;
   ExitHandler on_exit_;
   bool closed_ = false;
-  std::set<int> standbys_;     // standbys not adopted yet
   Containment containment_;  // its destructor ends the sentinel, which removes the cgroup
 };
 

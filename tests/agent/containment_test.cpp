@@ -112,7 +112,7 @@ TEST_SUITE("the worker group is contained") {
 
   TEST_CASE("a standby outlives the kills of a restart until it is adopted, then dies with the group") {
     Containment c;
-    const pid_t standby = ::fork();  // as PosixProcesses forks a standby: outside the cgroup
+    const pid_t standby = c.fork_standby();  // as PosixProcesses forks a standby: outside the cgroup
     if (standby == 0) {
       ::setpgid(0, 0);
       close_fds_from(3, -1);  // what exec does to the agent's (close-on-exec) descriptors
@@ -120,13 +120,16 @@ TEST_SUITE("the worker group is contained") {
     }
     REQUIRE(standby > 0);
     ::setpgid(standby, standby);
-    c.watch_standby(standby);
+    c.watch_group(standby);
+    c.check_member(standby);  // judges nothing by a standby
+    CHECK(c.cgroup_problem() == (c.cgroup_dir().empty() ? c.cgroup_problem() : std::string()));
     REQUIRE(wait_until([&] { return process_state(standby) == 'S'; }, std::chrono::seconds(10)));
     c.kill_all();  // a restart: the workers' groups and the cgroup (or the marked processes)
     // Given time to die, it does not: poll a while for a state that would say it was killed.
     CHECK_FALSE(wait_until([&] { const char s = process_state(standby); return s == 'Z' || s == '\0'; },
                            std::chrono::seconds(1)));
-    c.adopt_standby(standby);
+    CHECK(c.adopt_standby(standby));
+    CHECK_FALSE(c.adopt_standby(standby));  // a worker now
     c.kill_all();
     REQUIRE(wait_until([&] { return process_state(standby) == 'Z'; }, std::chrono::seconds(10)));
     int status = 0;
@@ -145,7 +148,7 @@ TEST_SUITE("the worker group is contained") {
     if (agent == 0) {
       ::close(pipe_fds[0]);
       Containment c;
-      const pid_t standby = ::fork();
+      const pid_t standby = c.fork_standby();
       if (standby == 0) {
         ::setpgid(0, 0);
         // What exec does to the agent's descriptors (all close-on-exec), the sentinel's pipe among them.
@@ -153,7 +156,7 @@ TEST_SUITE("the worker group is contained") {
         for (;;) ::pause();
       }
       ::setpgid(standby, standby);
-      c.watch_standby(standby);
+      c.watch_group(standby);
       c.kill_all();  // a restart before the agent dies: the standby stays watched
       (void)!::write(pipe_fds[1], &standby, sizeof standby);
       for (;;) ::pause();
