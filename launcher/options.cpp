@@ -217,6 +217,10 @@ std::string option_names(const OptionSpec& spec) {
 }
 
 
+// Options that yield a shared prefix to the option it also starts (see find_long_option): added
+// after users' command lines came to rely on such a prefix meaning the older option.
+const char* const kPrefixYielding[] = {"standby", "preload"};
+
 }  // namespace
 
 const std::vector<OptionSpec>& option_table() { return kOptions; }
@@ -258,6 +262,16 @@ const OptionSpec* find_long_option(const std::string& name, std::vector<std::str
     }
   }
   if (matches.size() == 1) return matches.front();
+  // ddplaunch's own options added since never take a prefix from the others: `--stand` stays
+  // torchrun's --standalone although --standby starts the same way.
+  std::vector<const OptionSpec*> older;
+  for (const OptionSpec* spec : matches) {
+    if (std::none_of(std::begin(kPrefixYielding), std::end(kPrefixYielding),
+                     [&](const char* n) { return std::string(n) == spec->name; })) {
+      older.push_back(spec);
+    }
+  }
+  if (older.size() == 1) return older.front();
   for (const OptionSpec* spec : matches) candidates.push_back(std::string("--") + spec->name);
   return nullptr;
 }
