@@ -479,6 +479,21 @@ class StandbyWorkers(LaunchTestCase):
         self.assertFalse(cold["torch"])
         self.assertTrue(warm["torch"])
 
+    def test_a_standby_worker_writes_to_its_log_files_and_the_prefixed_console(self):
+        script = self.script("talk.py", "import sys\nprint('hello out')\nsys.stderr.write('hello err\\n')\n"
+                                        "sys.exit(int(__import__('os').environ['RANK']) + 5)\n")
+        logs = os.path.join(self.tmp, "logs")
+        result = self.launch(["--standby=on", "--nproc_per_node=1", "--tee=3", "--log_dir", logs, "--rdzv_id=talk",
+                              "--python", PYTHON, script], timeout=LOAD_DEADLINE)
+        self.assertEqual(result.returncode, 1, result.describe())  # exit code 5: the job failed
+        self.assertIn("[default0]:hello out", result.stdout)
+        self.assertIn("[default0]:hello err", result.stderr)
+        rank_dir = os.path.join(logs, "talk", "attempt_0", "0")
+        self.assertIn("hello out", read(os.path.join(rank_dir, "stdout.log")))
+        self.assertIn("hello err", read(os.path.join(rank_dir, "stderr.log")))
+        # The failure summary names the worker's exit code, as for a cold worker.
+        self.assertIn("exitcode  : 5", result.stderr)
+
     def test_a_sigkilled_agent_leaves_no_standby_behind(self):
         for no_cgroup in ("0", "1"):
             with self.subTest(DDPLAUNCH_NO_CGROUP=no_cgroup):
