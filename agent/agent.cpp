@@ -1,6 +1,7 @@
 #include "agent/agent.h"
 
 #include <fcntl.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <optional>
@@ -15,6 +17,7 @@
 #include <sstream>
 
 #include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/write.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -25,6 +28,7 @@
 #include "agent/failure.h"
 #include "agent/file_timer.h"
 #include "agent/logs.h"
+#include "agent/standby.h"
 
 namespace asio = boost::asio;
 
@@ -189,6 +193,17 @@ struct Worker {
   std::string note;                       // why the agent stopped it; heads its failure message
 };
 
+// The agent's working directory, which its workers inherit; empty when it cannot be named (it
+// was removed): a standby then cannot be told it, and its worker starts cold.
+std::string working_directory() {
+  std::vector<char> buf(4096);
+  for (;;) {
+    if (::getcwd(buf.data(), buf.size()) != nullptr) return buf.data();
+    if (errno != ERANGE || buf.size() > (1u << 20)) return {};
+    buf.resize(buf.size() * 2);
+  }
+}
+
 int std_bits(const std::vector<int>& per_rank, int local_rank) {
   return local_rank < static_cast<int>(per_rank.size()) ? per_rank[local_rank] : kStdNone;
 }
@@ -211,7 +226,9 @@ struct Agent::Impl {
         dump_timer(io),
         health_timer(io),
         health_deadline(io),
+        standby_timer(io),
         inherited(current_environment()),
+        standbys(static_cast<std::size_t>(std::max(0, this->options.node.local_world_size))),
         board(this->options.node.local_world_size),
         monitor(this->options.hang, this->options.node.local_world_size) {}
 
@@ -226,6 +243,7 @@ struct Agent::Impl {
   asio::steady_timer dump_timer;      // SIGKILLs hung workers that did not die of their dump signal
   asio::steady_timer health_timer;    // the next --check_health (retry before a join, or periodic)
   asio::steady_timer health_deadline; // kills a check that runs too long
+  asio::steady_timer standby_timer;   // starts the next standbys, standby_delay after a round began
   // Tee'd output into log files: its own queue and thread, so a stalled console does not
   // hold up the files, nor a hung file system the console. 64 MiB before bytes are dropped.
   std::shared_ptr<OutputQueue> files = std::make_shared<OutputQueue>("the log file system", 64 << 20);
@@ -233,6 +251,14 @@ struct Agent::Impl {
   int filtered_fds[2] = {-1, -1};
   int filtered_attempt = -1;
   std::map<std::string, std::string> inherited;
+  // Issue 13: the standby waiting for each local rank's next worker (pid 0: none), with the
+  // agent's end of its socket.
+  struct Standby {
+    int pid = 0;
+    int fd = -1;
+  };
+  std::vector<Standby> standbys;
+  std::string cwd = working_directory();  // the workers' (empty when unknown: standbys cannot be used)
   std::vector<Worker> workers;
   std::vector<LocalFailure> failures;  // of the current round, in the order observed
   std::vector<LocalFailure> last_failures;  // of the round that ended with a failure
@@ -309,6 +335,7 @@ struct Agent::Impl {
       return exit_code;
     }
     wait_for_signal();
+    start_standbys();
     join_round();
     io.run();
     flush_output();
@@ -402,6 +429,9 @@ struct Agent::Impl {
 
   void on_round(const rdzv::Assignment& a) {
     if (state != State::kJoining) return;
+    // A standby that died meanwhile is heard of before it would be given a worker to become.
+    if (options.standby) processes->reap_exited();
+    if (state != State::kJoining) return;
     if (!stop_reason.empty()) {
       // A round after this node's fatal report: the rendezvous did not take it (a daemon that
       // predates it, or one that restarted meanwhile). The decision stands: the job ends here.
@@ -464,6 +494,7 @@ struct Agent::Impl {
     }
     if (options.hang.enabled() || options.on_progress) schedule_progress_check();
     if (!options.health_check.empty()) schedule_health_check();
+    schedule_standbys();
   }
 
   // After a failed start: the workers that could not exec are gone already (reaped by
@@ -530,6 +561,7 @@ struct Agent::Impl {
         line_prefix(options.line_prefix_template, options.role, w.rank, local_rank, options.node.host);
     const int attempt = round.assignment.restart_count;
 
+    bool from_standby = false;
     auto setup_stream = [&](int bit, const char* name, int console_fd, int& child_fd) {
       if (redirect & bit) {
         std::string path = dir + "/" + name;
@@ -563,7 +595,7 @@ struct Agent::Impl {
     try {
       setup_stream(kStdOut, "stdout.log", STDOUT_FILENO, req.stdout_fd);
       setup_stream(kStdErr, "stderr.log", STDERR_FILENO, req.stderr_fd);
-      w.pid = processes->spawn(req);
+      w.pid = start_process(req, local_rank, from_standby);
     } catch (...) {
       for (int fd : close_after_spawn) ::close(fd);
       throw;
@@ -571,7 +603,8 @@ struct Agent::Impl {
     for (int fd : close_after_spawn) ::close(fd);
     w.alive = true;
     for (auto& p : w.pipes) p->start();
-    record_event("worker_started", "", {w.rank}, {{"local_rank", w.local_rank}, {"pid", w.pid}});
+    record_event("worker_started", "", {w.rank},
+                 {{"local_rank", w.local_rank}, {"pid", w.pid}, {"standby", from_standby}});
     workers.push_back(std::move(w));
   }
 
@@ -583,6 +616,12 @@ struct Agent::Impl {
       return;
     }
     if (stale_health_pids.erase(pid) > 0) return;
+    for (auto& sb : standbys) {
+      if (sb.pid == pid && pid != 0) {
+        on_standby_exit(sb, st);
+        return;
+      }
+    }
     auto it = std::find_if(workers.begin(), workers.end(), [pid](const Worker& w) { return w.alive && w.pid == pid; });
     if (it == workers.end()) return;  // not ours (or from an earlier round)
     it->alive = false;
@@ -879,6 +918,12 @@ struct Agent::Impl {
     env["DDPLAUNCH_PROGRESS_FILE"] = board.path();
     env["DDPLAUNCH_PROGRESS_SLOT"] = std::to_string(local_rank);
     if (!options.file_timer_path.empty()) env["TORCHELASTIC_TIMER_FILE"] = options.file_timer_path;
+    add_python_env(env);
+  }
+
+  // What a Python worker needs from its interpreter's start, the same in every round: `import
+  // ddplaunch`, and faulthandler for the stacks of a hung worker.
+  void add_python_env(std::map<std::string, std::string>& env) {
     if (options.command.no_python) return;
     if (!options.python_helper_dir.empty()) {
       auto& path = env["PYTHONPATH"];
@@ -987,6 +1032,148 @@ struct Agent::Impl {
     it->note = "its timer '" + r.scope_id + "' (torch.distributed.elastic.timer) expired; sent " + signal_name(r.signal);
     say("worker " + std::to_string(it->rank) + " (pid " + std::to_string(it->pid) + "): " + it->note);
     processes->signal_process(it->pid, r.signal);
+  }
+
+  // ---- standbys (issue 13, agent/standby.h) --------------------------------------------------
+
+  // The bootstrap's command line: the job's, fixed for the run (docs/agent.md, "Standby workers").
+  std::vector<std::string> standby_argv() const {
+    const auto& c = options.command;
+    std::string preload;
+    for (const auto& m : options.preload) preload += (preload.empty() ? "" : ",") + m;
+    std::vector<std::string> argv = {c.python, "-u", options.python_helper_dir + "/ddplaunch_standby.py",
+                                     c.module ? "module" : c.run_path ? "run_path" : "script", preload, c.program};
+    argv.insert(argv.end(), c.args.begin(), c.args.end());
+    return argv;
+  }
+
+  // Starts a standby for every local rank that has none.
+  void start_standbys() {
+    if (!options.standby || state == State::kDone) return;
+    const auto argv = standby_argv();
+    for (int lr = 0; lr < static_cast<int>(standbys.size()); ++lr) {
+      if (standbys[lr].pid == 0) start_standby(lr, argv);
+    }
+  }
+
+  // A standby starts with the agent's environment and what every worker of this node gets in
+  // every round and must have before torch loads (OMP_NUM_THREADS sizes its thread pool at
+  // import): nothing of any round. Its stdout goes nowhere until it is assigned one; its stderr
+  // is the agent's (it says there why it gave up on a bad assignment).
+  void start_standby(int local_rank, const std::vector<std::string>& argv) {
+    int sv[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+      say(std::string("standby for local rank ") + std::to_string(local_rank) + ": socketpair: " +
+          std::strerror(errno) + "; its next worker starts cold");
+      return;
+    }
+    SpawnRequest req;
+    req.argv = argv;
+    req.env = inherited;
+    if (should_set_omp_num_threads(options.node.local_world_size, inherited)) req.env["OMP_NUM_THREADS"] = "1";
+    add_python_env(req.env);
+    req.env[kStandbyFdVariable] = std::to_string(sv[1]);
+    req.pass_fd = sv[1];
+    req.standby = true;
+    req.stdout_fd = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
+    if (local_rank < static_cast<int>(options.numa_bindings.size())) {
+      req.numa = prepare_binding(options.numa_bindings[local_rank]);
+    }
+    int pid = 0;
+    try {
+      pid = processes->spawn(req);
+    } catch (const std::exception& e) {
+      say("standby for local rank " + std::to_string(local_rank) + ": " + e.what() + "; its next worker starts cold");
+    }
+    ::close(sv[1]);
+    if (req.stdout_fd >= 0) ::close(req.stdout_fd);
+    if (pid == 0) {
+      ::close(sv[0]);
+      return;
+    }
+    standbys[local_rank] = {pid, sv[0]};
+  }
+
+  void schedule_standbys() {
+    if (!options.standby) return;
+    standby_timer.expires_after(to_duration(options.standby_delay));
+    standby_timer.async_wait([this](const boost::system::error_code& ec) {
+      if (!ec) start_standbys();
+    });
+  }
+
+  // Starts the worker `req` describes: its local rank's standby becomes it when one waits and
+  // takes the assignment, else a fresh process does. Throws SpawnError (a fresh process).
+  int start_process(SpawnRequest& req, int local_rank, bool& from_standby) {
+    from_standby = false;
+    if (local_rank < static_cast<int>(standbys.size()) && standbys[local_rank].pid != 0) {
+      const Standby sb = standbys[local_rank];
+      standbys[local_rank] = {};
+      if (assign(sb, local_rank, req)) {
+        from_standby = true;
+        return sb.pid;
+      }
+    }
+    return processes->spawn(req);
+  }
+
+  // Sends `req` (its environment, the agent's working directory, its stdout and stderr) to the
+  // standby `sb`, which becomes the worker. False (the standby is killed) when it cannot take it.
+  bool assign(const Standby& sb, int local_rank, SpawnRequest& req) {
+    const std::string who = "standby for local rank " + std::to_string(local_rank) + " (pid " + std::to_string(sb.pid) + ")";
+    StandbyAssignment a;
+    a.env = req.env;
+    a.cwd = cwd;
+    processes->adopt(sb.pid, a.env);
+    std::string message;
+    long sent = -1;
+    std::string why;
+    try {
+      message = encode_assignment(a);
+      sent = send_assignment(sb.fd, message, req.stdout_fd >= 0 ? req.stdout_fd : STDOUT_FILENO,
+                             req.stderr_fd >= 0 ? req.stderr_fd : STDERR_FILENO);
+      if (sent < 0) why = errno == EPIPE || errno == ECONNRESET ? "it has exited" : std::strerror(errno);
+    } catch (const std::invalid_argument& e) {
+      why = e.what();
+    }
+    if (sent < 0) {
+      say(who + " cannot take its worker: " + why + "; starting that worker cold");
+      processes->signal_group(sb.pid, SIGKILL);
+      ::close(sb.fd);
+      return false;
+    }
+    if (static_cast<std::size_t>(sent) == message.size()) {
+      ::close(sb.fd);  // the standby reads to the end, then sees it closed
+      return true;
+    }
+    // The rest when the standby reads it (it may still be importing): never block the loop.
+    auto socket = std::make_shared<asio::posix::stream_descriptor>(io, sb.fd);
+    auto rest = std::make_shared<std::string>(message.substr(static_cast<std::size_t>(sent)));
+    asio::async_write(*socket, asio::buffer(*rest), [socket, rest](const boost::system::error_code&, std::size_t) {
+      boost::system::error_code ignored;
+      socket->close(ignored);
+    });
+    return true;
+  }
+
+  // A standby ended before it was given a worker (killed, out of memory, a broken interpreter):
+  // not a failure of any round; its local rank's next worker starts cold.
+  void on_standby_exit(Standby& sb, ExitStatus st) {
+    const int local_rank = static_cast<int>(&sb - standbys.data());
+    say("standby for local rank " + std::to_string(local_rank) + " (pid " + std::to_string(sb.pid) + ") " +
+        (st.signal ? "was killed by " + signal_name(st.signal) : "exited with code " + std::to_string(st.exit_code)) +
+        " before it was needed; the next worker of that rank starts cold");
+    ::close(sb.fd);
+    sb = {};
+  }
+
+  void stop_standbys() {
+    for (auto& sb : standbys) {
+      if (sb.pid == 0) continue;
+      processes->signal_group(sb.pid, SIGKILL);
+      ::close(sb.fd);
+      sb = {};
+    }
   }
 
   // ---- health checks -------------------------------------------------------------------------
@@ -1140,6 +1327,7 @@ struct Agent::Impl {
                  {}, {{"exit_code", code}});
     state = State::kDone;
     drain_pipes();
+    stop_standbys();
     rendezvous->close();
     processes->close();
     boost::system::error_code ignored;
@@ -1150,6 +1338,7 @@ struct Agent::Impl {
     dump_timer.cancel();
     health_timer.cancel();
     health_deadline.cancel();
+    standby_timer.cancel();
     if (health_pid != 0) processes->signal_group(health_pid, SIGKILL);
     file_timer.reset();
     io.stop();

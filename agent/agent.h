@@ -61,6 +61,15 @@ struct AgentOptions {
   // --hang_timeout (agent/progress.h): a rank whose heartbeats stop for longer is a failure.
   // Default off.
   HangPolicy hang;
+  // Issue 13: keep one standby process per local rank for the next round (agent/standby.h):
+  // python_helper_dir/ddplaunch_standby.py under command.python, which imports torch and
+  // `preload` and then waits for its assignment. REQUIRES: a Python command (not no_python) and
+  // python_helper_dir set; the launcher decides (--standby). Default off: every worker starts cold.
+  bool standby = false;
+  std::vector<std::string> preload;  // --preload: modules a standby imports besides torch
+  // Seconds after a round's workers started before the next standbys start: their imports
+  // compete for CPU with the new workers' start. Default 1.
+  double standby_delay = 1.0;
   // A directory holding the `ddplaunch` Python helper, appended to PYTHONPATH of Python
   // workers so that `import ddplaunch` works. Empty (default): PYTHONPATH is left alone.
   std::string python_helper_dir;

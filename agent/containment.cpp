@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
@@ -336,8 +337,39 @@ void Containment::send(char op, int pgid) {
 }
 
 void Containment::watch_group(int pgid) {
-  groups_.push_back(pgid);
+  if (std::find(standby_groups_.begin(), standby_groups_.end(), pgid) == standby_groups_.end()) {
+    groups_.push_back(pgid);
+  }
   send('+', pgid);
+}
+
+pid_t Containment::fork_standby() {
+  const pid_t pid = ::fork();
+  if (pid > 0) standby_groups_.push_back(pid);
+  return pid;
+}
+
+bool Containment::adopt_standby(int pid) {
+  const auto it = std::find(standby_groups_.begin(), standby_groups_.end(), pid);
+  if (it == standby_groups_.end()) return false;
+  standby_groups_.erase(it);
+  groups_.push_back(pid);
+  if (procs_fd_ >= 0) {
+    // Best effort: a standby left outside is still killed by its group and its parent-death signal.
+    const std::string text = std::to_string(pid);
+    (void)!::write(procs_fd_, text.data(), text.size());
+  }
+  return true;
+}
+
+void Containment::forget_standby(int pgid) {
+  const auto it = std::find(standby_groups_.begin(), standby_groups_.end(), pgid);
+  if (it == standby_groups_.end()) return;
+  standby_groups_.erase(it);
+  // The sentinel knows no removal: it forgets everything and hears the rest again.
+  send('c', 0);
+  for (int g : groups_) send('+', g);
+  for (int g : standby_groups_) send('+', g);
 }
 
 char process_state(int pid) {
@@ -350,6 +382,8 @@ char process_state(int pid) {
 
 void Containment::check_member(int pid) {
   if (cgroup_dir_.empty() || checked_) return;
+  // A standby is outside the cgroup by design: it proves nothing.
+  if (std::find(standby_groups_.begin(), standby_groups_.end(), pid) != standby_groups_.end()) return;
   // Read before the state: a process seen alive afterwards was alive when its cgroup was read.
   const std::string cgroups = read_file(("/proc/" + std::to_string(pid) + "/cgroup").c_str());
   const char state = process_state(pid);
@@ -380,6 +414,7 @@ void Containment::kill_all() {
   for (int pgid : groups_) ::kill(-pgid, SIGKILL);
   groups_.clear();
   send('c', 0);
+  for (int g : standby_groups_) send('+', g);
   if (kill_fd_ >= 0) {
     (void)!::write(kill_fd_, "1", 1);
     // Linux (seen on 6.18) compares a CLONE_INTO_CGROUP child's cgroup kill count with its

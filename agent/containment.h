@@ -59,13 +59,28 @@ class Containment {
   pid_t fork_worker();
   // Tells the sentinel about a process group to kill if the agent dies.
   void watch_group(int pgid);
+
+  // Forks a standby (agent/standby.h), like fork(), outside the cgroup; the child may only make
+  // async-signal-safe calls before exec. Its process group (its pid, once it called setpgid)
+  // is a standby's until adopt_standby() or forget_standby(): watch_group() tells the sentinel
+  // to kill it if the agent dies, kill_all() spares it, check_member() does not judge by it.
+  // (The caller gives it no marker either, so that a restart's marker scan spares it too.)
+  pid_t fork_standby();
+  // The standby `pid` becomes a worker: it moves into the cgroup (an RCU grace period, as after
+  // a restart) and kill_all() kills it from now on. Its own environment block keeps no marker:
+  // it is found by its group, its descendants by the marker they inherit (the standby applies
+  // an environment that holds it). False when `pid` is not a waiting standby.
+  bool adopt_standby(int pid);
+  // Forgets `pgid` if it is a standby that exited before it was adopted, so that the sentinel
+  // does not kill its id once reused. REQUIRES: reaped.
+  void forget_standby(int pgid);
   // Checks (once, on the first worker found running) that `pid` joined the cgroup; when it did
   // not, the cgroup is abandoned for the marker, here and in the sentinel. A worker that has
   // already exited (a zombie) decides nothing: the next one is checked.
   // REQUIRES: `pid` has not been reaped yet (its id cannot have been reused).
   void check_member(int pid);
   // SIGKILLs every watched process group and everything in the cgroup (without one: every
-  // marked process), then forgets the groups. REQUIRES: the group leaders have been reaped (so their ids cannot be reused while
+  // marked process), then forgets the groups. Standbys (fork_standby) are spared. REQUIRES: the group leaders have been reaped (so their ids cannot be reused while
   // the sentinel still holds them).
   void kill_all();
 
@@ -85,6 +100,7 @@ class Containment {
   int sentinel_pid_ = -1;
   bool checked_ = false;
   std::vector<int> groups_;
+  std::vector<int> standby_groups_;
 };
 
 // The state letter of /proc/PID/stat ('R', 'S', 'Z', ...), or '\0' when there is no such process.

@@ -44,14 +44,18 @@ class PosixProcesses final : public Processes {
     for (const auto& [k, v] : request.env) {
       if (k != Containment::kMarkerVariable) env_strings.push_back(k + "=" + v);
     }
-    env_strings.push_back(std::string(Containment::kMarkerVariable) + "=" + containment_.marker_value());
+    // A standby carries no marker: kill_all() (a restart) must not find it. It gets the marker
+    // in the environment it applies when it becomes a worker (adopt()).
+    if (!request.standby) {
+      env_strings.push_back(std::string(Containment::kMarkerVariable) + "=" + containment_.marker_value());
+    }
     std::vector<char*> envp;
     envp.reserve(env_strings.size() + 1);
     for (auto& e : env_strings) envp.push_back(e.data());
     envp.push_back(nullptr);
     char** const env_block = envp.data();
     const pid_t parent = ::getpid();
-    const int out_fd = request.stdout_fd, err_fd = request.stderr_fd;
+    const int out_fd = request.stdout_fd, err_fd = request.stderr_fd, pass_fd = request.pass_fd;
     const PreparedBinding numa = request.numa;
     std::vector<std::string> arg_strings = request.argv;
     arg_strings.at(0) = exe;
@@ -64,7 +68,8 @@ class PosixProcesses final : public Processes {
     if (::pipe2(exec_error, O_CLOEXEC) != 0) {
       throw SpawnError("cannot start " + request.argv.at(0) + ": pipe: " + std::strerror(errno));
     }
-    const pid_t pid = containment_.fork_worker();  // already in the worker group's cgroup
+    // A worker starts in the worker group's cgroup; a standby outside it, until adopt().
+    const pid_t pid = request.standby ? containment_.fork_standby() : containment_.fork_worker();
     if (pid == 0) {
       // The child, between fork and exec: only async-signal-safe calls.
       ::setpgid(0, 0);
@@ -75,6 +80,7 @@ class PosixProcesses final : public Processes {
       // A worker gets 0, 1 and 2 and nothing else of the agent's (torchrun's close_fds=True),
       // whether or not each descriptor was opened close-on-exec.
       cloexec_fds_from(3);
+      if (pass_fd >= 0) ::fcntl(pass_fd, F_SETFD, 0);
       // The agent's signal handlers are reset by exec; its ignored (SIGPIPE) and blocked
       // signals would not be.
       struct sigaction dfl {};
@@ -137,6 +143,11 @@ class PosixProcesses final : public Processes {
     if (pid > 0) ::kill(pid, signo);
   }
 
+  void adopt(int pid, std::map<std::string, std::string>& env) override {
+    if (!containment_.adopt_standby(pid)) return;
+    env[Containment::kMarkerVariable] = containment_.marker_value();
+  }
+
   void kill_leftovers() override { containment_.kill_all(); }
 
   void reap_exited() override {
@@ -172,6 +183,7 @@ class PosixProcesses final : public Processes {
       } else {
         continue;
       }
+      containment_.forget_standby(pid);
       if (on_exit_) on_exit_(pid, st);
     }
   }

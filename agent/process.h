@@ -22,6 +22,13 @@ namespace ddp::agent {
 struct SpawnRequest {
   std::vector<std::string> argv;              // argv[0] is searched in PATH when it has no '/'
   std::map<std::string, std::string> env;     // the complete environment
+  // A descriptor the process inherits under its own number (a standby's socket,
+  // DDPLAUNCH_STANDBY_FD), besides 0, 1 and 2. -1 (default): none.
+  int pass_fd = -1;
+  // A standby (agent/standby.h): it dies with the agent like a worker, but stays outside the
+  // worker group's containment (kill_leftovers() spares it) until adopt() makes it a worker.
+  // Default false.
+  bool standby = false;
   int stdout_fd = -1;                         // -1: inherit the agent's stdout
   int stderr_fd = -1;                         // -1: inherit the agent's stderr
   PreparedBinding numa;                       // --numa_binding; default: not bound
@@ -66,6 +73,10 @@ class Processes {
   // Sends `signo` to the process `pid` alone (a hung worker asked for its stacks, a worker whose
   // torch file timer expired); a process that is gone is not an error. The fake records nothing.
   virtual void signal_process(int pid, int signo) { (void)pid, (void)signo; }
+  // A standby (spawned with `standby`) becomes a worker: from now on it is contained like one
+  // (its cgroup, kill_leftovers()), and `env`, the environment it will apply, gets what the
+  // containment needs its descendants to inherit. The fake has nothing to do.
+  virtual void adopt(int pid, std::map<std::string, std::string>& env) { (void)pid, (void)env; }
   // SIGKILLs whatever is left of the worker group after its workers were reaped: the members of
   // their process groups and, where the machine has a cgroup for them, everything in it
   // (processes that called setsid). The fake of the tests has nothing to clean up.

@@ -3,6 +3,7 @@
 #include "launcher/config.h"
 
 #include <algorithm>
+#include <cctype>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -280,6 +281,23 @@ void resolve_workers(const RawValues& raw, LaunchConfig& config) {
     config.python = exec;
   }
   config.virtual_local_rank = raw.flag("virtual_local_rank");
+  if (auto g = raw.find("standby")) {
+    config.standby = parse_choice<LaunchConfig::Standby>(
+        *g, {{"off", LaunchConfig::Standby::kOff}, {"on", LaunchConfig::Standby::kOn}, {"auto", LaunchConfig::Standby::kAuto}},
+        "off, on, auto");
+  }
+  if (auto g = raw.find("preload")) {
+    for (const auto& item : split(g->value, ',')) {
+      const std::string name = trim(item);
+      if (name.empty()) continue;
+      // A dotted Python module name: what the standby passes to importlib, nothing else.
+      bool valid = !std::isdigit(static_cast<unsigned char>(name[0])) && name.front() != '.' && name.back() != '.' &&
+                   name.find("..") == std::string::npos;
+      for (char c : name) valid = valid && (std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.');
+      if (!valid) refuse(g->shown() + ": '" + name + "' is not a Python module name (like numpy or torch.distributed)");
+      config.preload.push_back(name);
+    }
+  }
   if (auto g = raw.find("numa_binding")) {
     config.numa_binding = agent::parse_numa_mode(lower(trim(g->value)));
     if (!config.numa_binding) {

@@ -78,6 +78,9 @@ struct LaunchConfig {
   bool run_path = false;               // --run_path
   bool virtual_local_rank = false;     // --virtual_local_rank
   std::optional<agent::NumaMode> numa_binding;  // --numa_binding; unset = no binding
+  enum class Standby { kOff, kOn, kAuto };
+  Standby standby = Standby::kOff;     // --standby (issue 13); default off (docs/agent.md)
+  std::vector<std::string> preload;    // --preload: module names; default none
   std::string log_dir;                 // --log_dir; empty = a temporary directory when needed
   StdSpec redirects;                   // -r/--redirects
   StdSpec tee;                         // -t/--tee

@@ -273,6 +273,26 @@ std::string file_timer_path(const std::string& log_dir) {
   return log_dir + "/watchdog_timer_" + std::to_string(::getpid());
 }
 
+// --standby (issue 13): on for Python programs when asked ('on') or by 'auto'; everything else
+// starts cold, with a line when 'on' was asked for. --preload without a standby is said too.
+void resolve_standby(const LaunchConfig& config, agent::AgentOptions& o) {
+  const bool asked = config.standby != LaunchConfig::Standby::kOff;
+  const char* why_not = o.command.no_python            ? "PROGRAM is not run by Python"
+                        : o.python_helper_dir.empty() ||
+                                !boost::filesystem::exists(o.python_helper_dir + "/ddplaunch_standby.py")
+                            ? "its Python bootstrap (ddplaunch_standby.py) is not installed"
+                                                      : nullptr;
+  o.standby = asked && why_not == nullptr;
+  o.preload = config.preload;
+  if (config.standby == LaunchConfig::Standby::kOn && why_not != nullptr) {
+    std::fprintf(stderr, "ddplaunch: --standby=on: %s; its workers start cold (standbys are for Python programs)\n",
+                 why_not);
+  }
+  if (!config.preload.empty() && !o.standby) {
+    std::fprintf(stderr, "ddplaunch: --preload has no effect without a standby (--standby=on|auto, Python programs)\n");
+  }
+}
+
 agent::AgentOptions make_agent_options(const LaunchConfig& config, const ResolvedProgram& program,
                                        const std::string& log_dir, const std::string& run_id) {
   agent::AgentOptions o;
@@ -308,6 +328,7 @@ agent::AgentOptions make_agent_options(const LaunchConfig& config, const Resolve
   o.max_restarts_without_progress = config.max_restarts_without_progress;
   o.no_restart_exit_codes = config.no_restart_exit_codes;
   o.python_helper_dir = python_helper_dir();
+  resolve_standby(config, o);
   o.health_check = config.health_check;
   o.health_check_interval = config.health_check_interval;
   o.file_timer_path = file_timer_path(log_dir);

@@ -43,6 +43,13 @@ const std::vector<OptionSpec> kOptions = {
    "GPU (local rank N uses GPU N; without GPUs, local ranks go round-robin over the NUMA "
    "nodes). 'socket': every node of that socket; 'exclusive': the node's cores split among "
    "its workers; 'core-complex': one last-level-cache group each."},
+  {"standby", 0, false, "off|on|auto", "off",
+   Group::kWorkers, "Keep one standby process per local rank, started and loaded (import torch) "
+   "while the job runs, that becomes the next round's worker in place of a cold start. 'auto': "
+   "on for Python programs. Other programs always start cold (docs/agent.md)."},
+  {"preload", 0, false, "MODULE,MODULE,...", "none",
+   Group::kWorkers, "Modules a standby imports besides torch before its assignment (with "
+   "--standby)."},
   {"start_method", 0, false, "spawn|fork|forkserver", "spawn",
    Group::kWorkers, "Accepted for torchrun compatibility; workers are always new processes."},
   {"master_addr", 0, false, "HOST", "127.0.0.1",
@@ -210,6 +217,10 @@ std::string option_names(const OptionSpec& spec) {
 }
 
 
+// Options that yield a shared prefix to the option it also starts (see find_long_option): added
+// after users' command lines came to rely on such a prefix meaning the older option.
+const char* const kPrefixYielding[] = {"standby", "preload"};
+
 }  // namespace
 
 const std::vector<OptionSpec>& option_table() { return kOptions; }
@@ -251,6 +262,16 @@ const OptionSpec* find_long_option(const std::string& name, std::vector<std::str
     }
   }
   if (matches.size() == 1) return matches.front();
+  // ddplaunch's own options added since never take a prefix from the others: `--stand` stays
+  // torchrun's --standalone although --standby starts the same way.
+  std::vector<const OptionSpec*> older;
+  for (const OptionSpec* spec : matches) {
+    if (std::none_of(std::begin(kPrefixYielding), std::end(kPrefixYielding),
+                     [&](const char* n) { return std::string(n) == spec->name; })) {
+      older.push_back(spec);
+    }
+  }
+  if (older.size() == 1) return older.front();
   for (const OptionSpec* spec : matches) candidates.push_back(std::string("--") + spec->name);
   return nullptr;
 }

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "agent/containment.h"
+#include "agent/fds.h"
 
 using namespace ddp::agent;
 
@@ -107,6 +108,69 @@ TEST_SUITE("the worker group is contained") {
       ::waitpid(pid, nullptr, 0);
       c.kill_all();  // what the agent does after each round: cgroup.kill
     }
+  }
+
+  TEST_CASE("a standby outlives the kills of a restart until it is adopted, then dies with the group") {
+    Containment c;
+    const pid_t standby = c.fork_standby();  // as PosixProcesses forks a standby: outside the cgroup
+    if (standby == 0) {
+      ::setpgid(0, 0);
+      close_fds_from(3, -1);  // what exec does to the agent's (close-on-exec) descriptors
+      for (;;) ::pause();
+    }
+    REQUIRE(standby > 0);
+    ::setpgid(standby, standby);
+    c.watch_group(standby);
+    c.check_member(standby);  // judges nothing by a standby
+    CHECK(c.cgroup_problem() == (c.cgroup_dir().empty() ? c.cgroup_problem() : std::string()));
+    REQUIRE(wait_until([&] { return process_state(standby) == 'S'; }, std::chrono::seconds(10)));
+    c.kill_all();  // a restart: the workers' groups and the cgroup (or the marked processes)
+    // Given time to die, it does not: poll a while for a state that would say it was killed.
+    CHECK_FALSE(wait_until([&] { const char s = process_state(standby); return s == 'Z' || s == '\0'; },
+                           std::chrono::seconds(1)));
+    CHECK(c.adopt_standby(standby));
+    CHECK_FALSE(c.adopt_standby(standby));  // a worker now
+    c.kill_all();
+    REQUIRE(wait_until([&] { return process_state(standby) == 'Z'; }, std::chrono::seconds(10)));
+    int status = 0;
+    REQUIRE(::waitpid(standby, &status, 0) == standby);
+    CHECK(WIFSIGNALED(status));
+    CHECK(WTERMSIG(status) == SIGKILL);
+  }
+
+  TEST_CASE("the sentinel kills a waiting standby when the agent is gone") {
+    // The "agent" is a child that owns the containment; it forks a standby, tells us its pid, and
+    // is SIGKILLed: its sentinel must kill the standby (here nothing else would: no parent-death
+    // signal is set, unlike a real standby).
+    int pipe_fds[2];
+    REQUIRE(::pipe(pipe_fds) == 0);
+    const pid_t agent = ::fork();
+    if (agent == 0) {
+      ::close(pipe_fds[0]);
+      Containment c;
+      const pid_t standby = c.fork_standby();
+      if (standby == 0) {
+        ::setpgid(0, 0);
+        // What exec does to the agent's descriptors (all close-on-exec), the sentinel's pipe among them.
+        close_fds_from(3, -1);
+        for (;;) ::pause();
+      }
+      ::setpgid(standby, standby);
+      c.watch_group(standby);
+      c.kill_all();  // a restart before the agent dies: the standby stays watched
+      (void)!::write(pipe_fds[1], &standby, sizeof standby);
+      for (;;) ::pause();
+    }
+    ::close(pipe_fds[1]);
+    pid_t standby = 0;
+    REQUIRE(::read(pipe_fds[0], &standby, sizeof standby) == static_cast<ssize_t>(sizeof standby));
+    ::close(pipe_fds[0]);
+    ::kill(agent, SIGKILL);
+    ::waitpid(agent, nullptr, 0);
+    // The standby was the dead agent's child: it is reparented (to init or a subreaper) and reaped
+    // there, so it is gone or a zombie.
+    CHECK(wait_until([&] { const char s = process_state(standby); return s == 'Z' || s == '\0'; },
+                     std::chrono::seconds(10)));
   }
 
   TEST_CASE("the state of a process that does not exist is unknown") {

@@ -94,8 +94,13 @@ class ElasticJob:
     """A job of `ddplaunch --nnodes=2:3 --nproc_per_node=2` agents on the cluster's nodes."""
 
     def __init__(self, test, cluster, program_args, python=False, job_id="e2e", nproc=2,
-                 nnodes="2:3", max_restarts=3, epochs=None):
+                 nnodes="2:3", max_restarts=3, epochs=None, ddplaunch_flags=None):
         self.test = test
+        # Extra ddplaunch flags for every node (e.g. --standby=on); None: from the environment's
+        # DDPLAUNCH_E2E_FLAGS (space-separated), which ctest sets for the variants of a test.
+        if ddplaunch_flags is None:
+            ddplaunch_flags = os.environ.get("DDPLAUNCH_E2E_FLAGS", "").split()
+        self.ddplaunch_flags = list(ddplaunch_flags)
         self.epochs = epochs   # the job's --epochs, to tell a completed round from a stopped one
         self.cluster = cluster
         self.python = python
@@ -143,7 +148,7 @@ class ElasticJob:
                "--max_restarts=%d" % self.max_restarts, "--rdzv_backend=c10d",
                "--rdzv_endpoint=" + self.endpoint, "--rdzv_id=" + self.job_id,
                "--rdzv_conf", RDZV_CONF, "--shutdown_timeout=5",
-               "--local_addr", self.cluster.addr(node)]
+               "--local_addr", self.cluster.addr(node)] + self.ddplaunch_flags
         if self.python:
             return cmd + ["--python", PYTHON, ELASTIC_DDP, "--checkpoint-dir", self.checkpoint_dir] + \
                 self.program_args

@@ -9,6 +9,7 @@ others must go on at 4 workers from the newest snapshot and finish (exit 0, accu
 Needs root and `ip netns` (skips with the reason otherwise).
 """
 
+import json
 import os
 import signal
 import sys
@@ -54,6 +55,11 @@ class PythonJobFaultToleranceTest(unittest.TestCase):
                 "--checkpoint-every", CHECKPOINT_EVERY, "--log-every", 20]
         job = ElasticJob(self, self.cluster, args, python=True, job_id="python-crash",
                          epochs=6)
+        # With --standby=on (DDPLAUNCH_E2E_FLAGS), the event log shows which workers were standbys.
+        standby = "--standby=on" in job.ddplaunch_flags
+        events = os.path.join(job.shared, "events.jsonl")
+        if standby:
+            job.ddplaunch_flags.append("--event_log=" + events)
         job.start_rendezvous()
         for node in (1, 2, 3):
             job.start_node(node)
@@ -97,6 +103,13 @@ class PythonJobFaultToleranceTest(unittest.TestCase):
         # Nothing of the round of 6 was trained twice: later rounds never resumed before it.
         for r in after:
             self.assertGreaterEqual(r.resumed_from_step or 0, max(before.saved_steps), job.describe())
+        if standby:
+            # Every worker of the rounds after the crash was a standby that became the worker.
+            with open(events) as f:
+                started = [e for e in map(json.loads, f) if e["type"] == "worker_started"]
+            after_crash = [e for e in started if e["generation"] > before.generation]
+            self.assertEqual(len(after_crash), 4 * len(after), started)
+            self.assertTrue(all(e["standby"] for e in after_crash), after_crash)
 
 
 if __name__ == "__main__":

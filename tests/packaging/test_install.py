@@ -73,6 +73,9 @@ class InstallTest(unittest.TestCase):
             res = run(["python3", "-c", "import %s, sys; print(%s.__file__)" % (package, package)],
                       timeout=60, env=clean_env(PYTHONPATH=site), cwd=self.tmp).check()
             self.assertTrue(res.stdout.strip().startswith(site), res.describe())
+        # The standby bootstrap (--standby, issue 13) sits beside the package, where ddplaunch looks.
+        if os.path.isfile(os.path.join(python_src, "ddplaunch_standby.py")):
+            self.assertIn("share/ddplaunch/python/ddplaunch_standby.py", self.files)
 
 
 if __name__ == "__main__":

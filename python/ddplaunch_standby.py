@@ -1,0 +1,298 @@
+"""A standby worker of ddplaunch (docs/agent.md, "Standby workers"; issue 13).
+
+ddplaunch starts this file as
+
+    PYTHON -u ddplaunch_standby.py MODE PRELOAD PROGRAM [ARGS...]
+
+(MODE: script, module or run_path; PRELOAD: comma-separated module names, may be empty) with
+DDPLAUNCH_STANDBY_FD naming one end of a Unix socket, while the job's workers run. It imports
+torch and PRELOAD, then waits for its assignment: the whole environment and working directory
+of a worker, and its stdout and stderr (agent/standby.h has the format). It applies them and runs
+PROGRAM as `PYTHON -u PROGRAM ARGS` (or `-m PROGRAM`) would have. Nothing of the user's runs
+before the assignment; an assignment that is not valid, or a socket closed before one came (the
+agent is stopping), ends the standby without running anything, exit code 0 when the agent closed
+the socket and 1 when it sent something wrong.
+
+It imports nothing of the `ddplaunch` package before its assignment: that module reads the
+worker's progress slot from the environment when it is first imported.
+"""
+
+import os
+import socket
+import struct
+import sys
+
+_MAGIC = b"DDPS"
+_VERSION = 1
+_HEADER = struct.Struct("<4sII")
+_MAX_PAYLOAD = 4 << 20  # agent/standby.h: kMaxStandbyPayload
+
+
+class BadAssignment(Exception):
+    """The agent's message is not a valid assignment."""
+
+
+class NoAssignment(Exception):
+    """The socket closed before an assignment came: the agent is stopping."""
+
+
+def _depth(payload):
+    """The nesting depth of JSON arrays and objects in `payload` (bytes), strings skipped;
+    stops at 3. Checked before json.loads, which recurses."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for byte in payload:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:  # quote
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in (0x5B, 0x7B):  # [ {
+            depth += 1
+            deepest = max(deepest, depth)
+            if deepest > 2:
+                return deepest
+        elif byte in (0x5D, 0x7D):
+            depth -= 1
+    return deepest
+
+
+def decode(message):
+    """Decodes a whole message (header and payload) into (env, cwd); raises BadAssignment."""
+    import json
+
+    if len(message) < _HEADER.size:
+        raise BadAssignment("short header: %d of %d bytes" % (len(message), _HEADER.size))
+    magic, version, length = _HEADER.unpack_from(message)
+    if magic != _MAGIC:
+        raise BadAssignment("bad magic (not a ddplaunch standby assignment)")
+    if version != _VERSION:
+        raise BadAssignment("version %d, expected %d (ddplaunch and its Python bootstrap come from "
+                            "different installs)" % (version, _VERSION))
+    if length < 2 or length > _MAX_PAYLOAD:
+        raise BadAssignment("payload length %d outside 2..%d" % (length, _MAX_PAYLOAD))
+    if len(message) - _HEADER.size != length:
+        raise BadAssignment("payload of %d bytes, header says %d" % (len(message) - _HEADER.size, length))
+    if _depth(message[_HEADER.size:]) > 2:
+        raise BadAssignment("the payload is nested deeper than an object of objects")
+    try:
+        doc = json.loads(message[_HEADER.size:].decode("utf-8"))
+    except (ValueError, RecursionError) as e:
+        raise BadAssignment("the payload is not JSON: %s" % e)
+    if not isinstance(doc, dict):
+        raise BadAssignment("the payload is not a JSON object")
+    if set(doc) != {"env", "cwd"}:
+        raise BadAssignment("the payload must hold exactly the keys env and cwd")
+    env, cwd = doc["env"], doc["cwd"]
+    if not isinstance(env, dict):
+        raise BadAssignment("env is not an object")
+    if not isinstance(cwd, str) or not cwd.startswith("/") or "\0" in cwd:
+        raise BadAssignment("cwd is not an absolute path")
+    for name, value in env.items():
+        if not name:
+            raise BadAssignment("an empty variable name")
+        if "=" in name:
+            raise BadAssignment("variable name %r holds '='" % name)
+        if "\0" in name:
+            raise BadAssignment("a variable name holds a NUL byte")
+        if not isinstance(value, str):
+            raise BadAssignment("the value of %s is not a string" % name)
+        if "\0" in value:
+            raise BadAssignment("the value of %s holds a NUL byte" % name)
+    return env, cwd
+
+
+def _close_fds(fds):
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def receive(fd):
+    """Reads the assignment from the socket `fd` (closed afterwards): (env, cwd, stdout_fd,
+    stderr_fd). Raises NoAssignment or BadAssignment (any descriptors received are closed)."""
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError as e:
+        raise BadAssignment("descriptor %d is not a socket: %s" % (fd, e))
+    fds = []
+    try:
+        if sock.type != socket.SOCK_STREAM or sock.family != socket.AF_UNIX:
+            raise BadAssignment("descriptor %d is not a Unix stream socket" % fd)
+        data = b""
+        while len(data) < _HEADER.size:
+            chunk, got, _, _ = socket.recv_fds(sock, _HEADER.size - len(data), 4)
+            fds.extend(got)
+            if not chunk:
+                if not data and not fds:
+                    raise NoAssignment()
+                raise BadAssignment("short header: %d of %d bytes" % (len(data), _HEADER.size))
+            data += chunk
+        _, _, length = _HEADER.unpack(data)
+        if length > _MAX_PAYLOAD:
+            raise BadAssignment("payload length %d over the limit of %d" % (length, _MAX_PAYLOAD))
+        parts = [data]
+        left = length
+        while left > 0:
+            chunk = sock.recv(min(left, 1 << 20))
+            if not chunk:
+                raise BadAssignment("the payload ends after %d of %d bytes" % (length - left, length))
+            parts.append(chunk)
+            left -= len(chunk)
+        env, cwd = decode(b"".join(parts))
+        if len(fds) != 2:
+            raise BadAssignment("%d descriptors came with the assignment, expected 2 (stdout, stderr)" % len(fds))
+        return env, cwd, fds[0], fds[1]
+    except BaseException:
+        _close_fds(fds)
+        raise
+    finally:
+        sock.close()
+
+
+def _preload(modules):
+    """Imports torch and `modules`. Returns the warnings they raised (shown once the worker has
+    its stderr, as they would have been in a cold worker's) and what could not be imported, as
+    lines for the worker (torch missing is not worth one: the script says so if it needs it)."""
+    import importlib
+    import warnings
+
+    problems = []
+    with warnings.catch_warnings(record=True) as caught:
+        for name in ["torch"] + modules:
+            try:
+                importlib.import_module(name)
+            except BaseException as e:  # noqa: B902 (a module may raise anything, SystemExit included)
+                if name != "torch":
+                    problems.append("ddplaunch standby: --preload: cannot import %s: %s: %s" %
+                                    (name, type(e).__name__, e))
+    return list(caught), problems
+
+
+def _show_warnings(caught):
+    import warnings
+
+    for w in caught:
+        warnings.showwarning(w.message, w.category, w.filename, w.lineno, None, w.line)
+
+
+def _user_traceback(tb):
+    """The traceback from the user's first frame on (without this file's and runpy's)."""
+    own = globals()
+    while tb is not None:
+        frame_globals = tb.tb_frame.f_globals
+        if frame_globals is not own and frame_globals.get("__name__") != "runpy":
+            break
+        tb = tb.tb_next
+    return tb
+
+
+def _run(mode, program, args):
+    import runpy
+
+    if mode == "module":
+        sys.argv = [program] + args  # runpy sets argv[0] to the module's file, as -m does
+        sys.path[0] = os.getcwd()
+        runpy._run_module_as_main(program, alter_argv=True)
+    elif mode == "run_path":
+        # torchrun --run_path: `python -u -c <runpy.run_path(PROGRAM)> PROGRAM ARGS`.
+        sys.argv = [program] + args
+        sys.path[0] = ""
+        runpy.run_path(program, run_name="__main__")
+    else:
+        _run_script(program, args)
+
+
+def _run_script(program, args):
+    """`python -u PROGRAM ARGS`: sys.argv[0] as given, __main__ a fresh module whose __file__ is
+    absolute (Python >= 3.9), sys.path[0] the script's directory with links resolved. A directory
+    or zip file with a __main__.py goes through runpy.run_path (argv[0] then absolute)."""
+    import builtins
+    import importlib.machinery
+    import io
+    import types
+
+    path = os.path.join(os.getcwd(), program)
+    sys.argv = [program] + args
+    sys.path[0] = os.path.dirname(os.path.realpath(path))
+    if not os.path.isfile(path) or path.endswith(".zip"):
+        import runpy
+
+        sys.path[0] = path
+        runpy.run_path(path, run_name="__main__")
+        return
+    with io.open_code(path) as f:
+        source = f.read()
+    main = types.ModuleType("__main__")
+    main.__file__ = path
+    main.__builtins__ = builtins
+    main.__loader__ = importlib.machinery.SourceFileLoader("__main__", path)
+    main.__spec__ = None
+    main.__package__ = None
+    main.__cached__ = None
+    main.__annotations__ = {}
+    sys.modules["__main__"] = main
+    exec(compile(source, path, "exec"), main.__dict__)
+
+
+def main():
+    if len(sys.argv) < 4 or sys.argv[1] not in ("script", "module", "run_path"):
+        sys.stderr.write("ddplaunch standby: usage: ddplaunch_standby.py script|module|run_path PRELOAD PROGRAM "
+                         "[ARGS...] (started by ddplaunch --standby)\n")
+        return 2
+    mode, preload, program, args = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+    fd_text = os.environ.get("DDPLAUNCH_STANDBY_FD", "")
+    if not fd_text.isdigit() or int(fd_text) < 3:
+        sys.stderr.write("ddplaunch standby: DDPLAUNCH_STANDBY_FD=%r is not a descriptor number >= 3; "
+                         "not running %s\n" % (fd_text, program))
+        return 1
+    caught, problems = _preload([m for m in preload.split(",") if m])
+    try:
+        env, cwd, out_fd, err_fd = receive(int(fd_text))
+    except NoAssignment:
+        # The agent is stopping, or gave up on this standby: not an error of the standby's.
+        sys.stderr.write("ddplaunch standby (pid %d): the agent closed the socket before an assignment came; "
+                         "exiting without running %s\n" % (os.getpid(), program))
+        return 0
+    except BadAssignment as e:
+        sys.stderr.write("ddplaunch standby (pid %d): bad assignment from the agent: %s; exiting without running "
+                         "%s\n" % (os.getpid(), e, program))
+        return 1
+    # From here on this process is the worker, as if just started.
+    os.dup2(out_fd, 1)
+    os.dup2(err_fd, 2)
+    _close_fds({out_fd, err_fd} - {1, 2})
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        os.chdir(cwd)
+    except OSError as e:
+        sys.stderr.write("ddplaunch standby: cannot enter the working directory %s: %s\n" % (cwd, e))
+        return 1
+    if env.get("PYTHONFAULTHANDLER"):
+        import faulthandler
+        faulthandler.enable()
+    _show_warnings(caught)
+    for line in problems:
+        sys.stderr.write(line + "\n")
+    try:
+        _run(mode, program, args)
+    except (SystemExit, KeyboardInterrupt):
+        raise  # exit code, message, or death by SIGINT: as the interpreter does for a script
+    except BaseException as e:  # noqa: B902
+        # An uncaught exception: its traceback through sys.excepthook, exit code 1.
+        # The default hook prints the exception's own traceback: it must hold the trimmed one.
+        tb = _user_traceback(e.__traceback__)
+        sys.excepthook(type(e), e.with_traceback(tb), tb)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
