@@ -22,6 +22,7 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ddplaunch_helpers import PYTHON, LaunchTestCase, main, wait_for  # noqa: E402
+from processes import children  # noqa: E402
 
 SOURCE_DIR = os.environ.get("DDPLAUNCH_SOURCE_DIR",
                             os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
@@ -60,20 +61,6 @@ def gone(pid):
     except OSError:
         return True
     return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
-
-
-def children(ppid):
-    out = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            stat = read("/proc/%s/stat" % name)
-        except OSError:
-            continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == ppid:
-            out.append(int(name))
-    return out
 
 
 def cmdline(pid):

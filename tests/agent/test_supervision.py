@@ -20,9 +20,10 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ddplaunch_helpers import DDPLAUNCH, PYTHON, LaunchTestCase, kill_pids, main, pid_alive, wait_for  # noqa: E402
+from ddplaunch_helpers import DDPLAUNCH, PYTHON, LaunchTestCase, main, pid_alive, wait_for  # noqa: E402
 from test_multinode import CONF, MultiNodeTestCase  # noqa: E402
 import processes  # noqa: E402
+from processes import children  # noqa: E402
 
 # Each worker starts grandchildren of every kind, records their pids, then waits for them.
 FORKER = r"""#!/bin/bash
@@ -46,22 +47,6 @@ KINDS_OUTSIDE_GROUP = ("setsid", "orphan")  # a cgroup or the environment marker
 def read(path):
     with open(path) as f:
         return f.read()
-
-
-def children_named(ppid, comm):
-    """Pids of the children of `ppid` whose command name is `comm`."""
-    out = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            stat = read("/proc/%s/stat" % name)
-        except OSError:
-            continue
-        head, rest = stat.rsplit(")", 1)
-        if head.split("(", 1)[1] == comm and int(rest.split()[1]) == ppid:
-            out.append(int(name))
-    return out
 
 
 class NothingLeftBehind(LaunchTestCase):
@@ -112,7 +97,7 @@ class NothingLeftBehind(LaunchTestCase):
 
     def test_sigkilled_agent_leaves_no_grandchild_behind(self):
         proc, pids, cgroups = self.start_forkers()
-        sentinels = children_named(proc.pid, "ddp-sentinel")
+        sentinels = children(proc.pid, "ddp-sentinel")
         self.assertEqual(len(sentinels), 1, "ddplaunch should have one sentinel child")
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
@@ -121,7 +106,7 @@ class NothingLeftBehind(LaunchTestCase):
     def test_sigkilled_agent_without_a_cgroup_leaves_no_grandchild_behind(self):
         proc, pids, cgroups = self.start_forkers(env={"DDPLAUNCH_NO_CGROUP": "1"})
         self.assertFalse([c for c in cgroups if self.cgroup_dir(c)], "DDPLAUNCH_NO_CGROUP=1 still made a cgroup")
-        sentinels = children_named(proc.pid, "ddp-sentinel")
+        sentinels = children(proc.pid, "ddp-sentinel")
         self.assertEqual(len(sentinels), 1, "ddplaunch should have one sentinel child")
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)

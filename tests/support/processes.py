@@ -11,6 +11,8 @@
   ``TimeoutError`` naming what was awaited (no fixed sleeps in assertions).
 - ``kill_group(pid)`` SIGKILLs a whole process group and reaps what it can.
 - ``free_port(host)`` asks the kernel for a free TCP port on ``host``.
+- ``children(ppid, comm=None)`` lists the pids whose parent is ``ppid`` (and whose command
+  name is ``comm``), from /proc.
 """
 
 import os
@@ -20,7 +22,7 @@ import subprocess
 import tempfile
 import time
 
-__all__ = ["Result", "Proc", "run", "spawn", "wait_for", "kill_group", "free_port"]
+__all__ = ["Result", "Proc", "run", "spawn", "wait_for", "kill_group", "free_port", "children"]
 
 
 class Result:
@@ -200,3 +202,20 @@ def free_port(host="127.0.0.1"):
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def children(ppid, comm=None):
+    """Pids of the processes whose parent is `ppid` (and whose command name is `comm`)."""
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % name) as f:
+                stat = f.read()
+        except OSError:
+            continue
+        head, rest = stat.rsplit(")", 1)
+        if int(rest.split()[1]) == ppid and (comm is None or head.split("(", 1)[1] == comm):
+            out.append(int(name))
+    return out
