@@ -1,5 +1,7 @@
 #include "agent/remote_rendezvous.h"
 
+#include <algorithm>
+
 #include <ifaddrs.h>
 #include <netinet/in.h>
 #include <unistd.h>
@@ -276,6 +278,7 @@ void RemoteRendezvous::start_client() {
     if (events_.on_rendezvous_error) events_.on_rendezvous_error(message);
   };
   ev.on_disconnected = [this](const std::string& message) { on_lost(message); };
+  ev.on_redirect = [this](const std::string& leader, const std::string& why) { on_redirect(leader, why); };
   // The connect retries are in the progress line when there is one.
   ev.on_log = [this](const std::string& message) {
     if (!options_.progress) log(message);
@@ -415,6 +418,28 @@ void RemoteRendezvous::on_lost(const std::string& why) {
   static thread_local std::minstd_rand jitter(std::random_device{}());
   const double pause = std::uniform_real_distribution<double>(0.01, 0.05)(jitter);
   backoff_timer_.expires_after(seconds(pause));
+  backoff_timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (!ec && !closed_) start_client();
+  });
+}
+
+// Issue 14: a follower replica named the leader: go there at once, within the same deadline (a
+// redirect is not a reconnect). A leader missing from --rdzv_endpoint is added to the list.
+void RemoteRendezvous::on_redirect(const std::string& leader, const std::string& why) {
+  if (closed_ || finished_) return;
+  constexpr std::size_t kMaxEndpoints = 64;
+  auto it = std::find(endpoints_.begin(), endpoints_.end(), leader);
+  if (leader.empty() || std::chrono::steady_clock::now() >= deadline_ ||
+      (it == endpoints_.end() && endpoints_.size() >= kMaxEndpoints) ||
+      (it != endpoints_.end() && static_cast<std::size_t>(it - endpoints_.begin()) == current_)) {
+    on_lost(why);  // the next endpoint of the list, as after a failed attempt
+    return;
+  }
+  if (it == endpoints_.end()) it = endpoints_.insert(endpoints_.end(), leader);
+  current_ = static_cast<std::size_t>(it - endpoints_.begin());
+  if (leader != redirected_to_) log(why + ": going there");
+  redirected_to_ = leader;
+  backoff_timer_.expires_after(std::chrono::milliseconds(0));
   backoff_timer_.async_wait([this](const boost::system::error_code& ec) {
     if (!ec && !closed_) start_client();
   });

@@ -318,6 +318,27 @@ void Client::handle(Message& m) {
       if (events_.on_job_failed) events_.on_job_failed(f.failure, f.summary);
       return;
     }
+    case MessageType::not_leader: {
+      // Issue 14: a follower replica. Followed only after its welcome, which proved (with a token)
+      // that it is a genuine server of this job: an unauthenticated peer cannot redirect agents.
+      const std::string leader = std::get<NotLeader>(m.body).leader;
+      const bool genuine = welcomed_;
+      welcomed_ = false;  // this connection never served: the owner's retry is not a reconnect
+      if (!genuine) {
+        fail("rendezvous " + endpoint_text_ + " sent not_leader before its welcome (ignored)", true);
+        return;
+      }
+      const std::string why = "rendezvous " + endpoint_text_ + " is a follower replica; " +
+                              (leader.empty() ? "no replica leads at the moment" : "the leader is " + leader);
+      if (!events_.on_redirect || closed_) {
+        fail(why, true);
+        return;
+      }
+      closed_ = true;
+      shutdown();
+      events_.on_redirect(leader, why);
+      return;
+    }
     case MessageType::error: {
       const ErrorMessage& e = std::get<ErrorMessage>(m.body);
       fail("rendezvous " + endpoint_text_ + " refused: " + (e.message.empty() ? "(no message)" : e.message) + " [" +
