@@ -276,7 +276,11 @@ int serve(const std::string& host, unsigned short port, const std::string& token
     options.log("cannot tell systemd that the daemon is ready: " + error);
   }
   io.run();
-  if (election) election->stop();
+  if (election) {
+    election->stop();
+    io.restart();
+    io.poll();  // the election's last log lines (posted), e.g. the revoked lease
+  }
   return kExitOk;
 }
 
