@@ -246,6 +246,7 @@ bool Client::identify(const char* data, std::size_t n) {
 }
 
 void Client::handle(Message& m) {
+  if (welcomed_ && m.type != MessageType::not_leader) served_ = true;
   switch (m.type) {
     case MessageType::heartbeat_ack:
       return;
@@ -323,7 +324,9 @@ void Client::handle(Message& m) {
       // that it is a genuine server of this job: an unauthenticated peer cannot redirect agents.
       const std::string leader = std::get<NotLeader>(m.body).leader;
       const bool genuine = welcomed_;
-      welcomed_ = false;  // this connection never served: the owner's retry is not a reconnect
+      // A follower's connection never served: the owner's retry is not a reconnect. A leader that
+      // stepped down had served it: its loss starts a reconnect (the workers keep running).
+      welcomed_ = served_;
       if (!genuine) {
         fail("rendezvous " + endpoint_text_ + " sent not_leader before its welcome (ignored)", true);
         return;

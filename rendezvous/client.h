@@ -137,6 +137,7 @@ class Client : public std::enable_shared_from_this<Client> {
   double retry_delay_ = 0.05;
   std::chrono::steady_clock::time_point last_retry_log_{};
   bool welcomed_ = false;
+  bool served_ = false;  // the server sent something after its welcome: it led (issue 14)
   bool closed_ = false;
   bool finished_ = false;  // the job succeeded or failed: a close is expected
   std::optional<NodeSpec> pending_join_;

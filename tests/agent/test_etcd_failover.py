@@ -19,6 +19,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import processes
 import test_rendezvous_restart as restart
+from ddplaunch_helpers import pid_alive
 from etcd_cluster import EtcdCluster
 from processes import free_port, run, spawn, wait_for
 from test_multinode import RENDEZVOUS, MultiNodeTestCase
@@ -128,6 +129,38 @@ class EtcdFailover(MultiNodeTestCase):
             self.assertRegex(p.stderr(), r"resumed generation \d+ .* at 127\.0\.0\.1:%d" % new_leader)
         view = self.replica_view(new_leader)
         self.assertEqual([j["job_id"] for j in view["jobs"]], [self.job], view)
+        self.finish_and_check_unchanged(nodes, rs)
+
+    def test_an_etcd_member_killed_changes_nothing_for_the_job(self):
+        ports = self.start_replicas()
+        leader = self.wait_leader(ports)
+        nodes = self.nodes_on([leader], 2)
+        gen, rs = self.wait_round(2, kind="start")
+        self.etcd.kill(0)  # the member every replica asks first
+        time.sleep(2 * TTL)  # the scenario: a member down for two lease lives (nothing asserted on time)
+        self.assertEqual(self.agreed_leader(ports), leader)
+        out = self.replicas[leader].stdout()
+        self.assertEqual(out.count("etcd: leading"), 1, out)
+        self.assertNotIn("no longer the leader", out)
+        for p in nodes:
+            self.assertNotIn("lost the rendezvous", p.stderr(), p.describe())
+        self.finish_and_check_unchanged(nodes, rs)
+
+    def test_quorum_lost_the_leader_stops_serving_the_workers_wait_and_the_job_goes_on(self):
+        ports = self.start_replicas()
+        leader = self.wait_leader(ports)
+        nodes = self.nodes_on(ports, 2)
+        gen, rs = self.wait_round(2, kind="start")
+        self.etcd.kill(0)
+        self.etcd.kill(1)
+        wait_for(lambda: "stepping down before it can expire" in self.replicas[leader].stdout(), 30,
+                 "the leader to stop serving without quorum")
+        wait_for(lambda: all("lost the rendezvous" in p.stderr() for p in nodes), 30, "the agents to notice")
+        self.assertTrue(all(pid_alive(r["pid"]) for r in rs), "the workers keep running")
+        self.etcd.restart(0)
+        self.etcd.restart(1)
+        self.wait_leader(ports)
+        self.wait_resumed(nodes)
         self.finish_and_check_unchanged(nodes, rs)
 
 
