@@ -18,6 +18,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -54,12 +55,26 @@ class Election {
   void stop();
 
  private:
+  using Clock = std::chrono::steady_clock;
   void run();
+  // One step of the loop each; they return when to take the next step.
+  Clock::time_point renew();
+  Clock::time_point follow_or_campaign();
+  void campaign();
   // Sleeps until `when` or stop(); true when stopping.
-  bool sleep_until(std::chrono::steady_clock::time_point when);
+  bool sleep_until(Clock::time_point when);
   void say(const std::string& line);
+  void report(const Leadership& now);
+  void error(const std::string& message);  // logged when it differs from the last one
 
   ElectionOptions options_;
+  // The election thread's own state (no other thread touches it).
+  std::unique_ptr<EtcdClient> etcd_;
+  std::int64_t lease_ = 0;      // the lease of the leader key (leading) or of a campaign
+  Leadership last_;             // what was last reported
+  bool reported_ = false;
+  std::string last_error_;
+
   std::mutex mu_;
   std::condition_variable cv_;
   bool stopping_ = false;  // guarded by mu_
