@@ -99,6 +99,7 @@ class RemoteRendezvous final : public RendezvousHandler {
   std::chrono::steady_clock::time_point lost_at_{};  // when the last connection was lost
   std::string lost_endpoint_;
   std::string redirected_to_;            // issue 14: the leader a follower named last (logged once)
+  bool redirected_ = false;              // the next attempt follows a redirect (a short slice)
   bool reconnecting_ = false;            // lost a connection, looking for a rendezvous
   bool closed_ = false;
   bool finished_ = false;
