@@ -1,6 +1,7 @@
 #include "rendezvous/election.h"
 
 #include <algorithm>
+#include <exception>
 
 namespace ddp::rdzv {
 
@@ -64,7 +65,16 @@ void Election::error(const std::string& message) {
 void Election::run() {
   etcd_ = std::make_unique<EtcdClient>(options_.etcd);
   auto next = Clock::now();
-  while (!sleep_until(next)) next = last_.leading ? renew() : follow_or_campaign();
+  while (!sleep_until(next)) {
+    try {
+      next = last_.leading ? renew() : follow_or_campaign();
+    } catch (const std::exception& e) {  // a bug, not input: never leave the thread by an exception
+      error(std::string("internal error in the election: ") + e.what());
+      lease_ = 0;
+      report({false, "", {}});
+      next = Clock::now() + seconds(options_.lease_ttl / 4.0);
+    }
+  }
   if (last_.leading && lease_ != 0) {
     EtcdStatus s = etcd_->lease_revoke(lease_);
     say(s.ok() ? "stepped down: revoked the etcd lease"

@@ -169,15 +169,24 @@ Exchange post(const std::string& host, const std::string& port, const std::strin
       if (ec2) return finish(ec2 == beast::error::timeout ? "connect timed out" : "connect: " + ec2.message());
       http::async_write(stream, request, [&](const beast::error_code& ec3, std::size_t) {
         if (ec3) return finish(ec3 == beast::error::timeout ? "send timed out" : "send: " + ec3.message());
-        http::async_read(stream, buffer, parser, [&](const beast::error_code& ec4, std::size_t) {
-          if (ec4) {
-            return finish(ec4 == beast::error::timeout       ? "no answer in time"
-                          : ec4 == http::error::body_limit ? "answer larger than " + std::to_string(max_bytes) + " bytes"
-                                                           : "read: " + ec4.message());
+        auto read_failed = [&, max_bytes](const beast::error_code& ec4) {
+          finish(ec4 == beast::error::timeout       ? "no answer in time"
+                 : ec4 == http::error::body_limit ? "answer larger than " + std::to_string(max_bytes) + " bytes"
+                                                  : "read: " + ec4.message());
+        };
+        http::async_read_header(stream, buffer, parser, [&, read_failed](const beast::error_code& ec4, std::size_t) {
+          if (ec4) return read_failed(ec4);
+          // Boost 1.74's parser does not apply body_limit to a Content-Length (only to chunks):
+          // checked here, before the body is read.
+          if (parser.content_length() && *parser.content_length() > max_bytes) {
+            return read_failed(http::error::body_limit);
           }
-          result.status = parser.get().result_int();
-          result.body = std::move(parser.get().body());
-          finish("");
+          http::async_read(stream, buffer, parser, [&, read_failed](const beast::error_code& ec5, std::size_t) {
+            if (ec5) return read_failed(ec5);
+            result.status = parser.get().result_int();
+            result.body = std::move(parser.get().body());
+            finish("");
+          });
         });
       });
     });
@@ -401,7 +410,8 @@ EtcdStatus EtcdClient::call(const std::string& path, const nlohmann::json& body,
   if (!bad_endpoints_.empty()) return {"etcd endpoints: " + bad_endpoints_, 0};
   const auto deadline =
       Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options_.call_timeout));
-  const std::string text = body.dump();
+  // Replace, not throw, on invalid UTF-8 (a password file's bytes, a caller's key).
+  const std::string text = body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   if (!options_.user.empty() && token_.empty()) {
     if (auto s = authenticate(deadline); !s.ok()) return s;
   }
@@ -417,7 +427,8 @@ EtcdStatus EtcdClient::call(const std::string& path, const nlohmann::json& body,
 
 EtcdStatus EtcdClient::authenticate(Clock::time_point deadline) {
   nlohmann::json answer;
-  const std::string body = nlohmann::json{{"name", options_.user}, {"password", options_.password}}.dump();
+  const std::string body = nlohmann::json{{"name", options_.user}, {"password", options_.password}}.dump(
+      -1, ' ', false, nlohmann::json::error_handler_t::replace);
   token_.clear();
   EtcdStatus s = call_until("/v3/auth/authenticate", body, answer, deadline);
   if (!s.ok()) return {"etcd authentication as user " + options_.user + ": " + s.error, s.code};

@@ -2,10 +2,12 @@
 (issue 14, part 3), through tests/rendezvous/etcd_probe.cpp: put/range, a txn that compares
 revisions, leases (grant, keepalive, expiry, revoke), a killed member, authentication."""
 
+import http.server
 import json
 import os
 import socket
 import sys
+import threading
 import time
 import unittest
 
@@ -112,6 +114,41 @@ class EtcdClientTest(unittest.TestCase):
         dead = ["http://127.0.0.1:%d" % silent.getsockname()[1]]
         out = self.probe("get", "/t/failover", endpoints=dead, timeout=1.0, ok=False)
         self.assertIn(dead[0], out["error"])
+
+    def hostile_endpoint(self, body):
+        """An HTTP server on loopback that answers every POST with 200 and `body`."""
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        self.addCleanup(server.server_close)
+        self.addCleanup(server.shutdown)
+        return "http://127.0.0.1:%d" % server.server_address[1]
+
+    def test_an_endpoint_answering_garbage_is_passed_over_or_named_never_trusted(self):
+        garbage = self.hostile_endpoint(b"<html>not etcd</html>")
+        self.probe("put", "/t/hostile", "real", endpoints=[garbage] + self.etcd.endpoints)
+        out = self.probe("get", "/t/hostile", endpoints=[garbage], timeout=1.0, ok=False)
+        self.assertIn("answer is not JSON", out["error"])
+        self.assertIn(garbage, out["error"])
+        deep = self.hostile_endpoint(b"[" * 5000 + b"]" * 5000)
+        out = self.probe("get", "/t/hostile", endpoints=[deep], timeout=1.0, ok=False)
+        self.assertIn("deeper", out["error"])
+        forged = self.hostile_endpoint(json.dumps({"kvs": [{"key": "!!not base64", "value": 5}]}).encode())
+        out = self.probe("get", "/t/hostile", endpoints=[forged], timeout=1.0, ok=False)
+        self.assertIn("bad answer", out["error"])
+        huge = self.hostile_endpoint(b'{"kvs":[],"x":"' + b"a" * (5 << 20) + b'"}')
+        out = self.probe("get", "/t/hostile", endpoints=[huge], timeout=2.0, ok=False)
+        self.assertIn("larger than", out["error"])
 
     def test_zz_authentication_with_an_etcd_user(self):
         # Last (zz): auth stays enabled for the rest of the cluster's life.
