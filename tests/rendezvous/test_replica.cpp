@@ -89,10 +89,12 @@ TEST_CASE("status on a replica says whether it leads and who does") {
   o.replicated = true;
   Server server(io, kLoopback, o);
   server.set_leadership(false, "head-2:29400");
-  std::thread t([&] { run_until(io, [] { return false; }, 3); });
+  auto work = asio::make_work_guard(io);
+  std::thread t([&] { io.run(); });
   RawConn conn(server.port());
   conn.send(make_status_request(Hello{}));
   auto reply = conn.recv_type("status_reply");
+  asio::post(io, [&] { io.stop(); });
   t.join();
   REQUIRE(reply);
   CHECK((*reply)["status"]["replica"]["leading"] == false);
@@ -102,7 +104,8 @@ TEST_CASE("status on a replica says whether it leads and who does") {
 TEST_CASE("a client that sends not_leader, or a forged one, is refused; the server goes on") {
   asio::io_context io;
   Server server(io, kLoopback, {});
-  std::thread t([&] { run_until(io, [] { return false; }, 5); });
+  auto work = asio::make_work_guard(io);
+  std::thread t([&] { io.run(); });
   for (nlohmann::json forged : {to_json(make_not_leader("10.0.0.1:1")),
                                 nlohmann::json{{"type", "not_leader"}, {"leader", "evil\nhost:1"}},
                                 nlohmann::json{{"type", "not_leader"}, {"leader", nlohmann::json::object()}}}) {
@@ -118,6 +121,7 @@ TEST_CASE("a client that sends not_leader, or a forged one, is refused; the serv
   RawConn fresh(server.port());
   fresh.say_hello("job");
   CHECK(fresh.recv_type("welcome"));
+  asio::post(io, [&] { io.stop(); });
   t.join();
 }
 
