@@ -129,6 +129,12 @@ class EtcdFailover(MultiNodeTestCase):
             self.assertRegex(p.stderr(), r"resumed generation \d+ .* at 127\.0\.0\.1:%d" % new_leader)
         view = self.replica_view(new_leader)
         self.assertEqual([j["job_id"] for j in view["jobs"]], [self.job], view)
+        # Status on any replica names the new leader.
+        follower = next(p for p in followers if p != new_leader)
+        text = run([RENDEZVOUS, "status", "--endpoint", "127.0.0.1:%d" % follower], timeout=10)
+        self.assertIn("replica: following; the leader is 127.0.0.1:%d" % new_leader, text.stdout, text.describe())
+        text = run([RENDEZVOUS, "status", "--endpoint", "127.0.0.1:%d" % new_leader], timeout=10)
+        self.assertIn("replica: leading", text.stdout, text.describe())
         self.finish_and_check_unchanged(nodes, rs)
 
     def test_an_etcd_member_killed_changes_nothing_for_the_job(self):
