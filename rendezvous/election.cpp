@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <exception>
 
+#include "rendezvous/protocol.h"
+
 namespace ddp::rdzv {
 
 namespace {
@@ -42,6 +44,15 @@ bool Election::sleep_until(Clock::time_point when) {
 
 void Election::say(const std::string& line) {
   if (options_.log) options_.log(line);
+}
+
+// The leader key's value is input from etcd: agents get it in not_leader, whose decoder refuses
+// anything but HOST:PORT, so a malformed value is reported as "no leader known", never passed on.
+std::string Election::leader_named(const std::string& value) {
+  if (valid_leader_endpoint(value)) return value;
+  error("the etcd key " + options_.key + " does not hold a HOST:PORT (" + std::to_string(value.size()) +
+        " bytes): ignored");
+  return "";
 }
 
 void Election::report(const Leadership& l) {
@@ -116,7 +127,8 @@ Clock::time_point Election::follow_or_campaign() {
   }
   last_error_.clear();
   if (!r.kvs.empty()) {
-    if (!reported_ || last_.leader != r.kvs[0].value) report({false, r.kvs[0].value, {}});
+    const std::string leader = leader_named(r.kvs[0].value);
+    if (!reported_ || last_.leader != leader) report({false, leader, {}});
     return next;
   }
   campaign();
@@ -156,7 +168,7 @@ void Election::campaign() {
   if (!t.status.ok()) {
     error("cannot campaign for leadership: " + t.status.error);
   } else if (!t.ranges.empty() && !t.ranges[0].kvs.empty()) {
-    report({false, t.ranges[0].kvs[0].value, {}});
+    report({false, leader_named(t.ranges[0].kvs[0].value), {}});
   }
 }
 

@@ -66,6 +66,7 @@ class Election {
   void say(const std::string& line);
   void report(const Leadership& now);
   void error(const std::string& message);  // logged when it differs from the last one
+  std::string leader_named(const std::string& value);
 
   ElectionOptions options_;
   // The election thread's own state (no other thread touches it).

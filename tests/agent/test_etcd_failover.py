@@ -91,6 +91,21 @@ class EtcdFailover(MultiNodeTestCase):
             if port != leader:
                 self.assertIn("following: the leader is 127.0.0.1:%d" % leader, self.replicas[port].stdout())
 
+    def test_a_malformed_leader_key_in_etcd_is_never_passed_to_agents(self):
+        # Someone with write access to etcd puts garbage under the leader key (no lease: it stays).
+        self.etcd.ctl("put", self.prefix + "leader", "evil\nhost:1")
+        ports = self.start_replicas(1)
+        proc = self.replicas[ports[0]]
+        wait_for(lambda: "does not hold a HOST:PORT" in proc.stdout(), 20, "the bad value to be reported")
+        view = self.replica_view(ports[0])
+        self.assertEqual(view["replica"], {"leading": False, "leader": ""}, view)
+        # An agent told "no leader" keeps trying (a failed attempt) instead of failing on a bad message.
+        nodes = self.nodes_on(ports, 1, conf=restart.CONF + ",reconnect_timeout=3")
+        self.etcd.ctl("del", self.prefix + "leader")
+        self.wait_round(1, kind="start")
+        self.stop_workers()
+        self.assertEqual(self.wait_exit(nodes, 60), [0], self.describe_nodes())
+
     def test_replicas_authenticate_as_an_etcd_user_and_a_wrong_password_never_leads(self):
         self.etcd.enable_auth("ddp", "replica-secret")
         good = os.path.join(self.out, "etcd-password")
