@@ -104,6 +104,8 @@ class EtcdClient {
   EtcdLease lease_keepalive(std::int64_t id);
   EtcdStatus lease_revoke(std::int64_t id);
 
+  // What is wrong with options.endpoints ("" when every one is usable); every call fails with it.
+  const std::string& config_error() const { return bad_endpoints_; }
   // The endpoint that answered last ("" before any answer).
   std::string last_endpoint() const;
   const EtcdOptions& options() const { return options_; }

@@ -112,6 +112,9 @@ int serve(const std::string& host, unsigned short port, const std::string& token
   if (options.replicated) {
     election_options.etcd.endpoints = split_list(rep.etcd);
     if (election_options.etcd.endpoints.empty()) throw UsageError("--etcd: no endpoint given");
+    if (const std::string e = ddp::rdzv::EtcdClient(election_options.etcd).config_error(); !e.empty()) {
+      throw UsageError("--etcd: " + e);
+    }
     election_options.etcd.user = rep.user;
     if (!rep.user.empty()) {
       if (rep.password_file.empty()) throw UsageError("--etcd_user needs --etcd_password_file");

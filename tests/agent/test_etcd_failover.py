@@ -106,6 +106,19 @@ class EtcdFailover(MultiNodeTestCase):
         self.stop_workers()
         self.assertEqual(self.wait_exit(nodes, 60), [0], self.describe_nodes())
 
+    def test_bad_replica_flags_exit_2_and_say_what_is_wrong(self):
+        etcd = ",".join(self.etcd.endpoints)
+        cases = [(["--etcd", "https://127.0.0.1:2379"], "only http://"),
+                 (["--etcd", "http://127.0.0.1:99999"], "expected http://HOST:PORT"),
+                 (["--etcd", etcd, "--etcd_lease_ttl", "1"], "--etcd_lease_ttl"),
+                 (["--etcd", etcd, "--etcd_user", "u"], "--etcd_password_file"),
+                 (["--etcd", etcd, "--etcd_user", "u", "--etcd_password_file", "/nonexistent/pw"], "cannot read"),
+                 (["--etcd", etcd, "--advertise", "no-port"], "--advertise")]
+        for args, words in cases:
+            r = run([RENDEZVOUS, "--host", "127.0.0.1", "--port", "0"] + args, timeout=20)
+            self.assertEqual(r.returncode, 2, r.describe())
+            self.assertIn(words, r.stderr, r.describe())
+
     def test_replicas_authenticate_as_an_etcd_user_and_a_wrong_password_never_leads(self):
         self.etcd.enable_auth("ddp", "replica-secret")
         good = os.path.join(self.out, "etcd-password")
