@@ -43,11 +43,11 @@ class EtcdFailover(MultiNodeTestCase):
         self.addCleanup(self.etcd.__exit__, None, None, None)
         self.prefix = "/ddp-test-%s/" % uuid.uuid4().hex[:8]
 
-    def start_replicas(self, n=3, extra=()):
+    def start_replicas(self, n=3, extra=(), ttl=TTL):
         ports, procs = [free_port() for _ in range(n)], []
         for port in ports:
             p = spawn([RENDEZVOUS, "--host", "127.0.0.1", "--port", str(port), "--etcd", ",".join(self.etcd.endpoints),
-                       "--etcd_lease_ttl", str(TTL), "--etcd_prefix", self.prefix] + list(extra),
+                       "--etcd_lease_ttl", str(ttl), "--etcd_prefix", self.prefix] + list(extra),
                       name="replica-%d" % port)
             self.addCleanup(p.kill)
             procs.append(p)
@@ -166,12 +166,15 @@ class EtcdFailover(MultiNodeTestCase):
         self.finish_and_check_unchanged(nodes, rs)
 
     def test_an_etcd_member_killed_changes_nothing_for_the_job(self):
-        ports = self.start_replicas()
+        # TTL 5 s (the default): the member killed may be etcd's raft leader, and the lease must
+        # outlast etcd's own re-election (a TTL of 2 s leaves the leader 1.5 s to renew).
+        ttl = 5
+        ports = self.start_replicas(ttl=ttl)
         leader = self.wait_leader(ports)
         nodes = self.nodes_on([leader], 2)
         gen, rs = self.wait_round(2, kind="start")
         self.etcd.kill(0)  # the member every replica asks first
-        time.sleep(2 * TTL)  # the scenario: a member down for two lease lives (nothing asserted on time)
+        time.sleep(1.5 * ttl)  # the scenario: a member down longer than a lease's life (nothing asserted on time)
         self.assertEqual(self.agreed_leader(ports), leader)
         out = self.replicas[leader].stdout()
         self.assertEqual(out.count("etcd: leading"), 1, out)

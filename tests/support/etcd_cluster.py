@@ -10,7 +10,8 @@
 
 Members listen on free loopback ports only, keep their data in a temporary directory, and are
 started in their own process groups (tests/support/processes.py), so a failing test leaves
-nothing behind. Short raft timings (50 ms heartbeat, 500 ms election) keep failovers quick.
+nothing behind. etcd's default raft timings (100 ms heartbeat, 1 s election): shorter ones risk
+spurious elections likely on a loaded 2-core machine.
 ``EtcdCluster.unavailable_reason()`` says why a test must be skipped (no etcd installed).
 """
 
@@ -70,7 +71,7 @@ class EtcdCluster:
                "--initial-advertise-peer-urls", "http://127.0.0.1:%d" % self.peer_ports[i],
                "--initial-cluster", self._initial_cluster(), "--initial-cluster-state", "new",
                "--initial-cluster-token", os.path.basename(self.dir),
-               "--heartbeat-interval", "50", "--election-timeout", "500",
+               "--heartbeat-interval", "100", "--election-timeout", "1000",
                "--logger", "zap", "--log-outputs", os.path.join(self.dir, self.name(i) + ".log")]
         self.procs[i] = spawn(cmd, name="etcd-" + self.name(i))
 
