@@ -1,5 +1,7 @@
 #include "agent/remote_rendezvous.h"
 
+#include <algorithm>
+
 #include <ifaddrs.h>
 #include <netinet/in.h>
 #include <unistd.h>
@@ -72,6 +74,10 @@ std::string secs(double s) {
 
 // Seconds one endpoint of a list gets before the next is tried (a single endpoint gets all).
 constexpr double kEndpointSlice = 2.0;
+// Issue 14: the leader a follower named gets this long: a follower may name a leader that just
+// died (until its lease expires), and the agent must not wait a whole slice on it; a live
+// leader answers hello well within it.
+constexpr double kRedirectSlice = 0.5;
 // Cap of the jittered backoff while reconnecting. For the first kFastReconnectWindow seconds
 // after a loss (a daemon restarted by systemd is back within about a second) agents retry every
 // 25..75 ms, so every agent of a job resumes well within 100 ms of the daemon's return
@@ -276,6 +282,7 @@ void RemoteRendezvous::start_client() {
     if (events_.on_rendezvous_error) events_.on_rendezvous_error(message);
   };
   ev.on_disconnected = [this](const std::string& message) { on_lost(message); };
+  ev.on_redirect = [this](const std::string& leader, const std::string& why) { on_redirect(leader, why); };
   // The connect retries are in the progress line when there is one.
   ev.on_log = [this](const std::string& message) {
     if (!options_.progress) log(message);
@@ -289,7 +296,8 @@ void RemoteRendezvous::start_client() {
   client_ = rdzv::Client::create(io_, std::move(client_options), std::move(ev));
   double left = std::chrono::duration<double>(deadline_ - std::chrono::steady_clock::now()).count();
   // Several endpoints, or a reconnect (whose backoff cap changes with time): a slice at a time.
-  if (endpoints_.size() > 1 || reconnecting_) left = std::min(left, kEndpointSlice);
+  if (endpoints_.size() > 1 || reconnecting_) left = std::min(left, redirected_ ? kRedirectSlice : kEndpointSlice);
+  redirected_ = false;
   client_->connect(endpoints_[current_], std::max(left, 0.0));
   if (round_) {
     // Give the round back: the server continues it, or tells us to restart (issue 10).
@@ -415,6 +423,29 @@ void RemoteRendezvous::on_lost(const std::string& why) {
   static thread_local std::minstd_rand jitter(std::random_device{}());
   const double pause = std::uniform_real_distribution<double>(0.01, 0.05)(jitter);
   backoff_timer_.expires_after(seconds(pause));
+  backoff_timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (!ec && !closed_) start_client();
+  });
+}
+
+// Issue 14: a follower replica named the leader: go there at once, within the same deadline (a
+// redirect is not a reconnect). A leader missing from --rdzv_endpoint is added to the list.
+void RemoteRendezvous::on_redirect(const std::string& leader, const std::string& why) {
+  if (closed_ || finished_) return;
+  constexpr std::size_t kMaxEndpoints = 64;
+  auto it = std::find(endpoints_.begin(), endpoints_.end(), leader);
+  if (leader.empty() || std::chrono::steady_clock::now() >= deadline_ ||
+      (it == endpoints_.end() && endpoints_.size() >= kMaxEndpoints) ||
+      (it != endpoints_.end() && static_cast<std::size_t>(it - endpoints_.begin()) == current_)) {
+    on_lost(why);  // the next endpoint of the list, as after a failed attempt
+    return;
+  }
+  if (it == endpoints_.end()) it = endpoints_.insert(endpoints_.end(), leader);
+  current_ = static_cast<std::size_t>(it - endpoints_.begin());
+  if (leader != redirected_to_) log(why + ": going there");
+  redirected_to_ = leader;
+  redirected_ = true;
+  backoff_timer_.expires_after(std::chrono::milliseconds(0));
   backoff_timer_.async_wait([this](const boost::system::error_code& ec) {
     if (!ec && !closed_) start_client();
   });

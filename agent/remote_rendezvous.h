@@ -79,6 +79,7 @@ class RemoteRendezvous final : public RendezvousHandler {
  private:
   void start_client();
   void on_lost(const std::string& why);
+  void on_redirect(const std::string& leader, const std::string& why);
   void log(const std::string& line) const;
   std::string endpoint_list() const;
   void show_progress();
@@ -97,6 +98,8 @@ class RemoteRendezvous final : public RendezvousHandler {
   std::chrono::steady_clock::time_point deadline_;  // of the connect or reconnect in progress
   std::chrono::steady_clock::time_point lost_at_{};  // when the last connection was lost
   std::string lost_endpoint_;
+  std::string redirected_to_;            // issue 14: the leader a follower named last (logged once)
+  bool redirected_ = false;              // the next attempt follows a redirect (a short slice)
   bool reconnecting_ = false;            // lost a connection, looking for a rendezvous
   bool closed_ = false;
   bool finished_ = false;

@@ -246,6 +246,7 @@ bool Client::identify(const char* data, std::size_t n) {
 }
 
 void Client::handle(Message& m) {
+  if (welcomed_ && m.type != MessageType::not_leader) served_ = true;
   switch (m.type) {
     case MessageType::heartbeat_ack:
       return;
@@ -316,6 +317,29 @@ void Client::handle(Message& m) {
       finished_ = true;
       const JobFailed& f = std::get<JobFailed>(m.body);
       if (events_.on_job_failed) events_.on_job_failed(f.failure, f.summary);
+      return;
+    }
+    case MessageType::not_leader: {
+      // Issue 14: a follower replica. Followed only after its welcome, which proved (with a token)
+      // that it is a genuine server of this job: an unauthenticated peer cannot redirect agents.
+      const std::string leader = std::get<NotLeader>(m.body).leader;
+      const bool genuine = welcomed_;
+      // A follower's connection never served: the owner's retry is not a reconnect. A leader that
+      // stepped down had served it: its loss starts a reconnect (the workers keep running).
+      welcomed_ = served_;
+      if (!genuine) {
+        fail("rendezvous " + endpoint_text_ + " sent not_leader before its welcome (ignored)", true);
+        return;
+      }
+      const std::string why = "rendezvous " + endpoint_text_ + " is a follower replica; " +
+                              (leader.empty() ? "no replica leads at the moment" : "the leader is " + leader);
+      if (!events_.on_redirect || closed_) {
+        fail(why, true);
+        return;
+      }
+      closed_ = true;
+      shutdown();
+      events_.on_redirect(leader, why);
       return;
     }
     case MessageType::error: {

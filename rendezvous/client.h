@@ -58,6 +58,10 @@ struct ClientEvents {
   // the peer, server silent past heartbeat_timeout, a failed send) fires this instead of
   // on_error, so that the owner can reconnect and resume. Refusals still go to on_error.
   std::function<void(const std::string& message)> on_disconnected;
+  // Issue 14: the server is a follower replica (not_leader, after its welcome): connect to
+  // `leader` ("" = none known) instead. The client is closed when this fires. Unset: handled
+  // as on_disconnected.
+  std::function<void(const std::string& leader, const std::string& message)> on_redirect;
   // The server let the round go on after a resume (no restart).
   std::function<void(std::uint64_t generation, int restart_count)> on_resumed;
   // Progress worth a log line ("connect to rendezvous ...: Connection refused (retrying for 598 s)").
@@ -133,6 +137,7 @@ class Client : public std::enable_shared_from_this<Client> {
   double retry_delay_ = 0.05;
   std::chrono::steady_clock::time_point last_retry_log_{};
   bool welcomed_ = false;
+  bool served_ = false;  // the server sent something after its welcome: it led (issue 14)
   bool closed_ = false;
   bool finished_ = false;  // the job succeeded or failed: a close is expected
   std::optional<NodeSpec> pending_join_;

@@ -1,12 +1,17 @@
 // ddp-rendezvous: the rendezvous daemon (serve) and its status query.
 // Exit codes: 0 ok, 2 usage, 3 cannot bind or connect.
+#include <cerrno>
 #include <csignal>
+#include <cstring>
 #include <cstdlib>
 #include <cstdio>
 #include <ctime>
 #include <fstream>
 #include <iostream>
 #include <sstream>
+#include <vector>
+
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <boost/asio.hpp>
@@ -15,6 +20,7 @@
 #include "metrics/exposition.h"
 #include "metrics/http_server.h"
 #include "rendezvous/auth.h"
+#include "rendezvous/election.h"
 #include "rendezvous/notify.h"
 #include "rendezvous/metrics.h"
 #include "rendezvous/server.h"
@@ -70,9 +76,55 @@ struct Observability {
   std::size_t max_finished = 256;        // --max_finished
 };
 
+// Issue 14: replicas on etcd (docs/etcd.md).
+struct Replication {
+  std::string etcd;                         // --etcd: comma-separated endpoints; "" = a lone daemon
+  int lease_ttl = 5;                        // --etcd_lease_ttl seconds
+  std::string prefix = "/ddplaunch/rendezvous/";  // --etcd_prefix
+  std::string user;                         // --etcd_user
+  std::string password_file;                // --etcd_password_file
+  std::string advertise;                    // --advertise HOST:PORT; default --host (or the host name)
+};
+
+std::vector<std::string> split_list(const std::string& list) {
+  std::vector<std::string> out;
+  std::stringstream in(list);
+  for (std::string item; std::getline(in, item, ',');) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+std::string read_password(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw UsageError("cannot read --etcd_password_file " + path + ": " + std::strerror(errno));
+  std::string password;
+  std::getline(in, password);
+  if (password.empty()) throw UsageError("--etcd_password_file " + path + " is empty");
+  return password;
+}
+
 int serve(const std::string& host, unsigned short port, const std::string& token_file, std::size_t max_connections,
-          bool quiet, const ddp::rdzv::TlsFiles& tls, const Observability& obs) {
+          bool quiet, const ddp::rdzv::TlsFiles& tls, const Observability& obs, const Replication& rep) {
   ddp::rdzv::ServerOptions options;
+  options.replicated = !rep.etcd.empty();
+  ddp::rdzv::ElectionOptions election_options;
+  if (options.replicated) {
+    election_options.etcd.endpoints = split_list(rep.etcd);
+    if (election_options.etcd.endpoints.empty()) throw UsageError("--etcd: no endpoint given");
+    if (const std::string e = ddp::rdzv::EtcdClient(election_options.etcd).config_error(); !e.empty()) {
+      throw UsageError("--etcd: " + e);
+    }
+    election_options.etcd.user = rep.user;
+    if (!rep.user.empty()) {
+      if (rep.password_file.empty()) throw UsageError("--etcd_user needs --etcd_password_file");
+      election_options.etcd.password = read_password(rep.password_file);
+    }
+    if (rep.lease_ttl < 2 || rep.lease_ttl > 600) throw UsageError("--etcd_lease_ttl: 2..600 seconds");
+    election_options.lease_ttl = rep.lease_ttl;
+    if (rep.prefix.empty()) throw UsageError("--etcd_prefix must not be empty");
+    election_options.key = rep.prefix + "leader";
+  }
   if (!tls.cert.empty() || !tls.key.empty() || !tls.ca.empty()) {
     try {
       options.tls = ddp::rdzv::TlsContext::for_server(tls);
@@ -154,6 +206,47 @@ int serve(const std::string& host, unsigned short port, const std::string& token
                             : ddp::metrics::HttpResponse{503, "text/plain; charset=utf-8", "stopping\n"};
     });
   }
+  // Issue 14: the election runs on its own thread; its news is applied on this loop. A leader
+  // steps down at `valid_until` by this loop's own timer, even while the election thread is
+  // stuck in an etcd call.
+  std::unique_ptr<ddp::rdzv::Election> election;
+  asio::steady_timer leadership_timer(io);
+  if (options.replicated) {
+    std::string me = rep.advertise;
+    if (me.empty()) {
+      std::string h = host;
+      if (address.is_unspecified()) {
+        char name[256] = {};
+        gethostname(name, sizeof name - 1);
+        h = name;
+      }
+      me = (h.find(':') != std::string::npos ? "[" + h + "]" : h) + ":" + std::to_string(server->port());
+    }
+    if (!ddp::rdzv::valid_leader_endpoint(me)) throw UsageError("--advertise " + me + ": expected HOST:PORT");
+    election_options.me = me;
+    ddp::rdzv::Server* srv = server.get();
+    election_options.log = [&io, log = options.log](const std::string& line) {
+      asio::post(io, [log, line] { log("etcd: " + line); });
+    };
+    election_options.on_change = [&io, srv, &leadership_timer, log = options.log](const ddp::rdzv::Leadership& l) {
+      asio::post(io, [srv, &leadership_timer, log, l] {
+        if (!srv->serving()) return;
+        const bool leading = l.leading && std::chrono::steady_clock::now() < l.valid_until;
+        srv->set_leadership(leading, l.leader);
+        if (!leading) return;
+        leadership_timer.expires_at(l.valid_until);
+        leadership_timer.async_wait([srv, log](const boost::system::error_code& ec) {
+          if (ec || !srv->leading()) return;
+          log("etcd: the lease was not renewed in time: stepping down before it can expire");
+          srv->set_leadership(false, "");
+        });
+      });
+    };
+    options.log("replica of " + rep.etcd + " as " + me + ", leader key " + election_options.key + ", lease TTL " +
+                std::to_string(rep.lease_ttl) + " s: following until elected");
+    election = std::make_unique<ddp::rdzv::Election>(election_options);
+    election->start();
+  }
   asio::signal_set signals(io, SIGINT, SIGTERM);
   signals.async_wait([&](const boost::system::error_code& e, int signo) {
     if (e) return;
@@ -161,6 +254,8 @@ int serve(const std::string& host, unsigned short port, const std::string& token
     if (auto error = ddp::rdzv::notify_systemd("STOPPING=1"); !error.empty()) options.log(error);
     server->stop();
     if (http) http->stop();
+    leadership_timer.cancel();
+    if (election) election->stop();  // a leader revokes its lease: a follower takes over at once
     io.stop();
   });
   options.log("listening on " + host + ":" + std::to_string(server->port()) +
@@ -184,6 +279,11 @@ int serve(const std::string& host, unsigned short port, const std::string& token
     options.log("cannot tell systemd that the daemon is ready: " + error);
   }
   io.run();
+  if (election) {
+    election->stop();
+    io.restart();
+    io.poll();  // the election's last log lines (posted), e.g. the revoked lease
+  }
   return kExitOk;
 }
 
@@ -225,6 +325,20 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--max_finished,--max-finished", obs.max_finished, "finished jobs listed at most (oldest go first)")
       ->capture_default_str();
+
+  Replication rep;
+  app.add_option("--etcd", rep.etcd,
+                 "run as one of several replicas on this etcd cluster: http://HOST:PORT,... (docs/etcd.md)");
+  app.add_option("--etcd_lease_ttl,--etcd-lease-ttl", rep.lease_ttl,
+                 "seconds of the leader's etcd lease: a dead leader is replaced after about this long")
+      ->capture_default_str();
+  app.add_option("--etcd_prefix,--etcd-prefix", rep.prefix, "etcd key prefix of this group of replicas")
+      ->capture_default_str();
+  app.add_option("--etcd_user,--etcd-user", rep.user, "etcd user (needs --etcd_password_file)");
+  app.add_option("--etcd_password_file,--etcd-password-file", rep.password_file, "file holding --etcd_user's password");
+  app.add_option("--advertise", rep.advertise,
+                 "HOST:PORT agents reach this replica at, named to them by followers "
+                 "(default: --host and the port; the host name when --host is a wildcard)");
 
   auto* status = app.add_subcommand("status", "print every job's generation, state, nodes and restarts");
   std::string endpoint = "localhost:29400";
@@ -292,7 +406,7 @@ int main(int argc, char** argv) {
       return kExitOk;
     }
     if (obs.metrics_port > 65535 || obs.metrics_port < -1) throw UsageError("--metrics_port: not a port (0-65535)");
-    return serve(host, port, token_file, max_connections, quiet, server_tls, obs);
+    return serve(host, port, token_file, max_connections, quiet, server_tls, obs, rep);
   } catch (const UsageError& e) {
     std::cerr << "ddp-rendezvous: " << e.what() << "\n";
     return kExitUsage;

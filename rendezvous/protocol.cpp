@@ -3,6 +3,7 @@
 #include "rendezvous/resume.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <limits>
 
@@ -104,6 +105,7 @@ constexpr TypeName kTypeNames[] = {
     {MessageType::resume, "resume"},
     {MessageType::resumed, "resumed"},
     {MessageType::waiting, "waiting"},
+    {MessageType::not_leader, "not_leader"},
 };
 
 std::optional<MessageType> type_from(std::string_view name) {
@@ -480,6 +482,14 @@ std::optional<std::string> decode_body(MessageType type, const json& j, Message&
       m.body = std::move(w);
       return f.error();
     }
+    case MessageType::not_leader: {
+      Fields f(j, "not_leader");
+      NotLeader n;
+      f.string("leader", n.leader, kMaxEndpointBytes);
+      if (!f.error() && !valid_leader_endpoint(n.leader)) f.fail("field \"leader\" is not HOST:PORT");
+      m.body = std::move(n);
+      return f.error();
+    }
     case MessageType::status_reply: {
       Fields f(j, "status_reply");
       StatusReply r;
@@ -670,6 +680,9 @@ json to_json(const Message& m) {
       if (w.last_call_left) j["last_call_left"] = *w.last_call_left;
       break;
     }
+    case MessageType::not_leader:
+      j["leader"] = std::get<NotLeader>(m.body).leader;
+      break;
   }
   return j;
 }
@@ -741,6 +754,31 @@ Message make_job_failed(const WorkerFailure& first_failure, const std::string& s
 Message make_heartbeat_ack() { return message(MessageType::heartbeat_ack, Empty{}); }
 Message make_status_reply(json status) { return message(MessageType::status_reply, StatusReply{std::move(status)}); }
 Message make_waiting(const Waiting& waiting) { return message(MessageType::waiting, waiting); }
+Message make_not_leader(const std::string& leader) { return message(MessageType::not_leader, NotLeader{leader}); }
+
+bool valid_leader_endpoint(std::string_view text) {
+  if (text.empty()) return true;
+  if (text.size() > kMaxEndpointBytes) return false;
+  const auto colon = text.rfind(':');
+  if (colon == std::string_view::npos || colon == 0) return false;
+  std::string_view host = text.substr(0, colon), port = text.substr(colon + 1);
+  if (host.front() == '[') {
+    if (host.size() < 3 || host.back() != ']') return false;
+    host = host.substr(1, host.size() - 2);
+  } else if (host.find(':') != std::string_view::npos) {
+    return false;  // a bare IPv6 address needs brackets
+  }
+  for (char c : host) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-' && c != '_' && c != ':') return false;
+  }
+  if (port.empty() || port.size() > 5) return false;
+  unsigned value = 0;
+  for (char c : port) {
+    if (c < '0' || c > '9') return false;
+    value = value * 10 + static_cast<unsigned>(c - '0');
+  }
+  return value >= 1 && value <= 65535;
+}
 
 Frame encode_greeting() {
   Message m = message(MessageType::greeting, Greeting{});

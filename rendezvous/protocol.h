@@ -119,6 +119,7 @@ enum class MessageType : std::uint8_t {
   status_reply,
   resumed,
   waiting,
+  not_leader,
 };
 const char* to_string(MessageType type);
 bool is_client_message(MessageType type);
@@ -193,12 +194,20 @@ struct Waiting {
   std::optional<double> join_left;       // s until join_timeout fails the job (fewer than MIN)
   std::optional<double> last_call_left;  // s until the round completes below MAX (MIN reached)
 };
+// not_leader (issue 14): a follower replica of a replicated daemon (--etcd, docs/etcd.md) sends
+// it after its welcome (so a token-holding client knows it is genuine) and closes. `leader` is the
+// leader's HOST:PORT, or "" when no replica leads at the moment (the client tries its other
+// endpoints).
+struct NotLeader {
+  std::string leader;
+};
+inline constexpr std::size_t kMaxEndpointBytes = 262;  // a 253-byte host name, ':' and a port
 struct Empty {};  // heartbeat, success, leave, heartbeat_ack
 
 struct Message {
   MessageType type = MessageType::heartbeat;
   std::variant<Empty, Greeting, Hello, Challenge, Welcome, ErrorMessage, NodeSpec, WorkerFailure, Assignment, Restart,
-               JobSucceeded, JobFailed, StatusReply, ResumeRequest, Resumed, Waiting>
+               JobSucceeded, JobFailed, StatusReply, ResumeRequest, Resumed, Waiting, NotLeader>
       body;
 };
 
@@ -232,6 +241,9 @@ Message make_job_failed(const WorkerFailure& first_failure, const std::string& s
 Message make_heartbeat_ack();
 Message make_status_reply(nlohmann::json status);
 Message make_waiting(const Waiting& waiting);
+Message make_not_leader(const std::string& leader);
+// "" or HOST:PORT / [V6]:PORT with a port 1..65535, host of letters, digits, '.', '-', '_', ':'.
+bool valid_leader_endpoint(std::string_view text);
 
 // Message builders (client -> server).
 // The greeting frame, its JSON followed by "\r\n" (inside the frame) so that line-based services

@@ -17,16 +17,13 @@ Server::Server(asio::io_context& io, const tcp::endpoint& endpoint, ServerOption
     : io_(io),
       options_(std::move(options)),
       secrets_(options_.secrets),
-      // The environment check of issue 6 runs unless the owner installs its own check.
-      state_(clock_, *this,
-             options_.round_check ? options_.round_check
-                                  : make_env_round_check([this](const std::string& line) { log(line); })),
+      leading_(!options_.replicated),
       acceptor_(io),
       tick_timer_(io),
       accept_retry_timer_(io),
       heartbeat_ack_(encode(make_heartbeat_ack())) {
   if (!options_.token.empty()) secrets_.set_cluster(options_.token);  // per-job secrets keep precedence
-  state_.set_retention(options_.retention);
+  make_state();
   acceptor_.open(endpoint.protocol());
   acceptor_.set_option(tcp::acceptor::reuse_address(true));
   acceptor_.bind(endpoint);
@@ -34,6 +31,34 @@ Server::Server(asio::io_context& io, const tcp::endpoint& endpoint, ServerOption
   bound_ = acceptor_.local_endpoint();
   accept();
   tick();
+}
+
+void Server::make_state() {
+  // The environment check of issue 6 runs unless the owner installs its own check.
+  state_.emplace(clock_, static_cast<Outbox&>(*this),
+                 options_.round_check ? options_.round_check
+                                      : make_env_round_check([this](const std::string& line) { log(line); }));
+  state_->set_retention(options_.retention);
+}
+
+void Server::set_leadership(bool leading, const std::string& leader) {
+  const bool was_leading = leading_;
+  leading_ = leading;
+  leader_ = leading ? std::string() : leader;
+  if (!was_leading || leading) return;
+  // Stepping down: nobody may be driven by a replica that no longer leads.
+  std::size_t closed = 0;
+  const Frame redirect = encode(make_not_leader(""));
+  sessions_.for_each([&](Session& s) {
+    if (!s.authenticated || s.redirected) return;
+    s.member = false;
+    s.redirected = true;
+    s.send(redirect);
+    s.close_after_flush();
+    ++closed;
+  });
+  make_state();
+  log("no longer the leader: told " + std::to_string(closed) + " connection(s) not_leader and forgot every job");
 }
 
 Server::~Server() {
@@ -87,7 +112,7 @@ void Server::accept() {
 void Server::tick() {
   if (stopped_) return;
   try {
-    state_.tick();
+    state_->tick();
   } catch (const std::exception& e) {  // a bug, not input: keep serving the other jobs
     log(std::string("internal error in the deadline check: ") + e.what());
   }
@@ -121,7 +146,7 @@ void Server::on_bad_message(Session& session, const ProtocolError& error) {
 
 // Ends a session; a member's job learns that the node is gone.
 void Server::end_member(Session& session, const std::string& code, const std::string& message) {
-  if (session.member) state_.disconnected(session.id(), "sent a bad message: " + message);
+  if (session.member) state_->disconnected(session.id(), "sent a bad message: " + message);
   session.member = false;
   session.fail(code, message);
 }
@@ -167,10 +192,17 @@ void Server::handle_first(Session& session, const Message& message) {
   session.send(encode(make_welcome(secret->empty() ? std::string()
                                                    : auth_proof(*secret, "server", session.nonce, hello.client_nonce,
                                                                 hello.job_id))));
+  if (!leading_) {
+    // After the welcome, whose proof tells the agent this follower is genuine (issue 14).
+    session.redirected = true;
+    session.send(encode(make_not_leader(leader_)));
+    session.close_after_flush();
+  }
 }
 
 void Server::send_status(Session& session) {
-  nlohmann::json status = state_.status();
+  nlohmann::json status = state_->status();
+  if (options_.replicated) status["replica"] = {{"leading", leading_}, {"leader", leading_ ? "" : leader_}};
   if (!session.all_jobs) {  // a job's own secret shows that job only
     nlohmann::json mine = nlohmann::json::array();
     for (auto& job : status["jobs"]) {
@@ -182,7 +214,8 @@ void Server::send_status(Session& session) {
 }
 
 void Server::handle(Session& session, Message& message) {
-  if (session.member) state_.touch(session.id());
+  if (session.redirected) return;  // told not_leader: closing
+  if (session.member) state_->touch(session.id());
   switch (message.type) {
     case MessageType::heartbeat:
       if (!session.member) session.set_deadline(options_.idle_timeout);
@@ -198,17 +231,17 @@ void Server::handle(Session& session, Message& message) {
       if (spec.addr.empty()) spec.addr = session.peer_address();
       session.member = true;
       session.set_deadline(-1);  // the state machine watches its heartbeats from now on
-      state_.join(session.id(), std::move(spec));
+      state_->join(session.id(), std::move(spec));
       return;
     }
     case MessageType::failure:
-      state_.report_failure(session.id(), std::get<WorkerFailure>(message.body));
+      state_->report_failure(session.id(), std::get<WorkerFailure>(message.body));
       return;
     case MessageType::success:
-      state_.report_success(session.id());
+      state_->report_success(session.id());
       return;
     case MessageType::leave:
-      state_.leave(session.id());
+      state_->leave(session.id());
       session.member = false;
       session.close_after_flush();
       return;
@@ -236,8 +269,8 @@ void Server::handle_resume(Session& session, ResumeRequest& r) {
     return;
   }
   if (r.node.addr.empty()) r.node.addr = session.peer_address();
-  state_.resume(session.id(), r);
-  if (state_.is_member(session.id())) {
+  state_->resume(session.id(), r);
+  if (state_->is_member(session.id())) {
     session.member = true;
     session.set_deadline(-1);  // the state machine watches its heartbeats from now on
   }
@@ -255,7 +288,7 @@ void Server::on_closed(Session& session, const std::string& why) {
   asio::post(io_, [this, alive = alive_, id, member, why]() {
     if (!*alive) return;
     sessions_.remove(id);
-    if (member) state_.disconnected(id, why);
+    if (member) state_->disconnected(id, why);
     accept();
   });
 }

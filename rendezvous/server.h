@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <boost/asio.hpp>
@@ -40,6 +41,9 @@ struct ServerOptions {
   // Issue 15: the state machine's lifecycle events (event log, metrics); empty = none.
   std::function<void(const metrics::Event&)> on_event;
   Retention retention;                              // issue 17: finished jobs kept in status
+  // Issue 14: one replica of several (--etcd): starts as a follower until set_leadership(true).
+  // false (default): a lone daemon, always leading.
+  bool replicated = false;
 };
 
 class Server : private SessionHandler, private Outbox {
@@ -57,7 +61,16 @@ class Server : private SessionHandler, private Outbox {
   // Closes the acceptor and every connection; pending handlers finish on the io_context.
   void stop();
 
-  const StateMachine& state() const { return state_; }
+  // Issue 14 (rendezvous/election.*): whether this replica leads; else the leader's HOST:PORT
+  // ("" = none known). A follower welcomes agents, then answers not_leader and closes. Losing
+  // leadership sends not_leader to every connection, closes it and forgets every job: the next
+  // leader rebuilds them from the agents' resumes, and this replica holds no stale state if it
+  // leads again later.
+  void set_leadership(bool leading, const std::string& leader);
+  bool leading() const { return leading_; }
+  const std::string& leader() const { return leader_; }
+
+  const StateMachine& state() const { return *state_; }
   bool serving() const { return !stopped_; }
   std::size_t connection_count() const { return sessions_.size(); }
   std::size_t unauthenticated_count() const { return unauthenticated_; }
@@ -78,12 +91,15 @@ class Server : private SessionHandler, private Outbox {
   void send_status(Session& session);
   void end_member(Session& session, const std::string& code, const std::string& message);
   void handle_resume(Session& session, ResumeRequest& request);
+  void make_state();
 
   boost::asio::io_context& io_;
   ServerOptions options_;
   Secrets secrets_;
   SteadyClock clock_;
-  StateMachine state_;
+  std::optional<StateMachine> state_;  // replaced when leadership is lost (issue 14)
+  bool leading_ = true;
+  std::string leader_;
   boost::asio::ip::tcp::acceptor acceptor_;
   boost::asio::ip::tcp::endpoint bound_;
   boost::asio::steady_timer tick_timer_;

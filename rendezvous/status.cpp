@@ -290,6 +290,15 @@ int watch_status(const std::string& endpoint, const std::string& token, double t
 
 std::string format_status(const nlohmann::json& status) {
   std::ostringstream os;
+  // Issue 14: a replica of --etcd says whether it leads, and who does (docs/etcd.md).
+  if (auto r = status.find("replica"); r != status.end() && r->is_object()) {
+    const bool leading = r->value("leading", false);
+    const std::string leader = r->contains("leader") && r->at("leader").is_string() ? r->at("leader").get<std::string>()
+                                                                                     : "";
+    os << (leading ? "replica: leading\n"
+                   : leader.empty() ? "replica: following; no replica leads at the moment\n"
+                                    : "replica: following; the leader is " + leader + "\n");
+  }
   const auto& jobs = status.at("jobs");
   if (jobs.empty()) {
     os << "no jobs\n";

@@ -363,3 +363,30 @@ TEST_CASE("secrets: a job's own secret wins over the cluster's; with only job se
   CHECK_FALSE(jobs_only.for_job("b"));
   CHECK_FALSE(jobs_only.for_job(""));
 }
+
+TEST_CASE("not_leader names the leader as HOST:PORT or nobody, and anything else is refused") {
+  for (const char* leader : {"", "10.0.0.1:29400", "head-2.example.org:1", "[fe80::1]:65535"}) {
+    auto d = decode(payload_of(encode(make_not_leader(leader))));
+    REQUIRE_MESSAGE(!d.error, leader);
+    CHECK(d.message->type == MessageType::not_leader);
+    CHECK(std::get<NotLeader>(d.message->body).leader == leader);
+  }
+  CHECK_FALSE(is_client_message(MessageType::not_leader));
+  const json hostile[] = {
+      {{"type", "not_leader"}, {"leader", 5}},
+      {{"type", "not_leader"}, {"leader", json::array()}},
+      {{"type", "not_leader"}, {"leader", "host"}},             // no port
+      {{"type", "not_leader"}, {"leader", "host:0"}},
+      {{"type", "not_leader"}, {"leader", "host:65536"}},
+      {{"type", "not_leader"}, {"leader", "host:12ab"}},
+      {{"type", "not_leader"}, {"leader", "fe80::1:29400"}},    // IPv6 without brackets
+      {{"type", "not_leader"}, {"leader", "ho st:1"}},
+      {{"type", "not_leader"}, {"leader", "evil\nhost:1"}},
+      {{"type", "not_leader"}, {"leader", ":29400"}},
+      {{"type", "not_leader"}, {"leader", std::string(300, 'a') + ":1"}},
+  };
+  for (const json& j : hostile) {
+    auto d = decode_json(j);
+    CHECK_MESSAGE(d.error, j.dump().substr(0, 80));
+  }
+}

@@ -1,0 +1,85 @@
+// Leader election of replicated ddp-rendezvous daemons on etcd (issue 14, docs/etcd.md).
+//
+// One Election per daemon, owned by its main; it runs its own thread (started by start(),
+// joined by stop() or the destructor) that makes every etcd call, so a slow or unreachable etcd
+// never blocks the server's event loop. It reports through `on_change`, called on that thread;
+// the owner posts the news to its event loop. The only state shared between the threads is the
+// stop flag, guarded by `mu_`.
+//
+// A replica leads while it holds the leader key (PREFIX + "leader", value: its HOST:PORT),
+// created with a lease in a transaction that succeeds only if the key does not exist
+// (create_revision == 0). The leader renews the lease every TTL/4; each renewal sent at time t
+// makes leadership valid until t + 3/4 TTL (the lease lives at least TTL from when etcd received
+// it, which is after t), so a leader that cannot renew stops leading a quarter TTL before etcd can
+// let another replica take the key. Followers read the key every TTL/4 and campaign when it is
+// gone.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "rendezvous/etcd.h"
+
+namespace ddp::rdzv {
+
+struct Leadership {
+  bool leading = false;
+  std::string leader;  // the leader's HOST:PORT (this replica's own when leading); "" = unknown
+  std::chrono::steady_clock::time_point valid_until{};  // leading: stop leading at this time
+};
+
+struct ElectionOptions {
+  EtcdOptions etcd;
+  std::string key;     // the leader key, e.g. "/ddplaunch/rendezvous/leader"
+  std::string me;      // this replica's HOST:PORT, as agents reach it
+  int lease_ttl = 5;   // seconds (etcd leases are whole seconds); at least 2
+  std::function<void(const Leadership&)> on_change;   // on the election thread; every renewal too
+  std::function<void(const std::string&)> log;        // on the election thread
+};
+
+class Election {
+ public:
+  explicit Election(ElectionOptions options);
+  ~Election();
+  Election(const Election&) = delete;
+  Election& operator=(const Election&) = delete;
+
+  void start();
+  // Stops the thread; a leader revokes its lease first (one call's deadline at most), so that a
+  // follower takes over at once instead of after the TTL.
+  void stop();
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  void run();
+  // One step of the loop each; they return when to take the next step.
+  Clock::time_point renew();
+  Clock::time_point follow_or_campaign();
+  void campaign();
+  // Sleeps until `when` or stop(); true when stopping.
+  bool sleep_until(Clock::time_point when);
+  void say(const std::string& line);
+  void report(const Leadership& now);
+  void error(const std::string& message);  // logged when it differs from the last one
+  std::string leader_named(const std::string& value);
+
+  ElectionOptions options_;
+  // The election thread's own state (no other thread touches it).
+  std::unique_ptr<EtcdClient> etcd_;
+  std::int64_t lease_ = 0;      // the lease of the leader key (leading) or of a campaign
+  Leadership last_;             // what was last reported
+  bool reported_ = false;
+  std::string last_error_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;  // guarded by mu_
+  std::thread thread_;
+};
+
+}  // namespace ddp::rdzv

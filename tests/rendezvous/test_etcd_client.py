@@ -1,0 +1,167 @@
+"""The etcd client (rendezvous/etcd.*) against a real 3-member etcd cluster on loopback
+(issue 14, part 3), through tests/rendezvous/etcd_probe.cpp: put/range, a txn that compares
+revisions, leases (grant, keepalive, expiry, revoke), a killed member, authentication."""
+
+import http.server
+import json
+import os
+import socket
+import sys
+import threading
+import time
+import unittest
+
+from etcd_cluster import EtcdCluster
+from processes import run, wait_for
+
+PROBE = os.path.join(os.environ.get("DDPLAUNCH_BUILD_DIR", "build"), "bin", "rdzv_etcd_probe")
+
+
+class EtcdClientTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        reason = EtcdCluster.unavailable_reason()
+        if reason:
+            raise unittest.SkipTest(reason)
+        cls.etcd = EtcdCluster(members=3)
+        cls.etcd.__enter__()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.etcd.__exit__(None, None, None)
+
+    def probe(self, *args, endpoints=None, user=None, timeout=3.0, ok=True):
+        cmd = [PROBE, "--endpoints", ",".join(endpoints or self.etcd.endpoints), "--timeout", str(timeout)]
+        if user:
+            cmd += ["--user", user[0], "--password", user[1]]
+        r = run(cmd + [str(a) for a in args], timeout=timeout + 10)
+        self.assertFalse(r.timed_out, r.describe())
+        self.assertIn(r.returncode, (0, 1), r.describe())
+        out = json.loads(r.stdout)
+        if ok:
+            self.assertEqual(r.returncode, 0, r.describe())
+        return out
+
+    def test_put_then_range_reads_the_value_and_its_revisions(self):
+        self.probe("put", "/t/put", "hello \x01 world")
+        got = self.probe("get", "/t/put")
+        self.assertEqual(len(got["kvs"]), 1)
+        kv = got["kvs"][0]
+        self.assertEqual(kv["value"], "hello \x01 world")
+        self.assertGreater(kv["create_revision"], 0)
+        self.assertEqual(kv["version"], 1)
+        self.probe("put", "/t/put", "again")
+        again = self.probe("get", "/t/put")["kvs"][0]
+        self.assertEqual(again["version"], 2)
+        self.assertGreater(again["mod_revision"], kv["mod_revision"])
+        self.assertEqual(self.probe("get", "/t/absent")["kvs"], [])
+        self.probe("put", "/t/pre/a", "1")
+        self.probe("put", "/t/pre/b", "2")
+        self.probe("put", "/t/prf", "3")
+        self.assertEqual([kv["key"] for kv in self.probe("prefix", "/t/pre/")["kvs"]], ["/t/pre/a", "/t/pre/b"])
+
+    def test_txn_creates_once_and_compares_the_mod_revision(self):
+        first = self.probe("create", "/t/leader", "a")
+        self.assertTrue(first["succeeded"])
+        second = self.probe("create", "/t/leader", "b")
+        self.assertFalse(second["succeeded"])
+        self.assertEqual(second["current"][0]["value"], "a")  # the failure branch's range
+        rev = second["current"][0]["mod_revision"]
+        stale = self.probe("cas", "/t/leader", "c", rev - 1)
+        self.assertFalse(stale["succeeded"])
+        fresh = self.probe("cas", "/t/leader", "d", rev)
+        self.assertTrue(fresh["succeeded"])
+        self.assertEqual(self.probe("get", "/t/leader")["kvs"][0]["value"], "d")
+
+    def test_a_lease_kept_alive_holds_its_key_and_an_abandoned_one_expires(self):
+        lease = self.probe("grant", 2)
+        self.assertGreater(lease["id"], 0)
+        self.assertEqual(lease["ttl"], 2)
+        self.assertTrue(self.probe("create", "/t/leased", "x", lease["id"])["succeeded"])
+        self.assertEqual(self.probe("get", "/t/leased")["kvs"][0]["lease"], lease["id"])
+        # Kept alive across more than its TTL: the key stays.
+        start = time.monotonic()
+        while time.monotonic() - start < 3.0:
+            self.assertEqual(self.probe("keepalive", lease["id"])["ttl"], 2)
+            time.sleep(0.5)
+        self.assertEqual(len(self.probe("get", "/t/leased")["kvs"]), 1)
+        # Abandoned: etcd deletes the key once the lease expires, and keepalive says TTL 0.
+        wait_for(lambda: self.probe("get", "/t/leased")["kvs"] == [], 10, what="the leased key to expire")
+        self.assertEqual(self.probe("keepalive", lease["id"])["ttl"], 0)
+        # Revoke deletes at once.
+        other = self.probe("grant", 30)
+        self.probe("put", "/t/revoked", "y", other["id"])
+        self.probe("revoke", other["id"])
+        self.assertEqual(self.probe("get", "/t/revoked")["kvs"], [])
+
+    def test_a_dead_or_silent_member_costs_one_attempt_and_the_others_answer(self):
+        # A port that accepts and never answers, first in the list: the call moves on in time.
+        silent = socket.socket()
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        self.addCleanup(silent.close)
+        endpoints = ["http://127.0.0.1:%d" % silent.getsockname()[1]] + self.etcd.endpoints
+        self.probe("put", "/t/failover", "1", endpoints=endpoints, timeout=4.0)
+        self.etcd.kill(0)
+        try:
+            for i in range(3):
+                out = self.probe("put", "/t/failover", str(i), endpoints=self.etcd.endpoints)
+                self.assertNotEqual(out["endpoint"], self.etcd.endpoints[0])
+            self.assertEqual(self.probe("get", "/t/failover", endpoints=self.etcd.endpoints)["kvs"][0]["value"], "2")
+        finally:
+            self.etcd.restart(0)
+        # Only dead members: an error naming them, within the deadline.
+        dead = ["http://127.0.0.1:%d" % silent.getsockname()[1]]
+        out = self.probe("get", "/t/failover", endpoints=dead, timeout=1.0, ok=False)
+        self.assertIn(dead[0], out["error"])
+
+    def hostile_endpoint(self, body):
+        """An HTTP server on loopback that answers every POST with 200 and `body`."""
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        self.addCleanup(server.server_close)
+        self.addCleanup(server.shutdown)
+        return "http://127.0.0.1:%d" % server.server_address[1]
+
+    def test_an_endpoint_answering_garbage_is_passed_over_or_named_never_trusted(self):
+        garbage = self.hostile_endpoint(b"<html>not etcd</html>")
+        self.probe("put", "/t/hostile", "real", endpoints=[garbage] + self.etcd.endpoints)
+        out = self.probe("get", "/t/hostile", endpoints=[garbage], timeout=1.0, ok=False)
+        self.assertIn("answer is not JSON", out["error"])
+        self.assertIn(garbage, out["error"])
+        deep = self.hostile_endpoint(b"[" * 5000 + b"]" * 5000)
+        out = self.probe("get", "/t/hostile", endpoints=[deep], timeout=1.0, ok=False)
+        self.assertIn("deeper", out["error"])
+        forged = self.hostile_endpoint(json.dumps({"kvs": [{"key": "!!not base64", "value": 5}]}).encode())
+        out = self.probe("get", "/t/hostile", endpoints=[forged], timeout=1.0, ok=False)
+        self.assertIn("bad answer", out["error"])
+        huge = self.hostile_endpoint(b'{"kvs":[],"x":"' + b"a" * (5 << 20) + b'"}')
+        out = self.probe("get", "/t/hostile", endpoints=[huge], timeout=2.0, ok=False)
+        self.assertIn("larger than", out["error"])
+
+    def test_zz_authentication_with_an_etcd_user(self):
+        # Last (zz): auth stays enabled for the rest of the cluster's life.
+        self.etcd.enable_auth("ddp", "ddp-secret")
+        out = self.probe("put", "/t/auth", "v", ok=False)  # no user: refused
+        self.assertIn("error", out)
+        out = self.probe("put", "/t/auth", "v", user=("ddp", "wrong"), ok=False)
+        self.assertIn("authentication", out["error"])
+        self.probe("put", "/t/auth", "v", user=("ddp", "ddp-secret"))
+        self.assertEqual(self.probe("get", "/t/auth", user=("ddp", "ddp-secret"))["kvs"][0]["value"], "v")
+        lease = self.probe("grant", 5, user=("ddp", "ddp-secret"))
+        self.assertGreater(self.probe("keepalive", lease["id"], user=("ddp", "ddp-secret"))["ttl"], 0)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

@@ -1,0 +1,156 @@
+// Issue 14: a replica that does not lead (Server::set_leadership, ServerOptions::replicated),
+// the not_leader message on both ends, and what a hostile peer can do with it. One io_context on
+// the test thread drives the server and the clients (waits have deadlines, no sleeps).
+#include <doctest/doctest.h>
+
+#include "rendezvous/server.h"
+#include "tests/rendezvous/loopback.h"
+#include "tests/rendezvous/raw_conn.h"
+
+using namespace ddp::rdzv;
+using namespace ddp::rdzv::test;
+namespace asio = boost::asio;
+using asio::ip::tcp;
+
+namespace {
+
+const tcp::endpoint kLoopback(asio::ip::make_address("127.0.0.1"), 0);
+
+// A client with on_redirect set, recording what it heard.
+struct Redirected {
+  std::shared_ptr<Client> client;
+  std::optional<std::string> leader;
+  std::vector<std::string> lost;
+  std::vector<std::string> errors;
+  bool welcomed_then_redirected = false;
+
+  Redirected(asio::io_context& io, unsigned short port, const std::string& token = "",
+             const std::string& job = "job") {
+    ClientOptions o;
+    o.job_id = job;
+    o.token = token;
+    ClientEvents e;
+    e.on_redirect = [this](const std::string& l, const std::string& why) {
+      leader = l;
+      welcomed_then_redirected = why.find("follower replica") != std::string::npos;
+    };
+    e.on_disconnected = [this](const std::string& m) { lost.push_back(m); };
+    e.on_error = [this](const std::string& m) { errors.push_back(m); };
+    client = Client::create(io, o, e);
+    client->connect("127.0.0.1:" + std::to_string(port), 5);
+    client->join(node_spec(job, "h", 1, 1));
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a follower welcomes an agent, names the leader in not_leader and forms no round") {
+  asio::io_context io;
+  ServerOptions o;
+  o.replicated = true;
+  o.token = "s3cret";
+  Server follower(io, kLoopback, o);
+  CHECK_FALSE(follower.leading());
+  follower.set_leadership(false, "10.0.0.7:29400");
+  Redirected agent(io, follower.port(), "s3cret");
+  REQUIRE(run_until(io, [&] { return agent.leader.has_value(); }, 10));
+  CHECK(*agent.leader == "10.0.0.7:29400");
+  CHECK(agent.welcomed_then_redirected);
+  CHECK(agent.errors.empty());
+  CHECK(follower.state().status()["jobs"].empty());  // the join that followed the welcome was ignored
+}
+
+TEST_CASE("a leader that loses leadership tells every agent not_leader and forgets its jobs") {
+  asio::io_context io;
+  ServerOptions o;
+  o.replicated = true;
+  Server server(io, kLoopback, o);
+  server.set_leadership(true, "");
+  REQUIRE(server.leading());
+  auto a = TestAgent::make(io, server.port(), node_spec("job", "a", 2, 2));
+  auto b = TestAgent::make(io, server.port(), node_spec("job", "b", 2, 2));
+  REQUIRE(run_until(io, [&] { return a->rounds.size() == 1 && b->rounds.size() == 1; }));
+  // A client that follows redirects (the agent's RemoteRendezvous sets on_redirect).
+  Redirected c(io, server.port(), "", "other-job");
+  REQUIRE(run_until(io, [&] { return c.client->connected(); }));
+  server.set_leadership(false, "");
+  CHECK(server.state().status()["jobs"].empty());
+  REQUIRE(run_until(io, [&] { return c.leader.has_value(); }));
+  CHECK(c.leader->empty());  // nobody leads yet: try the other endpoints
+  // Clients without on_redirect see a lost connection (not a refusal): they reconnect and resume.
+  REQUIRE(run_until(io, [&] { return !a->errors.empty() || !a->client->connected(); }));
+  CHECK(a->rounds.size() == 1);
+  CHECK(a->restarts.empty());
+}
+
+TEST_CASE("status on a replica says whether it leads and who does") {
+  asio::io_context io;
+  ServerOptions o;
+  o.replicated = true;
+  Server server(io, kLoopback, o);
+  server.set_leadership(false, "head-2:29400");
+  auto work = asio::make_work_guard(io);
+  std::thread t([&] { io.run(); });
+  RawConn conn(server.port());
+  conn.send(make_status_request(Hello{}));
+  auto reply = conn.recv_type("status_reply");
+  asio::post(io, [&] { io.stop(); });
+  t.join();
+  REQUIRE(reply);
+  CHECK((*reply)["status"]["replica"]["leading"] == false);
+  CHECK((*reply)["status"]["replica"]["leader"] == "head-2:29400");
+}
+
+TEST_CASE("a client that sends not_leader, or a forged one, is refused; the server goes on") {
+  asio::io_context io;
+  Server server(io, kLoopback, {});
+  auto work = asio::make_work_guard(io);
+  std::thread t([&] { io.run(); });
+  for (nlohmann::json forged : {to_json(make_not_leader("10.0.0.1:1")),
+                                nlohmann::json{{"type", "not_leader"}, {"leader", "evil\nhost:1"}},
+                                nlohmann::json{{"type", "not_leader"}, {"leader", nlohmann::json::object()}}}) {
+    RawConn bad(server.port());
+    bad.say_hello("job");
+    REQUIRE(bad.recv_type("welcome"));
+    bad.send(forged);
+    auto err = bad.recv_type("error");
+    REQUIRE(err);
+    CHECK((*err)["code"] == "bad_message");
+    CHECK(bad.wait_closed());
+  }
+  RawConn fresh(server.port());
+  fresh.say_hello("job");
+  CHECK(fresh.recv_type("welcome"));
+  asio::post(io, [&] { io.stop(); });
+  t.join();
+}
+
+TEST_CASE("a peer that sends not_leader before any welcome, or a malformed one, redirects nobody") {
+  asio::io_context io;
+  // A hostile "server": the real challenge, then a redirect without the welcome that proves it
+  // knows the job's secret; a second one sends a leader that is not HOST:PORT.
+  for (std::string leader_json : {std::string(R"({"type":"not_leader","leader":"10.6.6.6:29400"})"),
+                                  std::string(R"({"type":"not_leader","leader":"10.6.6.6"})")}) {
+    tcp::acceptor acceptor(io, kLoopback);
+    std::shared_ptr<tcp::socket> peer;
+    acceptor.async_accept([&](boost::system::error_code ec, tcp::socket s) {
+      if (ec) return;
+      peer = std::make_shared<tcp::socket>(std::move(s));
+      std::string bytes = *encode(make_challenge("abcd"));
+      std::string payload = leader_json;
+      std::string header(4, '\0');
+      const auto n = static_cast<std::uint32_t>(payload.size());
+      header[0] = static_cast<char>(n >> 24);
+      header[1] = static_cast<char>(n >> 16);
+      header[2] = static_cast<char>(n >> 8);
+      header[3] = static_cast<char>(n);
+      bytes += header + payload;
+      auto buf = std::make_shared<std::string>(bytes);
+      asio::async_write(*peer, asio::buffer(*buf), [buf](boost::system::error_code, std::size_t) {});
+    });
+    Redirected agent(io, acceptor.local_endpoint().port(), "s3cret");
+    REQUIRE(run_until(io, [&] { return !agent.lost.empty() || !agent.errors.empty() || agent.leader; }));
+    CHECK_FALSE(agent.leader.has_value());
+    CHECK_FALSE(agent.client->connected());
+  }
+}
