@@ -20,10 +20,9 @@ import os
 import shutil
 import signal
 import tempfile
-import time
 import urllib.request
 
-from processes import free_port, kill_group, run, spawn, wait_for
+from processes import free_port, run, spawn, wait_for
 
 __all__ = ["EtcdCluster", "EtcdUnavailable"]
 
@@ -82,6 +81,27 @@ class EtcdCluster:
                 return json.load(r).get("health") in (True, "true")
         except Exception:
             return False
+
+    def leader(self, timeout=None):
+        """Index of the member that leads, once every member that answers names the same one
+        (/v3/maintenance/status through the JSON gateway); waits for that."""
+        def agreed():
+            members, leaders = {}, set()
+            for i in range(self.size):
+                request = urllib.request.Request(self.endpoints[i] + "/v3/maintenance/status", data=b"{}",
+                                                 method="POST")
+                try:
+                    with urllib.request.urlopen(request, timeout=0.5) as r:
+                        status = json.load(r)
+                except Exception:
+                    continue
+                members[status["header"]["member_id"]] = i
+                leaders.add(status.get("leader"))
+            if len(leaders) == 1:
+                found = members.get(leaders.pop())
+                return None if found is None else [found]
+            return None
+        return wait_for(agreed, timeout or self.start_timeout, what="the etcd members to agree on a leader")[0]
 
     def wait_healthy(self, members=None, timeout=None):
         members = range(self.size) if members is None else members
