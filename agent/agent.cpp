@@ -317,7 +317,9 @@ struct Agent::Impl {
   int run() {
     RendezvousEvents events;
     events.on_round = [this](const rdzv::Assignment& a) { on_round(a); };
-    events.on_restart = [this](const std::string& reason, bool counted) { on_restart(reason, counted); };
+    events.on_restart = [this](const std::string& reason, bool counted, bool failing) {
+      on_restart(reason, counted, failing);
+    };
     events.on_job_succeeded = [this] { finish(static_cast<int>(ExitCode::kSuccess)); };
     events.on_job_failed = [this](const rdzv::WorkerFailure& f, const std::string& s) { on_job_failed(f, s); };
     events.on_rendezvous_error = [this](const std::string& m) { on_rendezvous_error(m); };
@@ -850,15 +852,16 @@ struct Agent::Impl {
 
   // ---- what the rendezvous decided ---------------------------------------------------------
 
-  void on_restart(const std::string& reason, bool counted) {
+  void on_restart(const std::string& reason, bool counted, bool failing) {
     if (state == State::kDone || handled_signal) return;
     if (counted) note_round_progress();
     if (!stop_reason.empty()) {
       end_job_everywhere();
       return;
     }
-    say("restarting the workers: " + reason);
-    record_event("restart", counted ? "worker_failure" : "membership", {}, {{"counted", counted}}, reason);
+    say((failing ? "stopping the workers: " : "restarting the workers: ") + reason);
+    record_event("restart", failing ? "job_failing" : counted ? "worker_failure" : "membership", {}, {{"counted", counted}},
+                 reason);
     when_stopped([this] { join_round(); });
   }
 

@@ -155,6 +155,7 @@ struct ErrorMessage {
 struct Restart {
   std::string reason;
   bool counted = false;
+  bool failing = false;  // the job is failing: the workers stop for its verdict, no round follows
   int restart_count = 0;
   int max_restarts = 0;
 };
@@ -235,7 +236,8 @@ Message make_challenge(const std::string& nonce);
 Message make_welcome(const std::string& proof = "");
 Message make_error(const std::string& code, const std::string& message);
 Message make_round(const Assignment& assignment);
-Message make_restart(const std::string& reason, bool counted, int restart_count, int max_restarts);
+Message make_restart(const std::string& reason, bool counted, int restart_count, int max_restarts,
+                     bool failing = false);
 Message make_job_succeeded(const std::string& job_id);
 Message make_job_failed(const WorkerFailure& first_failure, const std::string& summary);
 Message make_heartbeat_ack();

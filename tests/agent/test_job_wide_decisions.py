@@ -48,6 +48,8 @@ class JobWideDecisions(LaunchTestCase):
             self.assertTrue(verdicts, n.describe())
             self.assertIn(reason, verdicts[-1], n.describe())
             self.assertIn("FAILED", n.stderr(), n.describe())
+            # A failing job stops; it is not announced as a restart.
+            self.assertNotIn("restarting the workers: the job is failing", n.stderr(), n.describe())
         good_verdict = [l for l in nodes[0].stderr().splitlines() if "job failed:" in l][-1]
         bad_verdict = [l for l in nodes[1].stderr().splitlines() if "job failed:" in l][-1]
         self.assertEqual(good_verdict.split("job failed:", 1)[1], bad_verdict.split("job failed:", 1)[1], both)
@@ -56,6 +58,8 @@ class JobWideDecisions(LaunchTestCase):
     def test_a_no_restart_exit_code_on_one_node_fails_the_job_on_both(self):
         nodes = self.start_job("jobwide-code", 3, [], ["--no_restart_exit_codes=3,4"])
         both = self.check_both_failed_with(nodes, "exited with code 3, which --no_restart_exit_codes lists")
+        # The node that did not decide hears it from the rendezvous while its worker runs.
+        self.assertIn("stopping the workers: the job is failing", nodes[0].stderr(), both)
         # No restart anywhere. (The good worker may be stopped before it wrote its file.)
         self.assertIn("bad_0", os.listdir(self.out), both)
         self.assertEqual([f for f in os.listdir(self.out) if not f.endswith("_0")], [], both)

@@ -187,6 +187,11 @@ TEST_CASE("every message survives encode then decode with its data") {
   REQUIRE_FALSE(r.error);
   CHECK(std::get<Restart>(r.message->body).restart_count == 2);
   CHECK(std::get<Restart>(r.message->body).reason == "node x lost");
+  CHECK_FALSE(std::get<Restart>(r.message->body).failing);
+  CHECK(payload_of(encode(make_restart("node x lost", false, 2, 3))).find("failing") == std::string::npos);
+  auto failing = decode(payload_of(encode(make_restart("the job is failing", false, 3, 3, true))));
+  REQUIRE_FALSE(failing.error);
+  CHECK(std::get<Restart>(failing.message->body).failing);
   WorkerFailure w;
   w.host = "h";
   w.exit_code = 3;
