@@ -123,14 +123,18 @@ double HangMonitor::timeout_for(int slot) const {
 std::vector<Hang> HangMonitor::check(double now) const {
   std::vector<Hang> out;
   if (!policy_.enabled()) return out;
+  bool any_over = false;
   for (std::size_t i = 0; i < slots_.size(); ++i) {
     const double timeout = timeout_for(static_cast<int>(i));
     if (timeout <= 0) continue;
     const Slot& s = slots_[i];
-    if (now - s.last_change >= timeout) {
-      out.push_back(Hang{static_cast<int>(i), now - s.last_change, timeout, s.step, s.phase});
+    const double stalled = now - s.last_change;
+    if (stalled >= timeout * kStalledTogether) {
+      out.push_back(Hang{static_cast<int>(i), stalled, timeout, s.step, s.phase});
+      any_over = any_over || stalled >= timeout;
     }
   }
+  if (!any_over) out.clear();
   return out;
 }
 

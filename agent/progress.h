@@ -93,8 +93,14 @@ class HangMonitor {
   // A new round: forgets every beat (the slowest interval of auto is kept: same job, same steps).
   void reset(double now);
   void observe(int slot, const ProgressSample& sample, double now);
-  // The ranks that have beaten at least once and not for longer than the timeout, at `now`.
+  // The ranks that have beaten at least once and not for longer than the timeout, at `now`; and
+  // once one has, with it every watched rank that has not beaten for kStalledTogether of its own
+  // timeout. A rank blocked forever and the peers blocked in its collective stop beating within
+  // moments of each other, in an order that sampling and scheduling decide: all of them are the
+  // hang, and the culprit's step and phase are among theirs (a rank that keeps stepping has
+  // stalled for one step at most).
   std::vector<Hang> check(double now) const;
+  static constexpr double kStalledTogether = 0.9;
   // The timeout in force for `slot` (0: not watched yet).
   double timeout_for(int slot) const;
   // Highest step and checkpoint any rank reported this round.

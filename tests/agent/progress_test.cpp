@@ -65,6 +65,27 @@ TEST_SUITE("progress heartbeats decide when a rank hangs") {
     CHECK(hangs[0].stalled_for == doctest::Approx(5.0));
   }
 
+  TEST_CASE("the ranks that stopped beating with a hung one are declared with it; a stepping rank is not") {
+    // Rank 1 blocks forever; rank 0, blocked in its collective, was sampled 0.3 s later;
+    // rank 2 still steps.
+    HangMonitor m(fixed(5), 3);
+    m.reset(100);
+    m.observe(0, beat(4, 4, "forward/backward"), 101.3);
+    m.observe(1, beat(4, 4, "data"), 101.0);
+    m.observe(2, beat(4, 4), 101.0);
+    m.observe(2, beat(9, 9), 105.9);
+    CHECK(m.check(105.9).empty());  // nobody has reached the timeout yet
+    auto hangs = m.check(106.0);
+    REQUIRE(hangs.size() == 2);
+    CHECK(hangs[0].slot == 0);
+    CHECK(hangs[0].stalled_for == doctest::Approx(4.7));
+    CHECK(hangs[1].slot == 1);
+    CHECK(hangs[1].phase == "data");
+    // Under 90% of the timeout: a rank that stalled later is not part of this hang.
+    m.observe(0, beat(5, 5), 101.6);
+    REQUIRE(m.check(106.0).size() == 1);
+  }
+
   TEST_CASE("a rank that never beat is not watched") {
     HangMonitor m(fixed(5), 2);
     m.reset(0);
