@@ -129,4 +129,18 @@ class RawConn {
   FrameReader reader_{256u << 20};
 };
 
+// A client of `job` that sends `forged` after its welcome: the code of the error the server
+// answers with, when it then closes the connection; otherwise what went wrong ("no welcome",
+// "no error", "CODE, connection left open"). The hostile-client tests expect "bad_message".
+inline std::string refusal_after_welcome(int port, const std::string& job, const nlohmann::json& forged) {
+  RawConn bad(port);
+  bad.say_hello(job);
+  if (!bad.recv_type("welcome")) return "no welcome";
+  bad.send(forged);
+  auto err = bad.recv_type("error");
+  if (!err) return "no error";
+  const std::string code = (*err)["code"].is_string() ? (*err)["code"].get<std::string>() : (*err)["code"].dump();
+  return bad.wait_closed() ? code : code + ", connection left open";
+}
+
 }  // namespace ddp::rdzv::test

@@ -109,14 +109,7 @@ TEST_CASE("a client that sends not_leader, or a forged one, is refused; the serv
   for (nlohmann::json forged : {to_json(make_not_leader("10.0.0.1:1")),
                                 nlohmann::json{{"type", "not_leader"}, {"leader", "evil\nhost:1"}},
                                 nlohmann::json{{"type", "not_leader"}, {"leader", nlohmann::json::object()}}}) {
-    RawConn bad(server.port());
-    bad.say_hello("job");
-    REQUIRE(bad.recv_type("welcome"));
-    bad.send(forged);
-    auto err = bad.recv_type("error");
-    REQUIRE(err);
-    CHECK((*err)["code"] == "bad_message");
-    CHECK(bad.wait_closed());
+    CHECK(refusal_after_welcome(server.port(), "job", forged) == "bad_message");
   }
   RawConn fresh(server.port());
   fresh.say_hello("job");

@@ -116,14 +116,7 @@ TEST_CASE("a client that sends the server's waiting message, or a forged one, is
   Healthy healthy(st.port());
   for (nlohmann::json forged : {to_json(make_waiting(Waiting{"healthy-job", 5, 0, 1, 9, 1.0, std::nullopt})),
                                 nlohmann::json{{"type", "waiting"}, {"waiting", -7}, {"job_id", 42}}}) {
-    RawConn bad(st.port());
-    bad.say_hello("healthy-job");
-    REQUIRE(bad.recv_type("welcome"));
-    bad.send(forged);
-    auto err = bad.recv_type("error");
-    REQUIRE(err);
-    CHECK((*err)["code"] == "bad_message");
-    CHECK(bad.wait_closed());
+    CHECK(refusal_after_welcome(st.port(), "healthy-job", forged) == "bad_message");
   }
   healthy.check_server_still_serves(st.port());
 }
