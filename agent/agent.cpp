@@ -1039,9 +1039,11 @@ struct Agent::Impl {
 
   // ---- standbys (issue 13, agent/standby.h) --------------------------------------------------
 
-  // The bootstrap's command line: the job's, fixed for the run (docs/agent.md, "Standby workers").
+  // The standby's command line, fixed for the run (docs/agent.md, "Standby workers"): a worker
+  // SDK program's own (it waits inside the SDK), or the Python bootstrap's.
   std::vector<std::string> standby_argv() const {
     const auto& c = options.command;
+    if (c.no_python) return worker_argv(c);
     std::string preload;
     for (const auto& m : options.preload) preload += (preload.empty() ? "" : ",") + m;
     std::vector<std::string> argv = {c.python, "-u", options.python_helper_dir + "/ddplaunch_standby.py",

@@ -61,10 +61,11 @@ struct AgentOptions {
   // --hang_timeout (agent/progress.h): a rank whose heartbeats stop for longer is a failure.
   // Default off.
   HangPolicy hang;
-  // Issue 13: keep one standby process per local rank for the next round (agent/standby.h):
-  // python_helper_dir/ddplaunch_standby.py under command.python, which imports torch and
-  // `preload` and then waits for its assignment. REQUIRES: a Python command (not no_python) and
-  // python_helper_dir set; the launcher decides (--standby). Default off: every worker starts cold.
+  // Issue 13: keep one standby process per local rank for the next round (agent/standby.h). For
+  // a Python command: python_helper_dir/ddplaunch_standby.py under command.python, which imports
+  // torch and `preload` and then waits for its assignment. For a no_python command: the program
+  // itself, which must wait inside the worker SDK (worker_sdk/src/standby.h). REQUIRES: one of
+  // those; the launcher decides (--standby). Default off: every worker starts cold.
   bool standby = false;
   std::vector<std::string> preload;  // --preload: modules a standby imports besides torch
   // Seconds after a round's workers started before the next standbys start: their imports

@@ -9,7 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "rendezvous/protocol.h"
+#include "rendezvous/json_depth.h"
 
 namespace ddp::agent {
 

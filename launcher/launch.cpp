@@ -273,23 +273,32 @@ std::string file_timer_path(const std::string& log_dir) {
   return log_dir + "/watchdog_timer_" + std::to_string(::getpid());
 }
 
-// --standby (issue 13): on for Python programs when asked ('on') or by 'auto'; everything else
-// starts cold, with a line when 'on' was asked for. --preload without a standby is said too.
+// --standby (issue 13): on for Python programs and for programs that link the worker SDK (the
+// ELF mark of launcher/program.h) when asked ('on') or by 'auto'; everything else starts cold,
+// with a line when 'on' was asked for. --preload without a Python standby is said too. The
+// program's file is read only when a standby was asked for.
 void resolve_standby(const LaunchConfig& config, agent::AgentOptions& o) {
   const bool asked = config.standby != LaunchConfig::Standby::kOff;
-  const char* why_not = o.command.no_python            ? "PROGRAM is not run by Python"
-                        : o.python_helper_dir.empty() ||
-                                !boost::filesystem::exists(o.python_helper_dir + "/ddplaunch_standby.py")
-                            ? "its Python bootstrap (ddplaunch_standby.py) is not installed"
-                                                      : nullptr;
-  o.standby = asked && why_not == nullptr;
+  const char* why_not = nullptr;
+  if (!asked) {
+    why_not = "not asked for";
+  } else if (o.command.no_python) {
+    if (!has_elf_section(o.command.program, kStandbyMarkSection)) {
+      why_not = "PROGRAM is neither run by Python nor a program of the worker SDK that waits for its assignment";
+    }
+  } else if (o.python_helper_dir.empty() || !boost::filesystem::exists(o.python_helper_dir + "/ddplaunch_standby.py")) {
+    why_not = "its Python bootstrap (ddplaunch_standby.py) is not installed";
+  }
+  o.standby = why_not == nullptr;
   o.preload = config.preload;
   if (config.standby == LaunchConfig::Standby::kOn && why_not != nullptr) {
-    std::fprintf(stderr, "ddplaunch: --standby=on: %s; its workers start cold (standbys are for Python programs)\n",
+    std::fprintf(stderr,
+                 "ddplaunch: --standby=on: %s; its workers start cold (standbys are for Python programs and "
+                 "worker SDK programs)\n",
                  why_not);
   }
-  if (!config.preload.empty() && !o.standby) {
-    std::fprintf(stderr, "ddplaunch: --preload has no effect without a standby (--standby=on|auto, Python programs)\n");
+  if (!config.preload.empty() && (!o.standby || o.command.no_python)) {
+    std::fprintf(stderr, "ddplaunch: --preload has no effect without a Python standby (--standby=on|auto, Python programs)\n");
   }
 }
 

@@ -1,10 +1,13 @@
 // How PROGRAM is run: the rule of docs/cli.md ("How PROGRAM is run").
 #include "launcher/program.h"
 
+#include <elf.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <vector>
@@ -109,6 +112,33 @@ FileKind classify_program_file(const std::string& path) {
     return FileKind::kPythonSource;
   }
   return FileKind::kOtherScript;
+}
+
+bool has_elf_section(const std::string& path, const std::string& name) {
+  std::ifstream in(path, std::ios::binary);
+  auto read_at = [&in](std::uint64_t offset, void* out, std::size_t size) {
+    in.seekg(static_cast<std::streamoff>(offset));
+    return static_cast<bool>(in.read(static_cast<char*>(out), static_cast<std::streamsize>(size)));
+  };
+  Elf64_Ehdr header{};
+  if (!read_at(0, &header, sizeof header)) return false;
+  if (std::memcmp(header.e_ident, ELFMAG, SELFMAG) != 0 || header.e_ident[EI_CLASS] != ELFCLASS64 ||
+      header.e_ident[EI_DATA] != ELFDATA2LSB || header.e_shentsize != sizeof(Elf64_Shdr) ||
+      header.e_shnum == 0 || header.e_shstrndx >= header.e_shnum) {
+    return false;  // not ours to read (or > 65,279 sections, where the count moves elsewhere)
+  }
+  std::vector<Elf64_Shdr> sections(header.e_shnum);
+  if (!read_at(header.e_shoff, sections.data(), sections.size() * sizeof(Elf64_Shdr))) return false;
+  const Elf64_Shdr& names = sections[header.e_shstrndx];
+  constexpr std::uint64_t kMaxNames = 1 << 20;  // a section-name table is a few hundred bytes
+  if (names.sh_size == 0 || names.sh_size > kMaxNames) return false;
+  std::string table(names.sh_size, '\0');
+  if (!read_at(names.sh_offset, table.data(), table.size())) return false;
+  for (const Elf64_Shdr& section : sections) {
+    // c_str() ends in a NUL even when the table does not: the name read is bounded.
+    if (section.sh_name < table.size() && name == table.c_str() + section.sh_name) return true;
+  }
+  return false;
 }
 
 std::string find_on_path(const std::string& name, const std::string& path_variable) {

@@ -48,6 +48,14 @@ enum class FileKind {
 // an unreadable one is kUnknown unless its name ends in .py/.pyc.
 FileKind classify_program_file(const std::string& path);
 
+// Whether `path` is an ELF file with a section named `name`, read from its section headers
+// (64-bit little endian: Linux on x86-64 and aarch64). False
+// for anything else, a truncated or malformed file included; never throws. The worker SDK
+// marks programs that wait for a standby assignment with the section kStandbyMarkSection
+// (issue 13; worker_sdk/src/standby.cpp).
+constexpr const char* kStandbyMarkSection = ".ddplaunch_standby";
+bool has_elf_section(const std::string& path, const std::string& name);
+
 // The path of an executable regular file named `name` (no '/') on `path_variable` (":"-
 // separated, an empty entry meaning the current directory), as execvp searches; "" if none.
 std::string find_on_path(const std::string& name, const std::string& path_variable);

@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "rendezvous/json_depth.h"  // json_depth
 #include "rendezvous/types.h"
 
 namespace ddp::rdzv {
@@ -221,9 +222,6 @@ struct Decoded {
   std::optional<ProtocolError> error;
 };
 Decoded decode(std::string_view payload);
-// The largest nesting depth of arrays/objects in `text` (strings skipped); stops counting past
-// `limit` + 1. Runs in constant memory, so it is safe on any input.
-int json_depth(std::string_view text, int limit);
 
 nlohmann::json to_json(const Message& message);
 Frame encode(const Message& message);

@@ -21,7 +21,7 @@ import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ddplaunch_helpers import PYTHON, LaunchTestCase, main, wait_for  # noqa: E402
+from ddplaunch_helpers import BUILD_DIR, PYTHON, LaunchTestCase, main, wait_for  # noqa: E402
 from processes import children  # noqa: E402
 
 SOURCE_DIR = os.environ.get("DDPLAUNCH_SOURCE_DIR",
@@ -324,7 +324,8 @@ class StandbyFlags(LaunchTestCase):
     def test_a_program_not_run_by_python_starts_cold_with_a_line_under_standby_on(self):
         result = self.launch(["--standby=on", "--nproc_per_node=2", "--no_python", "/bin/true"])
         self.assertEqual(result.returncode, 0, result.describe())
-        self.assertIn("--standby=on: PROGRAM is not run by Python; its workers start cold", result.stderr)
+        self.assertIn("--standby=on: PROGRAM is neither run by Python nor a program of the worker SDK that waits "
+                      "for its assignment; its workers start cold", result.stderr)
         # auto says nothing: cold is what it means for such a program.
         result = self.launch(["--standby=auto", "--nproc_per_node=1", "--no_python", "/bin/true"])
         self.assertEqual(result.returncode, 0, result.describe())
@@ -341,7 +342,7 @@ class StandbyFlags(LaunchTestCase):
     def test_preload_without_a_standby_is_said(self):
         result = self.launch(["--preload=json", "--no_python", "/bin/true"])
         self.assertEqual(result.returncode, 0, result.describe())
-        self.assertIn("--preload has no effect without a standby", result.stderr)
+        self.assertIn("--preload has no effect without a Python standby", result.stderr)
 
 
 # ---- ddplaunch --standby=on with real workers ------------------------------------------------------
@@ -519,6 +520,144 @@ class StandbyWorkers(LaunchTestCase):
         open(os.path.join(self.out, "finish"), "w").close()
         self.assertEqual(proc.wait(LOAD_DEADLINE), 0, proc.describe())
         self.assertNotIn("job failed", proc.output())
+
+
+# ---- standbys of worker SDK programs (`train`) -------------------------------------------------------
+
+TRAIN = os.path.join(BUILD_DIR, "bin", "train")
+# A job of `train` small enough to finish in seconds once its process group exists.
+TRAIN_ARGS = ["--epochs", "1", "--samples", "512", "--batch-size", "16", "--features", "8", "--hidden", "16",
+              "--log-every", "4", "--checkpoint-every", "2"]
+
+
+@unittest.skipUnless(os.path.exists(TRAIN), "the worker SDK's `train` is not built (DDPLAUNCH_BUILD_WORKER_SDK=OFF)")
+class SdkStandby(LaunchTestCase):
+    """An SDK program started as a standby loads, runs its own start-up, and waits inside the SDK
+    (WorkerEnv::from_environment) for its assignment; the test plays the agent on a real socket
+    pair, then ddplaunch does it for real."""
+
+    def start_train(self, ours_fd=None, fd_value=None, args=()):
+        ours, theirs = socket.socketpair()
+        self.addCleanup(ours.close)
+        before = os.pipe()  # the standby's own stdout: nothing may reach it
+        env = {k: v for k, v in os.environ.items() if k not in ROUND_VARIABLES}
+        env["DDPLAUNCH_STANDBY_FD"] = str(theirs.fileno()) if fd_value is None else fd_value
+        proc = subprocess.Popen([TRAIN] + TRAIN_ARGS + list(args), env=env, cwd=self.out, stdout=before[1],
+                                stderr=subprocess.PIPE, pass_fds=[theirs.fileno()])
+        theirs.close()
+        os.close(before[1])
+        self.addCleanup(lambda: proc.poll() is None and proc.kill())
+        return proc, ours, before[0]
+
+    def finish(self, proc, before_fd, timeout=LOAD_DEADLINE):
+        _, err = proc.communicate(timeout=timeout)
+        with os.fdopen(before_fd, "rb") as f:
+            early = f.read()
+        return proc.returncode, err.decode(errors="replace"), early
+
+    def test_an_assigned_sdk_program_runs_with_the_assignments_environment_directory_and_streams(self):
+        proc, ours, before = self.start_train(args=["--checkpoint-dir", "ckpt"])
+        work = os.path.join(self.tmp, "assigned-cwd")
+        os.mkdir(work)
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        env = {"PATH": os.environ["PATH"], "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+               "TORCHELASTIC_RESTART_COUNT": "2"}
+        data = message({"env": env, "cwd": work})
+        socket.send_fds(ours, [data], [out_w, err_w])
+        ours.close()
+        os.close(out_w)
+        os.close(err_w)
+        code, standby_err, early = self.finish(proc, before)
+        with os.fdopen(out_r, "rb") as f:
+            out = f.read().decode(errors="replace")
+        with os.fdopen(err_r, "rb") as f:
+            err = f.read().decode(errors="replace")
+        self.assertEqual(code, 0, out + err + standby_err)
+        self.assertEqual(early, b"", "the standby wrote to its own stdout")
+        # The header names the assigned environment (restart 2), on the assigned stdout.
+        self.assertIn("[train] rank 0/1", out)
+        self.assertIn("restart 2", out)
+        # The relative --checkpoint-dir was made in the assigned working directory.
+        self.assertTrue(os.listdir(os.path.join(work, "ckpt")), out + err)
+        self.assertFalse(os.path.exists(os.path.join(self.out, "ckpt")))
+
+    def test_a_closed_socket_ends_the_standby_with_0_and_a_bad_assignment_with_1_running_nothing(self):
+        cases = [
+            ("closed", None, 0, ""),
+            ("garbage", b"GET / HTTP/1.0\r\n\r\n", 1, "bad assignment: bad magic"),
+            ("deep", message(raw_payload=b"[" * 5000 + b"]" * 5000), 1, "nested deeper"),
+            ("over the limit", message(raw_payload=b"{}", length=(4 << 20) + 1), 1, "payload length"),
+            ("short", message({"env": {}, "cwd": "/"})[:-3], 1, "socket closed after"),
+            ("no descriptors", message({"env": {}, "cwd": "/"}), 1, "0 descriptors"),
+            ("relative cwd", message({"env": {}, "cwd": "x"}), 1, "cwd is not an absolute path"),
+        ]
+        for name, data, want_code, words in cases:
+            with self.subTest(name):
+                proc, ours, before = self.start_train(args=["--checkpoint-dir", "ckpt-" + name.replace(" ", "-")])
+                if name == "no descriptors":
+                    ours.sendall(data)
+                elif data is not None:
+                    socket.send_fds(ours, [data], [1, 2])
+                ours.close()
+                code, err, early = self.finish(proc, before)
+                self.assertEqual(code, want_code, err)
+                self.assertIn(words, err)
+                self.assertEqual(early, b"")
+                # Nothing of the round ran: no checkpoint directory, no training line.
+                self.assertFalse(os.path.exists(os.path.join(self.out, "ckpt-" + name.replace(" ", "-"))), err)
+                self.assertNotIn("[train]", err)
+
+    def test_a_descriptor_that_is_not_a_socket_ends_the_standby(self):
+        for value, words in (("99", "is not an open socket"), ("x1", "is not a descriptor number")):
+            with self.subTest(value):
+                proc, ours, before = self.start_train(fd_value=value)
+                code, err, _ = self.finish(proc, before)
+                self.assertEqual(code, 1, err)
+                self.assertIn("DDPLAUNCH_STANDBY_FD", err)
+                self.assertIn(words, err)
+
+    def test_under_standby_on_the_next_rounds_workers_are_the_train_standbys(self):
+        events = os.path.join(self.tmp, "events.jsonl")
+        ckpt = os.path.join(self.tmp, "ckpt")
+        # Rank 1 blocks before step 6 on the first attempt, so the round lasts until the test
+        # kills it, once both standbys have loaded libtorch.
+        proc = self.spawn_launch(["--standby=on", "--nproc_per_node=2", "--max_restarts=1", "--event_log=" + events,
+                                  TRAIN] + TRAIN_ARGS + ["--checkpoint-dir", ckpt, "--hang-at-step", "6",
+                                                          "--hang-rank", "1"])
+
+        def started(generation):
+            if not os.path.exists(events):
+                return []
+            with open(events) as f:
+                return [e for e in map(json.loads, f) if e["type"] == "worker_started" and e["generation"] == generation]
+
+        gen1 = wait_for(lambda: (len(started(1)) == 2 and started(1)) or proc.poll() is not None, LOAD_DEADLINE,
+                        "the first round's workers")
+        self.assertIsInstance(gen1, list, proc.describe())
+        workers = {e["pid"] for e in gen1}
+
+        def loaded():
+            pids = [p for p in children(proc.pid) if p not in workers and cmdline(p)[:1] == [TRAIN]]
+            if len(pids) != 2 or any("libtorch_cpu" not in read("/proc/%d/maps" % p) for p in pids):
+                return None
+            return sorted(pids)
+
+        standbys = wait_for(lambda: loaded() or proc.poll() is not None, LOAD_DEADLINE, "2 train standbys, loaded")
+        self.assertIsInstance(standbys, list, proc.describe())
+        for pid in standbys:
+            env = proc_environ(pid)
+            self.assertIn("DDPLAUNCH_STANDBY_FD", env)
+            self.assertEqual([v for v in ROUND_VARIABLES if v in env], [])
+        wait_for(lambda: proc.poll() is not None or (os.path.isdir(ckpt) and any(n.startswith("ckpt-") for n in os.listdir(ckpt))),
+                 LOAD_DEADLINE, "a checkpoint of the first round")
+        self.assertIsNone(proc.poll(), proc.describe())
+        os.kill(next(e["pid"] for e in gen1 if e["local_rank"] == 1), signal.SIGKILL)
+        self.assertEqual(proc.wait(LOAD_DEADLINE), 0, proc.describe())
+        gen2 = started(2)
+        self.assertEqual(sorted(e["pid"] for e in gen2), standbys, "the standbys did not become the workers")
+        self.assertTrue(all(e["standby"] for e in gen2), gen2)
+        self.assertIn("resumed from", proc.output())
 
 
 if __name__ == "__main__":

@@ -10,9 +10,10 @@
     rounds = job.rounds()                               # per generation: world, steps, resume
 
 What it records, and from where:
-- each worker runs through a small wrapper that appends the SDK's sample records
-  (`--sample-log`: "attempt= world= rank= epoch= step= indices=") to a file per generation
-  and rank (`samples/g<DDPLAUNCH_GENERATION>-r<RANK>.log`, in the shared directory);
+- each worker appends the SDK's sample records (`--sample-log`: "attempt= world= rank= epoch=
+  step= indices=") to a file per generation and rank (`samples/g<DDPLAUNCH_GENERATION>-r<RANK>.log`,
+  in the shared directory; `train` fills in the path's {generation} and {rank}, so the command
+  line is the same for every round, as a standby's must be);
 - the output of every ddplaunch (the workers' output goes through it, unprefixed): rank 0 of
   each round prints "[train] rank 0/W (...) restart R generation G", "[ddp] resumed from PATH
   (step S, ...)", "[ddp] saved checkpoint PATH (step S, ...)" and "[train] final_accuracy=A".
@@ -26,7 +27,6 @@ import collections
 import os
 import re
 import shutil
-import stat
 import sys
 import tempfile
 import time
@@ -120,14 +120,6 @@ class ElasticJob:
         self.rendezvous = None
         self.agents = collections.defaultdict(list)   # node -> [Proc, ...] in start order
         self.started_at = time.monotonic()
-        if not python:
-            self.wrapper = os.path.join(self.shared, "train-worker")
-            with open(self.wrapper, "w") as f:
-                f.write("#!/bin/sh\n# one sample log per generation and rank\n"
-                        "exec %s \"$@\" --sample-log \"%s/g${DDPLAUNCH_GENERATION:-0}-r${RANK}.log\"\n"
-                        % (TRAIN, self.sample_dir))
-            os.chmod(self.wrapper, stat.S_IRWXU | stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH | stat.S_IXOTH)
-
     # ---- starting -------------------------------------------------------------------------
 
     def start_rendezvous(self):
@@ -152,8 +144,8 @@ class ElasticJob:
         if self.python:
             return cmd + ["--python", PYTHON, ELASTIC_DDP, "--checkpoint-dir", self.checkpoint_dir] + \
                 self.program_args
-        return cmd + ["--no_python", self.wrapper, "--checkpoint-dir", self.checkpoint_dir] + \
-            self.program_args
+        return cmd + ["--no_python", TRAIN, "--checkpoint-dir", self.checkpoint_dir] + self.program_args + \
+            ["--sample-log", os.path.join(self.sample_dir, "g{generation}-r{rank}.log")]
 
     def start_node(self, node):
         env = dict(os.environ)

@@ -12,6 +12,7 @@ once (the SDK's sample records, one file per generation and rank).
 Needs root and `ip netns` (skips with the reason otherwise) and the worker SDK's `train`.
 """
 
+import json
 import os
 import signal
 import sys
@@ -80,6 +81,11 @@ class FaultToleranceTest(unittest.TestCase):
     def start_job(self, epochs, job_id):
         job = ElasticJob(self, self.cluster, train_args(epochs), job_id=job_id, epochs=epochs)
         self.job = job
+        # With --standby=on (DDPLAUNCH_E2E_FLAGS), the event log shows which workers were standbys.
+        self.events = None
+        if "--standby=on" in job.ddplaunch_flags:
+            self.events = os.path.join(job.shared, "events.jsonl")
+            job.ddplaunch_flags.append("--event_log=" + self.events)
         job.start_rendezvous()
         for node in (1, 2, 3):
             job.start_node(node)
@@ -125,6 +131,19 @@ class FaultToleranceTest(unittest.TestCase):
         for r in rounds:
             if r.records:
                 self.assertEqual(r.record_worlds, {r.world}, "round %r: records disagree on the world size" % r)
+        if self.events:
+            # Every agent starts its standbys before the first round forms, so all workers of
+            # the first round are `train` standbys that waited inside the SDK; later rounds use
+            # one where a standby was ready (1 s after a round began).
+            with open(self.events) as f:
+                started = [e for e in map(json.loads, f) if e["type"] == "worker_started"]
+            first = min(e["generation"] for e in started)
+            print("workers from standbys, per generation: %s" % {
+                g: "%d of %d" % (sum(e["standby"] for e in started if e["generation"] == g),
+                                 sum(1 for e in started if e["generation"] == g))
+                for g in sorted({e["generation"] for e in started})}, file=sys.stderr)
+            first_round = [e for e in started if e["generation"] == first]
+            self.assertTrue(all(e["standby"] for e in first_round), first_round)
         return final[0]
 
     def rounds_after(self, job, generation):

@@ -4,12 +4,17 @@
 
 #include <doctest/doctest.h>
 
+#include <elf.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "launcher/values.h"
 
@@ -93,5 +98,89 @@ TEST_SUITE("PROGRAM is classified by its name and first bytes") {
     request.no_python = false;
     request.program = dir.path() + "/nothing-here";
     CHECK_THROWS_AS(ddp::launcher::resolve_program(request), ddp::launcher::UsageError);
+  }
+}
+
+namespace {
+
+// A minimal ELF64 file (header, section-name table, then one section header per name after the
+// null section); `mutate` may break it before it is written.
+std::string tiny_elf(const std::vector<std::string>& names, const std::function<void(Elf64_Ehdr&, std::vector<Elf64_Shdr>&)>& mutate = {}) {
+  std::string table(1, '\0');
+  std::vector<Elf64_Shdr> sections(1);  // SHN_UNDEF
+  Elf64_Shdr strtab{};
+  strtab.sh_name = static_cast<Elf64_Word>(table.size());
+  table += std::string(".shstrtab") + '\0';
+  strtab.sh_type = SHT_STRTAB;
+  sections.push_back(strtab);
+  for (const auto& name : names) {
+    Elf64_Shdr s{};
+    s.sh_name = static_cast<Elf64_Word>(table.size());
+    s.sh_type = SHT_PROGBITS;
+    table += name + '\0';
+    sections.push_back(s);
+  }
+  Elf64_Ehdr header{};
+  std::memcpy(header.e_ident, ELFMAG, SELFMAG);
+  header.e_ident[EI_CLASS] = ELFCLASS64;
+  header.e_ident[EI_DATA] = ELFDATA2LSB;
+  header.e_ident[EI_VERSION] = EV_CURRENT;
+  header.e_type = ET_EXEC;
+  header.e_shentsize = sizeof(Elf64_Shdr);
+  header.e_shnum = static_cast<Elf64_Half>(sections.size());
+  header.e_shstrndx = 1;
+  sections[1].sh_offset = sizeof header;
+  sections[1].sh_size = table.size();
+  header.e_shoff = sizeof header + table.size();
+  if (mutate) mutate(header, sections);
+  std::string out(reinterpret_cast<const char*>(&header), sizeof header);
+  out += table;
+  out.append(reinterpret_cast<const char*>(sections.data()), sections.size() * sizeof(Elf64_Shdr));
+  return out;
+}
+
+}  // namespace
+
+TEST_SUITE("the worker SDK's standby mark is read from the ELF section headers") {
+  using ddp::launcher::has_elf_section;
+  using ddp::launcher::kStandbyMarkSection;
+
+  TEST_CASE("a section is found by its exact name") {
+    TempDir dir;
+    const std::string marked = dir.file("marked", tiny_elf({".text", kStandbyMarkSection}));
+    CHECK(has_elf_section(marked, kStandbyMarkSection));
+    CHECK(has_elf_section(marked, ".text"));
+    CHECK_FALSE(has_elf_section(dir.file("longer", tiny_elf({std::string(kStandbyMarkSection) + "2"})), kStandbyMarkSection));
+    CHECK_FALSE(has_elf_section(dir.file("plain", tiny_elf({".text", ".data"})), kStandbyMarkSection));
+    // A real program: this test binary has text and no mark (it does not link the SDK).
+    CHECK(has_elf_section("/proc/self/exe", ".text"));
+    CHECK_FALSE(has_elf_section("/proc/self/exe", kStandbyMarkSection));
+  }
+
+  TEST_CASE("anything that is not a well-formed 64-bit little-endian ELF is unmarked, never a crash") {
+    TempDir dir;
+    const std::string good = tiny_elf({kStandbyMarkSection});
+    CHECK_FALSE(has_elf_section(dir.path() + "/absent", kStandbyMarkSection));
+    CHECK_FALSE(has_elf_section(dir.file("script", "#!/bin/sh\n" + std::string(200, 'x')), kStandbyMarkSection));
+    for (std::size_t cut : {std::size_t{4}, sizeof(Elf64_Ehdr) - 1, sizeof(Elf64_Ehdr) + 3, good.size() - 1}) {
+      CAPTURE(cut);
+      CHECK_FALSE(has_elf_section(dir.file("cut", good.substr(0, cut)), kStandbyMarkSection));
+    }
+    const std::vector<std::pair<const char*, std::function<void(Elf64_Ehdr&, std::vector<Elf64_Shdr>&)>>> breaks = {
+        {"32-bit", [](Elf64_Ehdr& h, auto&) { h.e_ident[EI_CLASS] = ELFCLASS32; }},
+        {"big endian", [](Elf64_Ehdr& h, auto&) { h.e_ident[EI_DATA] = ELFDATA2MSB; }},
+        {"name table index out of range", [](Elf64_Ehdr& h, auto&) { h.e_shstrndx = 0xffff; }},
+        {"section headers past the end", [](Elf64_Ehdr& h, auto&) { h.e_shoff = 1ull << 40; }},
+        {"section headers at an offset that wraps", [](Elf64_Ehdr& h, auto&) { h.e_shoff = ~0ull - 8; }},
+        {"odd section header size", [](Elf64_Ehdr& h, auto&) { h.e_shentsize = 40; }},
+        {"no sections", [](Elf64_Ehdr& h, auto&) { h.e_shnum = 0; h.e_shstrndx = 0; }},
+        {"name table of 4 GiB", [](auto&, std::vector<Elf64_Shdr>& s) { s[1].sh_size = 1ull << 32; }},
+        {"name table past the end", [](auto&, std::vector<Elf64_Shdr>& s) { s[1].sh_offset = 1ull << 40; }},
+        {"name offset past the table", [](auto&, std::vector<Elf64_Shdr>& s) { s[2].sh_name = 1u << 30; }},
+    };
+    for (const auto& [what, mutate] : breaks) {
+      CAPTURE(what);
+      CHECK_FALSE(has_elf_section(dir.file("broken", tiny_elf({kStandbyMarkSection}, mutate)), kStandbyMarkSection));
+    }
   }
 }

@@ -117,6 +117,20 @@ void append_line(int fd, const std::string& line) {
   (void)n;
 }
 
+// `text` with {generation} and {rank} replaced by the worker's (0 without a launcher's
+// generation): one command line serves every round, as a standby's must (its arguments are
+// fixed before its round exists).
+std::string round_path(std::string text, const ddp::WorkerEnv& env) {
+  const std::pair<std::string, std::string> fields[] = {
+      {"{generation}", std::to_string(env.generation.value_or(0))}, {"{rank}", std::to_string(env.rank)}};
+  for (const auto& [name, value] : fields) {
+    for (std::size_t at = text.find(name); at != std::string::npos; at = text.find(name, at + value.size())) {
+      text.replace(at, name.size(), value);
+    }
+  }
+  return text;
+}
+
 int run(const Flags& flags) {
   auto group = ddp::ProcessGroup::from_environment();
   const auto& env = group->env();
@@ -186,8 +200,9 @@ int run(const Flags& flags) {
   }
   int log_fd = -1;
   if (!flags.sample_log.empty()) {
-    log_fd = ::open(flags.sample_log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    if (log_fd < 0) throw ddp::UsageError("--sample-log " + flags.sample_log + ": cannot open");
+    const std::string path = round_path(flags.sample_log, env);
+    log_fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (log_fd < 0) throw ddp::UsageError("--sample-log " + path + ": cannot open");
     trainer.on_step_end = [&](const ddp::StepInfo& info) {
       std::ostringstream line;
       line << "attempt=" << env.restart_count << " world=" << info.world_size
@@ -256,7 +271,7 @@ int main(int argc, char** argv) {
   app.add_option("--accumulate", flags.accumulate, "micro-batches per optimizer step (gradient accumulation with no_sync)")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_flag("--no-shuffle", flags.no_shuffle, "keep the data set order");
   app.add_flag("--drop-last", flags.drop_last, "drop the tail instead of padding shards");
-  app.add_option("--sample-log", flags.sample_log, "append 'attempt= world= rank= epoch= step= indices=' per step (tests)");
+  app.add_option("--sample-log", flags.sample_log, "append 'attempt= world= rank= epoch= step= indices=' per step to this file ({generation} and {rank} are filled in; tests)");
   app.add_option("--dump-params", flags.dump_params, "rank 0 writes the final parameters as raw float32 (tests)");
   try {
     app.parse(argc, argv);

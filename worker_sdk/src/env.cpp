@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "ddp/error.h"
+#include "standby.h"
 
 namespace ddp {
 namespace {
@@ -47,6 +48,7 @@ bool parse_bool(const std::string& name, const std::string& text) {
 }  // namespace
 
 WorkerEnv WorkerEnv::from_environment() {
+  detail::take_standby_assignment();  // a standby's environment is its assignment's (standby.h)
   return from_lookup([](const std::string& name) -> std::optional<std::string> {
     const char* value = std::getenv(name.c_str());
     if (value == nullptr) return std::nullopt;

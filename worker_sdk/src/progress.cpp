@@ -10,6 +10,8 @@
 #include <cstring>
 #include <string>
 
+#include "standby.h"
+
 namespace ddp {
 
 namespace {
@@ -26,6 +28,7 @@ Progress& Progress::instance() {
 // Any problem (no agent, a file that is not the agent's board) leaves progress off: heartbeats
 // are an aid, never a reason for a worker to fail.
 Progress::Progress() {
+  detail::take_standby_assignment();  // the slot is named by the assignment's environment
   const char* path = std::getenv("DDPLAUNCH_PROGRESS_FILE");
   const char* slot_text = std::getenv("DDPLAUNCH_PROGRESS_SLOT");
   if (path == nullptr || slot_text == nullptr || *slot_text == '\0') return;

@@ -1,0 +1,129 @@
+#include "standby.h"
+
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "agent/standby.h"
+
+// The mark ddplaunch looks for before it starts a program as a standby (launcher/program.h,
+// has_standby_mark): an ELF section that exists only in programs that link this file, that is,
+// programs whose worker environment is read through the SDK, where a standby waits. `retain`
+// keeps it through --gc-sections.
+extern "C" __attribute__((used, retain, section(".ddplaunch_standby"))) const char ddplaunch_standby_mark[] =
+    "ddplaunch worker SDK: waits for a standby assignment (DDPLAUNCH_STANDBY_FD), version 1";
+
+namespace ddp::detail {
+namespace {
+
+[[noreturn]] void give_up(const std::string& why) {
+  std::fprintf(stderr, "ddplaunch standby (pid %d): %s; this standby ends without running the program\n",
+               static_cast<int>(::getpid()), why.c_str());
+  std::fflush(stderr);
+  ::_exit(1);  // nothing of the program's (atexit handlers, static destructors) runs
+}
+
+// The socket's descriptor from DDPLAUNCH_STANDBY_FD (digits only), checked to be a socket.
+int standby_socket(const char* text) {
+  const std::string value = text;
+  if (value.empty() || value.size() > 9 || value.find_first_not_of("0123456789") != std::string::npos) {
+    give_up(std::string(agent::kStandbyFdVariable) + "='" + value + "' is not a descriptor number");
+  }
+  const int fd = std::atoi(value.c_str());
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) {
+    give_up(std::string(agent::kStandbyFdVariable) + "=" + value + " is not an open socket");
+  }
+  return fd;
+}
+
+// Reads the whole message (header, then the length it gives, capped) and the two descriptors
+// that come with its first byte. EOF before the first byte: the agent is stopping, exit 0.
+std::string receive(int fd, std::vector<int>& fds) {
+  std::string message;
+  std::size_t want = agent::kStandbyHeaderSize;
+  char buffer[65536];
+  while (message.size() < want) {
+    iovec iov{buffer, std::min(sizeof buffer, want - message.size())};
+    alignas(cmsghdr) char control[CMSG_SPACE(4 * sizeof(int))] = {};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    const ssize_t n = ::recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) give_up(std::string("reading the assignment: ") + std::strerror(errno));
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      const std::size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (std::size_t i = 0; i < count; ++i) {
+        int passed = -1;
+        std::memcpy(&passed, CMSG_DATA(c) + i * sizeof(int), sizeof passed);
+        fds.push_back(passed);
+      }
+    }
+    if (msg.msg_flags & MSG_CTRUNC) give_up("the assignment came with more descriptors than stdout and stderr");
+    if (n == 0) {
+      if (message.empty()) ::_exit(0);  // closed before an assignment: the agent is stopping
+      give_up("the socket closed after " + std::to_string(message.size()) + " bytes of the assignment");
+    }
+    message.append(buffer, static_cast<std::size_t>(n));
+    if (want == agent::kStandbyHeaderSize && message.size() >= want) {
+      // The header's length field (bytes 8-11, little endian), bounded before anything is kept.
+      std::uint32_t length = 0;
+      for (int i = 0; i < 4; ++i) length |= static_cast<std::uint32_t>(static_cast<unsigned char>(message[8 + i])) << (8 * i);
+      if (message.compare(0, 4, "DDPS") != 0 || length > agent::kMaxStandbyPayload) break;  // decode says why
+      want += length;
+    }
+  }
+  return message;
+}
+
+void take() {
+  const char* variable = std::getenv(agent::kStandbyFdVariable);
+  if (variable == nullptr) return;
+  const int fd = standby_socket(variable);
+  std::vector<int> fds;
+  const std::string message = receive(fd, fds);
+  std::string error;
+  const auto assignment = agent::decode_assignment(message, error);
+  if (!assignment) give_up("bad assignment: " + error);
+  if (fds.size() != 2) give_up("the assignment came with " + std::to_string(fds.size()) + " descriptors, not stdout and stderr");
+  if (::chdir(assignment->cwd.c_str()) != 0) {
+    give_up("cannot enter the working directory " + assignment->cwd + ": " + std::strerror(errno));
+  }
+  // What the program wrote before its assignment went to the standby's own streams; none of it
+  // may reach the worker's.
+  std::cout.flush();
+  std::cerr.flush();
+  std::fflush(nullptr);
+  if (::dup2(fds[0], STDOUT_FILENO) < 0 || ::dup2(fds[1], STDERR_FILENO) < 0) {
+    give_up(std::string("dup2 of the worker's streams: ") + std::strerror(errno));
+  }
+  for (int passed : fds) {
+    if (passed > STDERR_FILENO) ::close(passed);
+  }
+  ::close(fd);
+  ::clearenv();
+  for (const auto& [name, value] : assignment->env) ::setenv(name.c_str(), value.c_str(), 1);
+}
+
+}  // namespace
+
+void take_standby_assignment() {
+  static std::once_flag once;
+  std::call_once(once, take);
+}
+
+}  // namespace ddp::detail
