@@ -42,8 +42,14 @@ def train_args(epochs):
             "--checkpoint-every", CHECKPOINT_EVERY, "--log-every", 50]
 
 
-def train_pids(cluster, node):
-    """PIDs of the `train` workers running in the node's namespace."""
+def train_pids(cluster, node, events=None):
+    """PIDs of the `train` workers running in the node's namespace. With `events` (the job's
+    event log, under --standby=on), only the workers the agents started, not the standbys that
+    wait for the next round (they run `train` too)."""
+    started = None
+    if events:
+        with open(events) as f:
+            started = {e["pid"] for e in map(json.loads, f) if e["type"] == "worker_started"}
     r = run(["ip", "netns", "pids", cluster.ns(node)], timeout=10).check()
     pids = []
     for pid in r.stdout.split():
@@ -52,7 +58,7 @@ def train_pids(cluster, node):
                 argv0 = f.read().split(b"\0")[0].decode(errors="replace")
         except OSError:
             continue
-        if os.path.basename(argv0) == "train":
+        if os.path.basename(argv0) == "train" and (started is None or int(pid) in started):
             pids.append(int(pid))
     return pids
 
@@ -156,7 +162,7 @@ class FaultToleranceTest(unittest.TestCase):
         epochs = 8
         job = self.start_job(epochs, "kill-worker")
         before = job.wait_for_steps(world=6, steps=FAULT_AFTER_STEPS, timeout=90)
-        victims = train_pids(self.cluster, 2)
+        victims = train_pids(self.cluster, 2, self.events)
         self.assertEqual(len(victims), 2, "expected 2 train workers on node2\n" + job.describe())
         os.kill(victims[0], signal.SIGKILL)
 
@@ -175,7 +181,7 @@ class FaultToleranceTest(unittest.TestCase):
         epochs = 8
         job = self.start_job(epochs, "daemon-restart")
         before = job.wait_for_steps(world=6, steps=FAULT_AFTER_STEPS, timeout=90)
-        workers = {n: sorted(train_pids(self.cluster, n)) for n in (1, 2, 3)}
+        workers = {n: sorted(train_pids(self.cluster, n, self.events)) for n in (1, 2, 3)}
         job.rendezvous.kill()   # SIGKILL, reaped
         time.sleep(2.0)         # the scenario: no daemon for 2 s (nothing is asserted on time)
         job.start_rendezvous()  # the same address and port
@@ -185,7 +191,7 @@ class FaultToleranceTest(unittest.TestCase):
         except TimeoutError as e:
             self.fail("%s\n%s" % (e, job.describe()))
         for n in (1, 2, 3):
-            self.assertEqual(sorted(train_pids(self.cluster, n)), workers[n],
+            self.assertEqual(sorted(train_pids(self.cluster, n, self.events)), workers[n],
                              "node%d's workers were restarted\n%s" % (n, job.describe()))
         codes = job.wait_for_exit([1, 2, 3], FINISH_TIMEOUT)
         self.assertEqual(codes, {1: 0, 2: 0, 3: 0}, job.describe())
