@@ -224,6 +224,10 @@ Decoded decode(std::string_view payload);
 // The largest nesting depth of arrays/objects in `text` (strings skipped); stops counting past
 // `limit` + 1. Runs in constant memory, so it is safe on any input.
 int json_depth(std::string_view text, int limit);
+// The field checks of messages, for other input of the same shape (job records in etcd): the
+// timeouts object and a failure report. nullopt = valid; else what is wrong. Never throw.
+std::optional<std::string> decode_timeouts(const nlohmann::json& j, Timeouts& t);
+std::optional<std::string> decode_failure(const nlohmann::json& j, WorkerFailure& w);
 
 nlohmann::json to_json(const Message& message);
 Frame encode(const Message& message);
