@@ -286,10 +286,11 @@ void Election::write_records(RecordWrite& w) {
     if (options_.on_written) options_.on_written(w.seq, "", txns_);
     return;
   }
+  // The failed write is answered first, so the server says why it steps down.
   if (t.status.ok()) {
+    if (options_.on_written) options_.on_written(w.seq, "deposed", txns_);
     give_up("deposed: the leader key is no longer the one this replica created (revision " +
             std::to_string(leader_revision_) + "); the job records were not written and no agent is told");
-    if (options_.on_written) options_.on_written(w.seq, "deposed", txns_);
     return;
   }
   const bool transient = t.status.code == 0 || t.status.code == 14;
@@ -302,8 +303,8 @@ void Election::write_records(RecordWrite& w) {
     write_retry_at_ = Clock::now() + std::chrono::milliseconds(100);
     return;
   }
-  give_up("no longer leading: cannot write the job records: " + t.status.error);
   if (options_.on_written) options_.on_written(w.seq, t.status.error, txns_);
+  give_up("no longer leading: cannot write the job records: " + t.status.error);
 }
 
 }  // namespace ddp::rdzv
