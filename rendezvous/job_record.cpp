@@ -203,7 +203,7 @@ std::variant<JobRecord, std::string> decode_record(std::string_view input) {
     }
     for (const json& f : failures) r.failures.push_back(failure(f));
     if (auto it = j.find("fatal"); it != j.end()) r.fatal = failure(*it);
-    r.summary = text(j, "summary", true, kMaxResumeStringBytes * 8);
+    r.summary = text(j, "summary", true, kMaxRecordSummaryBytes);
     if (r.failing && r.failures.empty() && !r.fatal) throw Bad{"a failing job without any failure"};
     if (r.state == JobRecord::State::running) {
       if (r.generation == 0) throw Bad{"a running job with generation 0"};
