@@ -16,6 +16,7 @@ namespace {
 
 constexpr int kRecordVersion = 1;
 constexpr int kMaxRecordDepth = 8;
+constexpr std::size_t kMaxRecordSummaryBytes = 64u << 10;  // a finished job's summary (cut when longer)
 
 struct Bad {
   std::string what;
@@ -141,7 +142,7 @@ std::string encode_record(const JobRecord& r) {
             {"restarts_used", r.restarts_used},
             {"failing", r.failing},
             {"failures", json::array()},
-            {"summary", r.summary}};
+            {"summary", r.summary.substr(0, kMaxRecordSummaryBytes)}};
   for (std::size_t i = 0; i < r.failures.size() && i < kMaxRecordFailures; ++i) j["failures"].push_back(r.failures[i]);
   if (r.fatal) j["fatal"] = *r.fatal;
   if (r.state == JobRecord::State::running) {

@@ -22,7 +22,6 @@ namespace ddp::rdzv {
 
 inline constexpr std::size_t kMaxRecordBytes = 1u << 20;  // etcd's request limit is 1.5 MiB
 inline constexpr std::size_t kMaxRecordFailures = 64;     // failures of a failing round kept
-inline constexpr std::size_t kMaxRecordSummaryBytes = 64u << 10;  // a finished job's summary (cut)
 
 // One node of the running round, as the record keeps it.
 struct RecordMember {

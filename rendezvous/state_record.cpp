@@ -60,7 +60,7 @@ std::optional<JobRecord> StateMachine::record(const std::string& job_id) const {
     r.failures.push_back(f);
   }
   r.fatal = job.fatal;
-  r.summary = job.end_summary.substr(0, kMaxRecordSummaryBytes);
+  r.summary = job.end_summary;
   switch (job.state) {
     case JobState::Gathering: r.state = JobRecord::State::gathering; break;
     case JobState::Succeeded: r.state = JobRecord::State::succeeded; break;
