@@ -31,12 +31,10 @@ const json& field(const json& obj, const char* key) {
 long long integer(const json& obj, const char* key, long long lo, long long hi) {
   const json& v = field(obj, key);
   if (!v.is_number_integer()) throw Bad{std::string("\"") + key + "\" must be an integer"};
-  if (v.is_number_unsigned() && v.get<std::uint64_t>() > static_cast<std::uint64_t>(hi)) {
-    throw Bad{std::string("\"") + key + "\" is out of range"};
-  }
-  const long long n = v.get<long long>();
-  if (n < lo || n > hi) {
-    throw Bad{std::string("\"") + key + "\" = " + std::to_string(n) + " is out of range " + std::to_string(lo) + ".." +
+  const bool huge = v.is_number_unsigned() && v.get<std::uint64_t>() > static_cast<std::uint64_t>(hi);
+  const long long n = huge ? hi : v.get<long long>();
+  if (huge || n < lo || n > hi) {
+    throw Bad{std::string("\"") + key + "\" = " + v.dump() + " is out of range " + std::to_string(lo) + ".." +
               std::to_string(hi)};
   }
   return n;

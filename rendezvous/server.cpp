@@ -60,8 +60,8 @@ void Server::set_leadership(bool leading, const std::string& leader,
       }
       if (state_->load(std::get<JobRecord>(decoded))) ++loaded;
     }
-    log("etcd: leading with " + std::to_string(loaded) + " job(s) loaded from " + std::to_string(records->size()) +
-        " record(s)");
+    log("etcd: " + std::to_string(loaded) + " job(s) loaded from " + std::to_string(records->size()) +
+        " record(s) before serving as the leader");
   }
   if (!was_leading || leading) return;
   // Stepping down: nobody may be driven by a replica that no longer leads.

@@ -19,21 +19,22 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import test_rendezvous_restart as restart
 from ddplaunch_helpers import PYTHON
 from processes import free_port, wait_for
-from test_etcd_failover import EtcdFailover
+import test_etcd_failover as failover
 from test_multinode import WORKER, MultiNodeTestCase
 
 
 class EtcdRecords(MultiNodeTestCase):
-    # The replicas and checks of the failover tests, and the agents' checks of issue 10.
-    start_replicas = EtcdFailover.start_replicas
-    replica_view = EtcdFailover.replica_view
-    agreed_leader = EtcdFailover.agreed_leader
-    wait_leader = EtcdFailover.wait_leader
+    # The replicas and checks of the failover tests (imported as a module, so that unittest does
+    # not run that file's tests here too), and the agents' checks of issue 10.
+    start_replicas = failover.EtcdFailover.start_replicas
+    replica_view = failover.EtcdFailover.replica_view
+    agreed_leader = failover.EtcdFailover.agreed_leader
+    wait_leader = failover.EtcdFailover.wait_leader
     wait_resumed = restart.RendezvousRestart.wait_resumed
 
     def setUp(self):
         super().setUp()
-        EtcdFailover.start_etcd(self)
+        failover.EtcdFailover.start_etcd(self)
 
     def agent(self, node, endpoints, nnodes=2, max_restarts=1):
         """A ddplaunch node whose local rank 0 exits 7 each time OUT/fail-<node> appears."""
@@ -143,12 +144,12 @@ class EtcdRecords(MultiNodeTestCase):
         [port] = self.start_replicas(1)
         self.wait_leader([port])
         replica = self.replicas[port]
-        wait_for(lambda: "leading with" in replica.stdout(), 20, "the records to be loaded")
+        wait_for(lambda: "record(s) before serving" in replica.stdout(), 20, "the records to be loaded")
         out = replica.stdout()
         self.assertIn("refused the job record %sjobs/garbage: a job record that is not a JSON object" % self.prefix, out)
         self.assertIn("refused the job record %sjobs/liar: the record of job liar: \"restarts_used\" = 9 is out of "
                       "range 0..0" % self.prefix, out)
-        self.assertIn("leading with 0 job(s) loaded from 2 record(s)", out)
+        self.assertIn("0 job(s) loaded from 2 record(s) before serving", out)
         # It serves: a job runs to its end, and its record is written, then deleted once it is over.
         self.nodes = [self.agent("n0", [port], nnodes=1, max_restarts=0)]
         self.wait_round(1, kind="start")

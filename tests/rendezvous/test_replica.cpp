@@ -153,7 +153,7 @@ TEST_CASE("a peer that sends not_leader before any welcome, or a malformed one, 
 }
 
 // Issue 14, job records: the server's side of "written before agents are told". The writes go to
-// a recorder here (the transaction itself is tested on a real etcd by test_etcd_failover.py).
+// a recorder here (the transaction itself is tested on a real etcd by tests/agent/test_etcd_records.py).
 TEST_CASE("a leader holds a round's messages until its job records are written, one write per round") {
   asio::io_context io;
   ServerOptions o;
@@ -236,5 +236,5 @@ TEST_CASE("a new leader loads valid job records and refuses a corrupt one with i
   };
   CHECK(logged("refused the job record /p/jobs/bad: a job record: \"job_id\" must be a string"));
   CHECK(logged("refused the job record /p/jobs/deep: a job record nested deeper than 8 levels"));
-  CHECK(logged("leading with 1 job(s) loaded from 3 record(s)"));
+  CHECK(logged("1 job(s) loaded from 3 record(s) before serving"));
 }
