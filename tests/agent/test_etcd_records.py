@@ -83,8 +83,6 @@ class EtcdRecords(MultiNodeTestCase):
         self.replicas[leader].wait(10)
         followers = [p for p in ports if p != leader]
         new_leader = self.wait_leader(followers)
-        out = self.replicas[new_leader].stdout()
-        self.assertIn("job %s: loaded from etcd (gathering, generation %d, restarts 1/1)" % (self.job, gen2), out)
         # A replacement node joins; the round on the new leader goes on from the record.
         self.nodes.append(self.agent("n1", followers))
         gen3, rs = self.wait_round(2, kind="start", after_gen=gen2)
@@ -95,6 +93,8 @@ class EtcdRecords(MultiNodeTestCase):
         codes = self.wait_exit([self.nodes[0], self.nodes[2]])
         self.assertEqual(codes, [1, 1], self.describe_nodes())
         self.assertEqual(max(self.by_generation("start")), gen3, "no round after the failure")
+        self.assertIn("job %s: loaded from etcd (gathering, generation %d, restarts 1/1)" % (self.job, gen2),
+                      self.replicas[new_leader].stdout())
 
     def test_after_a_counted_restart_the_new_leader_keeps_the_count_and_a_second_failure_fails_the_job(self):
         ports = self.start_replicas()
