@@ -36,12 +36,6 @@ void Election::stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-bool Election::sleep_until(Clock::time_point when) {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait_until(lock, when, [this] { return stopping_; });
-  return stopping_;
-}
-
 void Election::say(const std::string& line) {
   if (options_.log) options_.log(line);
 }

@@ -4,7 +4,8 @@
 // joined by stop() or the destructor) that makes every etcd call, so a slow or unreachable etcd
 // never blocks the server's event loop. It reports through `on_change`, called on that thread;
 // the owner posts the news to its event loop. The only state shared between the threads is the
-// stop flag, guarded by `mu_`.
+// stop flag and the queue of job-record writes (write()), guarded by `mu_`; `on_written`
+// answers each write on the election thread.
 //
 // A replica leads while it holds the leader key (PREFIX + "leader", value: its HOST:PORT),
 // created with a lease in a transaction that succeeds only if the key does not exist
@@ -75,8 +76,6 @@ class Election {
   Clock::time_point renew();
   Clock::time_point follow_or_campaign();
   void campaign();
-  // Sleeps until `when` or stop(); true when stopping.
-  bool sleep_until(Clock::time_point when);
   void say(const std::string& line);
   void report(const Leadership& now);
   void error(const std::string& message);  // logged when it differs from the last one
