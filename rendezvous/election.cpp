@@ -36,12 +36,6 @@ void Election::stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-bool Election::sleep_until(Clock::time_point when) {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait_until(lock, when, [this] { return stopping_; });
-  return stopping_;
-}
-
 void Election::say(const std::string& line) {
   if (options_.log) options_.log(line);
 }
@@ -58,6 +52,7 @@ std::string Election::leader_named(const std::string& value) {
 void Election::report(const Leadership& l) {
   const bool changed = !reported_ || l.leading != last_.leading || l.leader != last_.leader;
   last_ = l;
+  last_.records.reset();  // handed over once
   reported_ = true;
   if (changed) {
     say(l.leading ? "leading (etcd key " + options_.key + ", lease " + std::to_string(lease_) + ", TTL " +
@@ -73,16 +68,64 @@ void Election::error(const std::string& message) {
   last_error_ = message;
 }
 
+void Election::write(RecordWrite records) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    writes_.push_back(std::move(records));
+  }
+  cv_.notify_all();
+}
+
+void Election::fail_writes(const std::string& why) {
+  std::deque<RecordWrite> failed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    failed.swap(writes_);
+  }
+  for (const RecordWrite& w : failed) {
+    if (options_.on_written) options_.on_written(w.seq, why, txns_);
+  }
+}
+
+// Leadership is given up at once (the lease revoked, so that another replica can take over
+// without waiting for the TTL), and every queued write fails with `why`.
+void Election::give_up(const std::string& why) {
+  error(why);
+  if (lease_ != 0) etcd_->lease_revoke(lease_);
+  lease_ = 0;
+  if (!reported_ || last_.leading) report({false, "", {}, std::nullopt});
+  fail_writes(why);
+}
+
 void Election::run() {
   etcd_ = std::make_unique<EtcdClient>(options_.etcd);
   auto next = Clock::now();
-  while (!sleep_until(next)) {
+  for (;;) {
+    std::optional<RecordWrite> w;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      const auto wake = writes_.empty() ? next : std::min(next, std::max(write_retry_at_, Clock::now()));
+      cv_.wait_until(lock, wake, [&] { return stopping_ || (!writes_.empty() && Clock::now() >= write_retry_at_); });
+      if (stopping_) break;
+      // Renewals first: a stream of writes must not starve the lease.
+      if (Clock::now() < next && !writes_.empty() && Clock::now() >= write_retry_at_) {
+        w = std::move(writes_.front());
+        writes_.pop_front();
+      }
+    }
     try {
+      if (w) {
+        write_records(*w);
+        continue;
+      }
+      if (Clock::now() < next) continue;
       next = last_.leading ? renew() : follow_or_campaign();
+      if (!last_.leading) fail_writes("this replica does not lead");
     } catch (const std::exception& e) {  // a bug, not input: never leave the thread by an exception
       error(std::string("internal error in the election: ") + e.what());
       lease_ = 0;
-      report({false, "", {}});
+      report({false, "", {}, std::nullopt});
+      fail_writes("internal error in the election");
       next = Clock::now() + seconds(options_.lease_ttl / 4.0);
     }
   }
@@ -101,7 +144,14 @@ Clock::time_point Election::renew() {
   EtcdLease k = etcd_->lease_keepalive(lease_);
   if (k.status.ok() && k.ttl > 0) {
     last_error_.clear();
-    report({true, options_.me, sent + seconds(std::min<double>(ttl, k.ttl) * 3 / 4)});
+    Leadership l{true, options_.me, sent + seconds(std::min<double>(ttl, k.ttl) * 3 / 4), std::nullopt};
+    // Renewed after leadership had lapsed: the server stepped down and forgot its jobs, so this
+    // is a new term for it, which starts from the records like the first.
+    if (sent > last_.valid_until && !load_records(l)) {
+      give_up("no longer leading: cannot read the job records from etcd");
+      return Clock::now() + seconds(ttl / 4);
+    }
+    report(l);
     return sent + seconds(ttl / 4);
   }
   if (k.status.ok()) {
@@ -112,7 +162,7 @@ Clock::time_point Election::renew() {
     error("the etcd lease could not be renewed in time: no longer leading");
   }
   lease_ = 0;
-  report({false, "", {}});
+  report({false, "", {}, std::nullopt});
   return Clock::now();
 }
 
@@ -122,13 +172,13 @@ Clock::time_point Election::follow_or_campaign() {
   EtcdRange r = etcd_->range(options_.key);
   if (!r.status.ok()) {
     error("cannot read the leader from etcd: " + r.status.error);
-    if (!reported_ || !last_.leader.empty()) report({false, "", {}});
+    if (!reported_ || !last_.leader.empty()) report({false, "", {}, std::nullopt});
     return next;
   }
   last_error_.clear();
   if (!r.kvs.empty()) {
     const std::string leader = leader_named(r.kvs[0].value);
-    if (!reported_ || last_.leader != leader) report({false, leader, {}});
+    if (!reported_ || last_.leader != leader) report({false, leader, {}, std::nullopt});
     return next;
   }
   campaign();
@@ -161,15 +211,94 @@ void Election::campaign() {
   txn.failure.push_back(get);
   EtcdTxnResult t = etcd_->txn(txn);
   if (t.status.ok() && t.succeeded) {
-    report({true, options_.me, granted + seconds(std::min<double>(options_.lease_ttl, g.ttl) * 3 / 4)});
+    leader_revision_ = t.revision;  // the transaction created the key: its create revision
+    Leadership l{true, options_.me, granted + seconds(std::min<double>(options_.lease_ttl, g.ttl) * 3 / 4),
+                 std::nullopt};
+    if (!load_records(l)) {
+      give_up("took the leader key but cannot read the job records from etcd: giving it back");
+      return;
+    }
+    report(l);
     return;
   }
   lease_ = 0;  // lost the race, or the call failed: the unused lease expires by itself
   if (!t.status.ok()) {
     error("cannot campaign for leadership: " + t.status.error);
   } else if (!t.ranges.empty() && !t.ranges[0].kvs.empty()) {
-    report({false, leader_named(t.ranges[0].kvs[0].value), {}});
+    report({false, leader_named(t.ranges[0].kvs[0].value), {}, std::nullopt});
   }
+}
+
+// Every job record under the prefix, for the server to load before it serves.
+bool Election::load_records(Leadership& l) {
+  if (options_.records_prefix.empty()) {
+    l.records.emplace();
+    return true;
+  }
+  EtcdRange r = etcd_->range(options_.records_prefix, prefix_range_end(options_.records_prefix));
+  if (!r.status.ok()) {
+    error("cannot read the job records under " + options_.records_prefix + ": " + r.status.error);
+    return false;
+  }
+  l.records.emplace();
+  for (EtcdKeyValue& kv : r.kvs) l.records->emplace_back(std::move(kv.key), std::move(kv.value));
+  return true;
+}
+
+// One transaction: every put and delete of `w`, if the leader key is still the one this replica
+// created. etcd unreachable: retried every 100 ms while leadership lasts (the server holds the
+// frames meanwhile). The compare failing means another replica leads (or none does): this one
+// is deposed. Anything else etcd refuses (a record over its request limit, no permission) gives
+// leadership up, since a leader that cannot write its records must not drive jobs.
+void Election::write_records(RecordWrite& w) {
+  if (!last_.leading) {
+    if (options_.on_written) options_.on_written(w.seq, "this replica does not lead", txns_);
+    return;
+  }
+  EtcdTxn txn;
+  EtcdCompare mine;
+  mine.key = options_.key;
+  mine.target = EtcdCompare::Target::create_revision;
+  mine.number = leader_revision_;
+  txn.compare.push_back(mine);
+  for (auto& [id, value] : w.puts) {
+    EtcdOp put;
+    put.kind = EtcdOp::Kind::put;
+    put.key = options_.records_prefix + id;
+    put.value = value;
+    txn.success.push_back(std::move(put));
+  }
+  for (const std::string& id : w.deletes) {
+    EtcdOp del;
+    del.kind = EtcdOp::Kind::del;
+    del.key = options_.records_prefix + id;
+    txn.success.push_back(std::move(del));
+  }
+  EtcdTxnResult t = etcd_->txn(txn);
+  if (t.status.ok() && t.succeeded) {
+    ++txns_;
+    if (options_.on_written) options_.on_written(w.seq, "", txns_);
+    return;
+  }
+  // The failed write is answered first, so the server says why it steps down.
+  if (t.status.ok()) {
+    if (options_.on_written) options_.on_written(w.seq, "deposed", txns_);
+    give_up("deposed: the leader key is no longer the one this replica created (revision " +
+            std::to_string(leader_revision_) + "); the job records were not written and no agent is told");
+    return;
+  }
+  const bool transient = t.status.code == 0 || t.status.code == 14;
+  if (transient && Clock::now() < last_.valid_until) {
+    error("cannot write the job records (retrying while the lease lasts): " + t.status.error);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      writes_.push_front(std::move(w));
+    }
+    write_retry_at_ = Clock::now() + std::chrono::milliseconds(100);
+    return;
+  }
+  if (options_.on_written) options_.on_written(w.seq, t.status.error, txns_);
+  give_up("no longer leading: cannot write the job records: " + t.status.error);
 }
 
 }  // namespace ddp::rdzv

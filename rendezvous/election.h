@@ -4,7 +4,8 @@
 // joined by stop() or the destructor) that makes every etcd call, so a slow or unreachable etcd
 // never blocks the server's event loop. It reports through `on_change`, called on that thread;
 // the owner posts the news to its event loop. The only state shared between the threads is the
-// stop flag, guarded by `mu_`.
+// stop flag and the queue of job-record writes (write()), guarded by `mu_`; `on_written`
+// answers each write on the election thread.
 //
 // A replica leads while it holds the leader key (PREFIX + "leader", value: its HOST:PORT),
 // created with a lease in a transaction that succeeds only if the key does not exist
@@ -17,13 +18,16 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
 #include "rendezvous/etcd.h"
+#include "rendezvous/job_record.h"
 
 namespace ddp::rdzv {
 
@@ -31,6 +35,9 @@ struct Leadership {
   bool leading = false;
   std::string leader;  // the leader's HOST:PORT (this replica's own when leading); "" = unknown
   std::chrono::steady_clock::time_point valid_until{};  // leading: stop leading at this time
+  // Set in the report that starts a term of leadership (and only then): every job record under
+  // the prefix, as (key, value), read after the leader key was taken and before serving.
+  std::optional<std::vector<std::pair<std::string, std::string>>> records;
 };
 
 struct ElectionOptions {
@@ -38,8 +45,13 @@ struct ElectionOptions {
   std::string key;     // the leader key, e.g. "/ddplaunch/rendezvous/leader"
   std::string me;      // this replica's HOST:PORT, as agents reach it
   int lease_ttl = 5;   // seconds (etcd leases are whole seconds); at least 2
+  std::string records_prefix;  // issue 14: job records live under this prefix (PREFIX + "jobs/")
   std::function<void(const Leadership&)> on_change;   // on the election thread; every renewal too
   std::function<void(const std::string&)> log;        // on the election thread
+  // The outcome of write(): error "" = committed; else it was not written (this replica lost
+  // leadership, or etcd refused it) and leadership is given up. `txns` counts the transactions
+  // written so far. On the election thread.
+  std::function<void(std::uint64_t seq, const std::string& error, std::uint64_t txns)> on_written;
 };
 
 class Election {
@@ -53,6 +65,9 @@ class Election {
   // Stops the thread; a leader revokes its lease first (one call's deadline at most), so that a
   // follower takes over at once instead of after the TTL.
   void stop();
+  // Queues job records for one transaction that succeeds only while the leader key is the one
+  // this replica created (its create revision): a deposed leader's write fails. Any thread.
+  void write(RecordWrite records);
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -61,12 +76,14 @@ class Election {
   Clock::time_point renew();
   Clock::time_point follow_or_campaign();
   void campaign();
-  // Sleeps until `when` or stop(); true when stopping.
-  bool sleep_until(Clock::time_point when);
   void say(const std::string& line);
   void report(const Leadership& now);
   void error(const std::string& message);  // logged when it differs from the last one
   std::string leader_named(const std::string& value);
+  bool load_records(Leadership& l);
+  void write_records(RecordWrite& w);
+  void fail_writes(const std::string& why);
+  void give_up(const std::string& why);
 
   ElectionOptions options_;
   // The election thread's own state (no other thread touches it).
@@ -75,10 +92,14 @@ class Election {
   Leadership last_;             // what was last reported
   bool reported_ = false;
   std::string last_error_;
+  std::int64_t leader_revision_ = 0;  // the create revision of the leader key this replica holds
+  std::uint64_t txns_ = 0;            // record transactions committed
+  Clock::time_point write_retry_at_{};
 
   std::mutex mu_;
   std::condition_variable cv_;
   bool stopping_ = false;  // guarded by mu_
+  std::deque<RecordWrite> writes_;  // guarded by mu_
   std::thread thread_;
 };
 

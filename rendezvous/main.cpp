@@ -124,6 +124,7 @@ int serve(const std::string& host, unsigned short port, const std::string& token
     election_options.lease_ttl = rep.lease_ttl;
     if (rep.prefix.empty()) throw UsageError("--etcd_prefix must not be empty");
     election_options.key = rep.prefix + "leader";
+    election_options.records_prefix = rep.prefix + "jobs/";
   }
   if (!tls.cert.empty() || !tls.key.empty() || !tls.ca.empty()) {
     try {
@@ -164,6 +165,14 @@ int serve(const std::string& host, unsigned short port, const std::string& token
     std::cout.flush();
   };
   asio::io_context io(1);
+  // Issue 14: the election (started below) writes the leader's job records; declared before the
+  // server, whose options hand it the writes.
+  std::unique_ptr<ddp::rdzv::Election> election;
+  if (options.replicated) {
+    options.write_records = [&election](ddp::rdzv::RecordWrite w) {
+      if (election) election->write(std::move(w));
+    };
+  }
   boost::system::error_code ec;
   auto address = asio::ip::make_address(host, ec);
   if (ec) {
@@ -209,7 +218,6 @@ int serve(const std::string& host, unsigned short port, const std::string& token
   // Issue 14: the election runs on its own thread; its news is applied on this loop. A leader
   // steps down at `valid_until` by this loop's own timer, even while the election thread is
   // stuck in an etcd call.
-  std::unique_ptr<ddp::rdzv::Election> election;
   asio::steady_timer leadership_timer(io);
   if (options.replicated) {
     std::string me = rep.advertise;
@@ -228,11 +236,18 @@ int serve(const std::string& host, unsigned short port, const std::string& token
     election_options.log = [&io, log = options.log](const std::string& line) {
       asio::post(io, [log, line] { log("etcd: " + line); });
     };
+    election_options.on_written = [&io, srv, log = options.log](std::uint64_t seq, const std::string& error,
+                                                                 std::uint64_t txns) {
+      asio::post(io, [srv, log, seq, error, txns] {
+        if (error.empty()) log("etcd: job records written (transaction " + std::to_string(txns) + ")");
+        if (srv->serving()) srv->records_written(seq, error);
+      });
+    };
     election_options.on_change = [&io, srv, &leadership_timer, log = options.log](const ddp::rdzv::Leadership& l) {
       asio::post(io, [srv, &leadership_timer, log, l] {
         if (!srv->serving()) return;
         const bool leading = l.leading && std::chrono::steady_clock::now() < l.valid_until;
-        srv->set_leadership(leading, l.leader);
+        srv->set_leadership(leading, l.leader, l.records ? &*l.records : nullptr);
         if (!leading) return;
         leadership_timer.expires_at(l.valid_until);
         leadership_timer.async_wait([srv, log](const boost::system::error_code& ec) {

@@ -505,6 +505,10 @@ std::optional<std::string> decode_body(MessageType type, const json& j, Message&
 
 }  // namespace
 
+// Issue 14: job records in etcd (rendezvous/job_record.cpp) reuse the message field checks.
+std::optional<std::string> decode_timeouts(const json& j, Timeouts& t) { return read_timeouts(j, t); }
+std::optional<std::string> decode_failure(const json& j, WorkerFailure& w) { return read_failure(j, w); }
+
 const char* to_string(MessageType type) {
   for (const TypeName& t : kTypeNames) {
     if (t.type == type) return t.name;

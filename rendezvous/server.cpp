@@ -1,5 +1,7 @@
 #include "rendezvous/server.h"
 
+#include "rendezvous/job_record.h"
+
 namespace ddp::rdzv {
 
 namespace asio = boost::asio;
@@ -39,12 +41,28 @@ void Server::make_state() {
                  options_.round_check ? options_.round_check
                                       : make_env_round_check([this](const std::string& line) { log(line); }));
   state_->set_retention(options_.retention);
+  state_->set_recording(static_cast<bool>(options_.write_records));
 }
 
-void Server::set_leadership(bool leading, const std::string& leader) {
+void Server::set_leadership(bool leading, const std::string& leader,
+                            const std::vector<std::pair<std::string, std::string>>* records) {
   const bool was_leading = leading_;
   leading_ = leading;
   leader_ = leading ? std::string() : leader;
+  if (leading && !was_leading && records) {
+    std::size_t loaded = 0;
+    for (const auto& [key, value] : *records) {
+      auto decoded = decode_record(value);
+      if (auto* bad = std::get_if<std::string>(&decoded)) {
+        log("etcd: refused the job record " + key + ": " + *bad + " (left in etcd; the job's agents are served "
+            "from their resumes as without a record)");
+        continue;
+      }
+      if (state_->load(std::get<JobRecord>(decoded))) ++loaded;
+    }
+    log("etcd: " + std::to_string(loaded) + " job(s) loaded from " + std::to_string(records->size()) +
+        " record(s) before serving as the leader");
+  }
   if (!was_leading || leading) return;
   // Stepping down: nobody may be driven by a replica that no longer leads.
   std::size_t closed = 0;
@@ -57,6 +75,10 @@ void Server::set_leadership(bool leading, const std::string& leader) {
     s.close_after_flush();
     ++closed;
   });
+  staged_.clear();
+  held_.clear();
+  unwritten_.clear();
+  in_flight_ = 0;
   make_state();
   log("no longer the leader: told " + std::to_string(closed) + " connection(s) not_leader and forgot every job");
 }
@@ -116,6 +138,7 @@ void Server::tick() {
   } catch (const std::exception& e) {  // a bug, not input: keep serving the other jobs
     log(std::string("internal error in the deadline check: ") + e.what());
   }
+  settle();
   tick_timer_.expires_after(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
       std::chrono::duration<double>(options_.tick_interval)));
   tick_timer_.async_wait([this, alive = alive_](boost::system::error_code ec) {
@@ -136,12 +159,14 @@ void Server::on_message(Session& session, Message message) {
     end_member(session, "internal_error", std::string("the rendezvous server could not handle \"") +
                                               to_string(message.type) + "\": " + e.what());
   }
+  settle();
 }
 
 void Server::on_bad_message(Session& session, const ProtocolError& error) {
   log("refused " + session.peer() + (session.job_id.empty() ? "" : " (job " + session.job_id + ")") + ": " +
       error.message);
   end_member(session, error.code, error.message);
+  settle();
 }
 
 // Ends a session; a member's job learns that the node is gone.
@@ -289,6 +314,7 @@ void Server::on_closed(Session& session, const std::string& why) {
     if (!*alive) return;
     sessions_.remove(id);
     if (member) state_->disconnected(id, why);
+    settle();
     accept();
   });
 }
@@ -304,14 +330,90 @@ void Server::on_deadline(Session& session) {
 }
 
 void Server::send(ConnId to, const Frame& frame) {
+  if (options_.write_records) {
+    staged_.push_back(Outgoing{0, to, frame, false, {}, {}});
+    return;
+  }
   if (Session* s = sessions_.find(to)) s->send(frame);
 }
 
 void Server::drop(ConnId conn, const std::string& code, const std::string& message) {
-  if (Session* s = sessions_.find(conn)) {
-    s->member = false;
-    s->fail(code, message);
+  Session* s = sessions_.find(conn);
+  if (s) s->member = false;  // the state machine has forgotten it already
+  if (options_.write_records) {
+    staged_.push_back(Outgoing{0, conn, {}, true, code, message});
+    return;
   }
+  if (s) s->fail(code, message);
+}
+
+void Server::deliver(const Outgoing& o) {
+  Session* s = sessions_.find(o.conn);
+  if (!s) return;
+  if (o.drop) {
+    s->member = false;
+    s->fail(o.code, o.message);
+  } else {
+    s->send(o.frame);
+  }
+}
+
+void Server::settle() {
+  if (!options_.write_records) return;
+  const std::vector<std::string> ids = state_->take_changed();
+  for (const std::string& id : ids) {
+    std::optional<JobRecord> r = state_->record(id);
+    unwritten_[id] = r ? std::optional<std::string>(encode_record(*r)) : std::nullopt;
+  }
+  if (staged_.empty() && unwritten_.empty()) return;
+  // What this call said waits for the write that carries its changes (the one starting now, or
+  // the next when one is in flight); with no change of its own, for what was said before it.
+  std::uint64_t after = held_.empty() ? 0 : held_.back().after;
+  if (!ids.empty()) after = next_write_;  // the write starting now, or the next when one is in flight
+  if (!unwritten_.empty() && in_flight_ == 0) start_write();
+  for (Outgoing& o : staged_) {
+    if (after == 0) {
+      deliver(o);
+    } else {
+      o.after = after;
+      held_.push_back(std::move(o));
+    }
+  }
+  staged_.clear();
+}
+
+void Server::start_write() {
+  RecordWrite w;
+  w.seq = next_write_++;
+  for (auto& [id, text] : unwritten_) {
+    if (text) {
+      w.puts.emplace_back(id, std::move(*text));
+    } else {
+      w.deletes.push_back(id);
+    }
+  }
+  unwritten_.clear();
+  in_flight_ = w.seq;
+  options_.write_records(std::move(w));
+}
+
+void Server::records_written(std::uint64_t seq, const std::string& error) {
+  if (seq == 0 || seq != in_flight_) return;  // from a term this replica no longer leads
+  in_flight_ = 0;
+  if (!error.empty()) {
+    log("etcd: the job records were not written (" + error + "): stepping down, " + std::to_string(held_.size()) +
+        " message(s) to agents dropped");
+    held_.clear();
+    unwritten_.clear();
+    set_leadership(false, "");
+    return;
+  }
+  ++record_txns_;
+  while (!held_.empty() && held_.front().after <= seq) {
+    deliver(held_.front());
+    held_.pop_front();
+  }
+  if (!unwritten_.empty()) start_write();
 }
 
 void Server::log(const std::string& line) {

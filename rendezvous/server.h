@@ -8,6 +8,8 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
+#include <map>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -44,6 +46,10 @@ struct ServerOptions {
   // Issue 14: one replica of several (--etcd): starts as a follower until set_leadership(true).
   // false (default): a lone daemon, always leading.
   bool replicated = false;
+  // Issue 14 (docs/etcd.md "Job records"): where a leader's job records go (the election thread
+  // writes them to etcd and answers with records_written()). While a write is in flight, what the
+  // state machine says to agents waits for it. Empty (default): nothing is written.
+  std::function<void(RecordWrite)> write_records;
 };
 
 class Server : private SessionHandler, private Outbox {
@@ -66,7 +72,15 @@ class Server : private SessionHandler, private Outbox {
   // leadership sends not_leader to every connection, closes it and forgets every job: the next
   // leader rebuilds them from the agents' resumes, and this replica holds no stale state if it
   // leads again later.
-  void set_leadership(bool leading, const std::string& leader);
+  // `records` (key, value), when given with leading, are the job records read from etcd as this
+  // replica took the lead: each is validated (decode_record; a corrupt one is logged and
+  // skipped) and loaded into the state machine before anything is served.
+  void set_leadership(bool leading, const std::string& leader,
+                      const std::vector<std::pair<std::string, std::string>>* records = nullptr);
+  // The outcome of the write numbered `seq`: error "" = committed (what waited for it goes out),
+  // else this replica steps down and what waited is dropped.
+  void records_written(std::uint64_t seq, const std::string& error);
+  std::uint64_t record_transactions() const { return record_txns_; }
   bool leading() const { return leading_; }
   const std::string& leader() const { return leader_; }
 
@@ -92,6 +106,18 @@ class Server : private SessionHandler, private Outbox {
   void end_member(Session& session, const std::string& code, const std::string& message);
   void handle_resume(Session& session, ResumeRequest& request);
   void make_state();
+  // After every call into the state machine: collects the changed jobs' records and lets what
+  // the call said go out now, or after the write that carries its changes.
+  void settle();
+  void start_write();
+  struct Outgoing {
+    std::uint64_t after = 0;  // the write that must commit first; 0 = none
+    ConnId conn = 0;
+    Frame frame;
+    bool drop = false;
+    std::string code, message;
+  };
+  void deliver(const Outgoing& o);
 
   boost::asio::io_context& io_;
   ServerOptions options_;
@@ -111,6 +137,13 @@ class Server : private SessionHandler, private Outbox {
   std::uint64_t next_id_ = 1;
   Frame heartbeat_ack_;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+  // Issue 14: what waits for job records to be written (empty unless options_.write_records).
+  std::vector<Outgoing> staged_;                               // said by the current call
+  std::deque<Outgoing> held_;                                  // waiting for their write, in order
+  std::map<std::string, std::optional<std::string>> unwritten_;  // job -> record (nullopt = delete)
+  std::uint64_t next_write_ = 1;
+  std::uint64_t in_flight_ = 0;  // the write being made; 0 = none
+  std::uint64_t record_txns_ = 0;
 };
 
 }  // namespace ddp::rdzv

@@ -218,6 +218,8 @@ void StateMachine::erase_if_empty(const std::string& job_id) {
   if (it != jobs_.end() && it->second.nodes.empty()) {
     const Job& job = it->second;
     const double now = clock_.now();
+    if (now < job.hold_until) return;  // loaded from etcd: its nodes may still come back (issue 14)
+    changed(job);                      // its record is deleted
     if ((job.state == JobState::Succeeded || job.state == JobState::Failed) && retention_.keep_finished > 0 &&
         retention_.max_finished > 0) {
       // Issue 17: it stays in status() for keep_finished seconds, marked finished.
@@ -445,6 +447,7 @@ void StateMachine::touch(ConnId conn) {
 
 void StateMachine::end_round(Job& job, const std::string& reason, bool counted, const std::string& cause) {
   if (counted) ++job.restarts_used;
+  changed(job);
   const std::string why = !cause.empty() ? cause : counted ? "worker_failure" : "membership";
   if (!job.restart_since && (why == "worker_failure" || why == "node_lost" || why == "node_left")) {
     job.restart_since = clock_.now();  // failure-to-restart time runs from here to the next round
@@ -603,6 +606,8 @@ void StateMachine::complete_round(Job& job) {
   }
   job.round_failures.clear();
   job.min_reached_at.reset();
+  describe_round(job);
+  changed(job);
   out_.log("job " + job.id + ": round " + std::to_string(job.generation) + " complete: " + std::to_string(n) +
            " nodes, world size " + std::to_string(world_size) + ", master " + a.master_addr + ":" +
            std::to_string(a.master_port) + ", restarts " + std::to_string(job.restarts_used) + "/" +
@@ -674,6 +679,7 @@ bool StateMachine::report_fatal(Job& job, Node& node, const WorkerFailure& failu
   if (!job.fatal) job.fatal = failure;
   if (!job.failing) {
     job.failing = true;
+    changed(job);
     if (job.state == JobState::Running) {
       end_round(job, "the job is failing (" + failure.fatal + "): stopping every worker", false, "job_failing");
     }
@@ -685,7 +691,7 @@ bool StateMachine::report_fatal(Job& job, Node& node, const WorkerFailure& failu
 void StateMachine::finish_failing(Job& job) {
   if (job.fatal) {
     // The worker the fatal report names, else (a node-wide decision) the round's root cause.
-    const WorkerFailure& root = job.fatal->rank >= 0
+    const WorkerFailure& root = job.fatal->rank >= 0 || job.round_failures.empty()
                                     ? *job.fatal
                                     : *std::min_element(job.round_failures.begin(), job.round_failures.end(), explains);
     fail_job(job, root, "job " + job.id + " failed: " + job.fatal->fatal);
@@ -705,6 +711,7 @@ void StateMachine::fail_job(Job& job, const WorkerFailure& failure, const std::s
     set_state(job, node, NodeState::Finished);
   }
   job.state = JobState::Failed;
+  changed(job);
   out_.log("job " + job.id + ": failed: " + summary);
   job_ended(job, summary);
 }
@@ -732,6 +739,7 @@ void StateMachine::report_success(ConnId conn) {
     set_state(*job, n, NodeState::Finished);
   }
   job->state = JobState::Succeeded;
+  changed(*job);
   out_.log("job " + job->id + ": succeeded (generation " + std::to_string(job->generation) + ")");
   job_ended(*job, "");
 }

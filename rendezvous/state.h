@@ -42,6 +42,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -50,6 +51,7 @@
 
 #include "metrics/event.h"
 #include "rendezvous/clock.h"
+#include "rendezvous/job_record.h"
 #include "rendezvous/protocol.h"
 #include "rendezvous/resume.h"
 #include "rendezvous/types.h"
@@ -155,6 +157,22 @@ class StateMachine {
   std::size_t job_count() const { return jobs_.size(); }
   std::size_t node_count() const { return conn_job_.size(); }
 
+  // Issue 14 (docs/etcd.md "Job records"): a replicated leader writes each job's record to etcd
+  // before its agents hear of the change. With recording on, the jobs whose record changed (a
+  // round formed, a restart, a verdict, the job forgotten) are collected for take_changed().
+  void set_recording(bool on) { recording_ = on; }
+  // The jobs changed since the last call, each once (sorted by id).
+  std::vector<std::string> take_changed();
+  // The job's record as it stands; nullopt when the job is gone (its record is deleted).
+  std::optional<JobRecord> record(const std::string& job_id) const;
+  // A new leader carries a job on from its record (REQUIRES: it passed decode_record). A running
+  // round is restored from its agents' resumes, each checked against the secret of its rank; a
+  // job between rounds waits for its nodes to join; a finished job refuses them. A job with no
+  // node is kept kLoadedHoldSeconds for its agents to come back. Returns false (and logs) when
+  // the job is already known here.
+  bool load(const JobRecord& record);
+  static constexpr double kLoadedHoldSeconds = 60.0;  // agents' default reconnect_timeout
+
  private:
   enum class NodeState { Waiting, Running, Succeeded, Rejoining, Finished, kCount };
   // Restoring: rebuilt from resumes, waiting for the rest of the round's nodes (issue 10).
@@ -215,6 +233,13 @@ class StateMachine {
     std::string end_summary;
     nlohmann::json end_nodes;
     std::size_t end_nodes_omitted = 0;
+    // Issue 14: the running round as its record describes it (set when it forms or is loaded).
+    std::vector<RecordMember> round_members;
+    int round_world_size = 0;
+    std::string round_master_addr;
+    int round_master_port = 0;
+    bool loaded = false;    // loaded from etcd by this replica when it became the leader
+    double hold_until = 0;  // a loaded job with no node is not forgotten before this
   };
   static constexpr std::size_t kKeptNodeRows = 64;  // node rows of a kept finished job
   // A finished job kept for status() after its last node went (issue 17).
@@ -259,6 +284,8 @@ class StateMachine {
             std::vector<int> ranks = {}, nlohmann::json fields = nlohmann::json::object(),
             const std::string& message = "");
   void prune_finished(double now);
+  void changed(const Job& job);
+  void describe_round(Job& job);
   static const char* state_name(NodeState s);
   static const char* state_name(JobState s);
 
@@ -271,6 +298,8 @@ class StateMachine {
   std::uint64_t next_join_seq_ = 0;
   Retention retention_;
   std::deque<FinishedJob> finished_;  // oldest first
+  bool recording_ = false;
+  std::set<std::string> changed_;
 };
 
 }  // namespace ddp::rdzv

@@ -1,5 +1,6 @@
 // StateMachine::resume and the restore of a job from its agents' resumes (issue 10).
 // Kept beside state.cpp so the resume rules read in one place; same class, same thread rules.
+#include <limits>
 #include <sstream>
 
 #include "rendezvous/auth.h"
@@ -85,6 +86,20 @@ void StateMachine::restore_job(ConnId conn, const ResumeRequest& r) {
 
 void StateMachine::resume_restoring(Job& job, ConnId conn, const ResumeRequest& r) {
   const Assignment& a = r.assignment;
+  if (job.loaded && a.generation == job.generation) {
+    // Loaded from etcd (issue 14): the rank's secret is known; no trust on first use.
+    for (const RecordMember& m : job.round_members) {
+      if (m.group_rank != a.group_rank || m.secret == r.secret) continue;
+      out_.log("job " + job.id + ": refused the resume of " + who(r) + ": not the secret etcd holds for that rank");
+      out_.drop(conn, "resume_refused", "group rank " + std::to_string(a.group_rank) + " of job " + job.id +
+                                            " generation " + std::to_string(a.generation) +
+                                            " belongs to another node; a node can only resume its own rank");
+      return;
+    }
+  }
+  if (job.restore_deadline == std::numeric_limits<double>::infinity()) {
+    job.restore_deadline = clock_.now() + job.timeouts.heartbeat_timeout;  // the first resume of a loaded job
+  }
   // The restart count is the highest any node saw: a restart the old server counted stays
   // counted even when the node that heard of it comes back last.
   job.restarts_used = std::max(job.restarts_used, a.restart_count);
@@ -104,6 +119,7 @@ void StateMachine::resume_restoring(Job& job, ConnId conn, const ResumeRequest& 
     }
     job.generation = a.generation;
     job.round_size = static_cast<std::size_t>(a.group_world_size);
+    job.round_members.clear();  // described again once restored
     job.restore_round = a;
     job.restore_conflict = false;
     job.restore_holders.clear();
@@ -248,6 +264,12 @@ void StateMachine::conclude_restore(Job& job) {
     maybe_complete(job);
     return;
   }
+  if (job.round_members.size() != job.round_size) {  // rebuilt from resumes: described now
+    describe_round(job);
+    job.round_master_addr = job.restore_round.master_addr;
+    job.round_master_port = job.restore_round.master_port;
+  }
+  changed(job);
   Frame frame = encode(make_resumed_message(job.generation, job.restarts_used, true));
   std::vector<ConnId> succeeded;
   for (auto& [c, node] : job.nodes) {

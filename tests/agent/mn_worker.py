@@ -9,7 +9,9 @@ OUT_DIR/done-g<generation>-r<rank>-p<pid>.json. Then:
 - with --loop it waits (no collectives, so a dead peer never makes it fail) until the file
   OUT_DIR/stop exists, then exits 0;
 - with --fail-if-env VAR and VAR set in its environment, local rank 0 exits 7 right after the
-  all-reduce (so every worker of the round has started before the failure).
+  all-reduce (so every worker of the round has started before the failure);
+- with --loop --fail-on-file, local rank 0 of node MN_NODE exits 7 when OUT_DIR/fail-<MN_NODE>
+  appears (it takes the file away first, so one file is one failure).
 With --no-gloo it skips torch (tests that only check the environment; torch imports are slow
 on a loaded machine); --fail-if-env then waits until every worker of its round has written its
 start record instead.
@@ -24,6 +26,7 @@ out_dir = sys.argv[1]
 loop = "--loop" in sys.argv
 fail_var = sys.argv[sys.argv.index("--fail-if-env") + 1] if "--fail-if-env" in sys.argv else None
 use_gloo = "--no-gloo" not in sys.argv
+fail_on_file = "--fail-on-file" in sys.argv
 
 KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
         "ROLE_RANK", "MASTER_ADDR", "MASTER_PORT", "DDPLAUNCH_GENERATION",
@@ -72,6 +75,13 @@ if fail_var and os.environ.get(fail_var) and env["LOCAL_RANK"] == "0":
 if loop:
     stop = os.path.join(out_dir, "stop")
     deadline = time.monotonic() + 300  # never outlive a broken test by much
+    trigger = os.path.join(out_dir, "fail-%s" % env["MN_NODE"])
     while not os.path.exists(stop) and time.monotonic() < deadline:
+        if fail_on_file and env["LOCAL_RANK"] == "0":
+            try:
+                os.rename(trigger, trigger + ".taken-%d" % os.getpid())
+                sys.exit(7)
+            except FileNotFoundError:
+                pass
         time.sleep(0.05)
 sys.exit(0)

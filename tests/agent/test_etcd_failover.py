@@ -35,6 +35,10 @@ class EtcdFailover(MultiNodeTestCase):
 
     def setUp(self):
         super().setUp()
+        self.start_etcd()
+
+    def start_etcd(self):
+        """A 3-member cluster stopped in cleanup, and a prefix of this test's own (skipped without etcd)."""
         reason = EtcdCluster.unavailable_reason()
         if reason:
             self.skipTest(reason)

@@ -1,8 +1,12 @@
 // Issue 14: a replica that does not lead (Server::set_leadership, ServerOptions::replicated),
 // the not_leader message on both ends, and what a hostile peer can do with it. One io_context on
-// the test thread drives the server and the clients (waits have deadlines, no sleeps).
+// the test thread drives the server and the clients (waits have deadlines, no sleeps). Issue 14
+// job records: the server holds what it says until its records are written (a recorder here).
 #include <doctest/doctest.h>
 
+#include <algorithm>
+
+#include "rendezvous/job_record.h"
 #include "rendezvous/server.h"
 #include "tests/rendezvous/loopback.h"
 #include "tests/rendezvous/raw_conn.h"
@@ -146,4 +150,91 @@ TEST_CASE("a peer that sends not_leader before any welcome, or a malformed one, 
     CHECK_FALSE(agent.leader.has_value());
     CHECK_FALSE(agent.client->connected());
   }
+}
+
+// Issue 14, job records: the server's side of "written before agents are told". The writes go to
+// a recorder here (the transaction itself is tested on a real etcd by tests/agent/test_etcd_records.py).
+TEST_CASE("a leader holds a round's messages until its job records are written, one write per round") {
+  asio::io_context io;
+  ServerOptions o;
+  o.replicated = true;
+  std::vector<RecordWrite> writes;
+  o.write_records = [&](RecordWrite w) { writes.push_back(std::move(w)); };
+  Server server(io, kLoopback, o);
+  server.set_leadership(true, "");
+  std::vector<std::shared_ptr<TestAgent>> agents;
+  for (int i = 0; i < 8; ++i) {
+    agents.push_back(TestAgent::make(io, server.port(), node_spec("job", "h" + std::to_string(i), 8, 8)));
+  }
+  REQUIRE(run_until(io, [&] { return writes.size() == 1; }));
+  REQUIRE(writes[0].puts.size() == 1);
+  CHECK(writes[0].puts[0].first == "job");
+  auto record = std::get<JobRecord>(decode_record(writes[0].puts[0].second));
+  CHECK(record.generation == 1);
+  CHECK(record.members.size() == 8);
+  // Nothing reached the agents before the write commits (the loop ran meanwhile).
+  CHECK_FALSE(run_until(io, [&] { return !agents[0]->rounds.empty(); }, 0.3));
+  server.records_written(writes[0].seq, "");
+  REQUIRE(run_until(io, [&] {
+    for (auto& a : agents) {
+      if (a->rounds.size() != 1) return false;
+    }
+    return true;
+  }));
+  CHECK(writes.size() == 1);  // one transaction for the round of 8 agents
+  CHECK(server.record_transactions() == 1);
+}
+
+TEST_CASE("a leader whose record write fails tells no agent and steps down") {
+  asio::io_context io;
+  ServerOptions o;
+  o.replicated = true;
+  std::vector<RecordWrite> writes;
+  o.write_records = [&](RecordWrite w) { writes.push_back(std::move(w)); };
+  std::vector<std::string> lines;
+  o.log = [&](const std::string& l) { lines.push_back(l); };
+  Server server(io, kLoopback, o);
+  server.set_leadership(true, "");
+  auto a = TestAgent::make(io, server.port(), node_spec("job", "a", 1, 1));
+  REQUIRE(run_until(io, [&] { return writes.size() == 1; }));
+  server.records_written(writes[0].seq, "deposed");
+  CHECK_FALSE(server.leading());
+  CHECK(server.state().status()["jobs"].empty());
+  REQUIRE(run_until(io, [&] { return !a->client->connected() || !a->errors.empty(); }));
+  CHECK(a->rounds.empty());
+  CHECK(std::any_of(lines.begin(), lines.end(), [](const std::string& l) {
+    return l.find("the job records were not written (deposed): stepping down") != std::string::npos;
+  }));
+  server.records_written(writes[0].seq, "");  // a late answer of the old term changes nothing
+  CHECK(a->rounds.empty());
+}
+
+TEST_CASE("a new leader loads valid job records and refuses a corrupt one with its reason") {
+  asio::io_context io;
+  ServerOptions o;
+  o.replicated = true;
+  o.write_records = [](RecordWrite) {};
+  std::vector<std::string> lines;
+  o.log = [&](const std::string& l) { lines.push_back(l); };
+  Server server(io, kLoopback, o);
+  JobRecord r;
+  r.job_id = "kept";
+  r.min_nodes = r.max_nodes = 2;
+  r.max_restarts = 3;
+  r.generation = 4;
+  r.restarts_used = 2;
+  std::vector<std::pair<std::string, std::string>> records = {
+      {"/p/jobs/kept", encode_record(r)}, {"/p/jobs/bad", "{\"job_id\": 7}"}, {"/p/jobs/deep", std::string(64, '[')}};
+  server.set_leadership(true, "", &records);
+  auto jobs = server.state().status()["jobs"];
+  REQUIRE(jobs.size() == 1);
+  CHECK(jobs[0]["job_id"] == "kept");
+  CHECK(jobs[0]["restarts_used"] == 2);
+  CHECK(jobs[0]["generation"] == 4);
+  auto logged = [&](const std::string& words) {
+    return std::any_of(lines.begin(), lines.end(), [&](const std::string& l) { return l.find(words) != std::string::npos; });
+  };
+  CHECK(logged("refused the job record /p/jobs/bad: a job record: \"job_id\" must be a string"));
+  CHECK(logged("refused the job record /p/jobs/deep: a job record nested deeper than 8 levels"));
+  CHECK(logged("1 job(s) loaded from 3 record(s) before serving"));
 }
