@@ -91,6 +91,8 @@ class DebPackageTest(unittest.TestCase):
         for name in PROGRAMS:
             self.assertIn("usr/bin/" + name, files)
             self.assertIn("usr/share/man/man1/%s.1" % name, files)
+        # The sentinel the agent spawns (agent/sentinel_main.cpp), where an installed ddplaunch looks.
+        self.assertIn("usr/libexec/ddplaunch/ddp-sentinel", files)
         for doc in ("README.md", "torchrun.md", "install.md"):
             self.assertIn("usr/share/doc/ddplaunch/" + doc, files)
         self.assertFalse([f for f in files if f.startswith("usr/include/")],
