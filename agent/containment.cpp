@@ -178,14 +178,16 @@ void Containment::start_sentinel() {
   // (docs/agent.md, "What a launch costs"). Without the program, fork as before.
   const std::string program = sentinel_program();
   if (!program.empty()) {
-    const std::string fd_text = std::to_string(fds[0]);
+    // Its end of the pipe becomes descriptor 3 (4 if it is 3 already): dup2 onto another number
+    // clears close-on-exec, whatever the C library's version.
+    const int child_fd = fds[0] == 3 ? 4 : 3;
+    const std::string fd_text = std::to_string(child_fd);
     char* const argv[] = {const_cast<char*>("ddp-sentinel"), const_cast<char*>(fd_text.c_str()),
                           const_cast<char*>(cgroup_dir_.c_str()), const_cast<char*>(marker_entry_.c_str()), nullptr};
     posix_spawn_file_actions_t actions;
     posix_spawnattr_t attr;
     posix_spawn_file_actions_init(&actions);
-    // dup2 onto itself clears close-on-exec (glibc >= 2.29): the sentinel keeps its end only.
-    posix_spawn_file_actions_adddup2(&actions, fds[0], fds[0]);
+    posix_spawn_file_actions_adddup2(&actions, fds[0], child_fd);
     posix_spawnattr_init(&attr);
     sigset_t none, all;
     sigemptyset(&none);

@@ -128,6 +128,15 @@ class NothingLeftBehind(LaunchTestCase):
         proc.wait(timeout=10)
         self.check_all_gone(pids, cgroups, extra=sentinels)
 
+    def test_the_sentinel_program_refuses_to_start_without_its_pipe_or_with_bad_arguments(self):
+        # Started by hand (it is the agent's helper), it must neither wait forever nor kill: with no
+        # pipe from an agent, end of file would never mean that the agent is gone.
+        sentinel = os.path.join(os.path.dirname(DDPLAUNCH), "ddp-sentinel")
+        for argv in ([], ["3"], ["x", "", "DDPLAUNCH_SUPERVISOR=1.2"], ["987", "", "DDPLAUNCH_SUPERVISOR=1.2"],
+                     ["0", "", "no-equals-sign"]):
+            res = processes.run([sentinel] + argv, timeout=10, cwd=self.tmp)
+            self.assertEqual(res.returncode, 2, res.describe())
+
     def test_without_the_sentinel_program_a_forked_sentinel_still_leaves_nothing_behind(self):
         # A ddplaunch with no ddp-sentinel beside it (nor in ../libexec/ddplaunch) forks itself.
         copy_dir = os.path.join(self.tmp, "alone")
