@@ -1,9 +1,8 @@
 // Keeps everything a worker group starts killable as a whole, even when the agent itself is
 // SIGKILLed. Two mechanisms, both owned here:
 //
-// - A sentinel: a tiny process, the `ddp-sentinel` program (agent/sentinel.h) spawned beside
-//   the agent (a fork of the agent where that program is missing), that blocks reading a pipe
-//   whose only write end the agent holds (close-on-exec, so no worker inherits it). When the agent dies,
+// - A sentinel: a tiny process forked from the agent that blocks reading a pipe whose only
+//   write end the agent holds (close-on-exec, so no worker inherits it). When the agent dies,
 //   for whatever reason, the read returns end of file and the sentinel SIGKILLs every process
 //   group the agent told it about (each worker leads one) and the cgroup below, then exits.
 //   The parent-death signal alone reaches only the workers, not what they started.
@@ -17,7 +16,7 @@
 //   that limit is documented in docs/agent.md.
 //
 // Owned by PosixProcesses; lives for the agent run. Not thread-safe: called from the agent's
-// io_context thread only. The sentinel is started in the constructor; forked, it does only
+// io_context thread only. The sentinel is forked in the constructor and does only
 // async-signal-safe work (the agent may already run threads).
 #pragma once
 
@@ -42,7 +41,7 @@ class Containment {
   // An open (close-on-exec) descriptor of the cgroup's cgroup.procs, or -1: a child joins the
   // cgroup by writing "0" to it between fork and exec.
   int cgroup_procs_fd() const { return procs_fd_; }
-  // Whether the sentinel runs (it cannot when neither spawn nor fork works; the agent then warns once).
+  // Whether the sentinel runs (it cannot when fork fails; the agent then warns once).
   bool sentinel_running() const { return sentinel_pid_ > 0; }
   int sentinel_pid() const { return sentinel_pid_; }
 

@@ -60,14 +60,13 @@ class LaunchTestCase(unittest.TestCase):
         self.assertFalse(result.timed_out, result.describe())
         return result
 
-    def spawn_launch(self, args, env=None, program=DDPLAUNCH):
-        """Starts ddplaunch (or a copy of it: `program`) in the background; killed (whole group)
-        when the test ends."""
+    def spawn_launch(self, args, env=None):
+        """Starts ddplaunch in the background; killed (whole group) when the test ends."""
         full_env = dict(os.environ)
         full_env["TMPDIR"] = self.tmp
         if env:
             full_env.update(env)
-        proc = spawn([program] + list(args), env=full_env, cwd=self.tmp, name="ddplaunch")
+        proc = spawn([DDPLAUNCH] + list(args), env=full_env, cwd=self.tmp, name="ddplaunch")
         self.addCleanup(proc.kill)
         return proc
 

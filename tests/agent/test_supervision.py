@@ -13,7 +13,6 @@
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -51,14 +50,14 @@ def read(path):
 
 
 class NothingLeftBehind(LaunchTestCase):
-    def start_forkers(self, nproc=2, env=None, program=DDPLAUNCH):
+    def start_forkers(self, nproc=2, env=None):
         script = os.path.join(self.tmp, "forker.sh")
         with open(script, "w") as f:
             f.write(FORKER)
         os.chmod(script, 0o755)
         e = {"OUT_DIR": self.out}
         e.update(env or {})
-        proc = self.spawn_launch(["--nproc_per_node=%d" % nproc, "--no_python", script], env=e, program=program)
+        proc = self.spawn_launch(["--nproc_per_node=%d" % nproc, "--no_python", script], env=e)
         ready = lambda: all(os.path.exists(os.path.join(self.out, "%d.ready" % r)) for r in range(nproc))
         wait_for(lambda: ready() or proc.poll() is not None, 60, "the workers to start their grandchildren")
         pids = {}
@@ -109,44 +108,6 @@ class NothingLeftBehind(LaunchTestCase):
         self.assertFalse([c for c in cgroups if self.cgroup_dir(c)], "DDPLAUNCH_NO_CGROUP=1 still made a cgroup")
         sentinels = children(proc.pid, "ddp-sentinel")
         self.assertEqual(len(sentinels), 1, "ddplaunch should have one sentinel child")
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
-        self.check_all_gone(pids, cgroups, extra=sentinels)
-
-    def test_the_sentinel_is_the_ddp_sentinel_program_beside_ddplaunch(self):
-        # Spawned, not forked: a forked sentinel shares the agent's memory, and every page the
-        # agent then writes is copied first (docs/agent.md, "What a launch costs").
-        proc, pids, cgroups = self.start_forkers(nproc=1)
-        sentinels = children(proc.pid, "ddp-sentinel")
-        self.assertEqual(len(sentinels), 1, "ddplaunch should have one sentinel child")
-        exe = os.readlink("/proc/%d/exe" % sentinels[0])
-        self.assertEqual(exe, os.path.join(os.path.dirname(DDPLAUNCH), "ddp-sentinel"))
-        with open("/proc/%d/cmdline" % sentinels[0], "rb") as f:
-            argv = f.read().split(b"\0")
-        self.assertEqual(argv[0], b"ddp-sentinel")
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
-        self.check_all_gone(pids, cgroups, extra=sentinels)
-
-    def test_the_sentinel_program_refuses_to_start_without_its_pipe_or_with_bad_arguments(self):
-        # Started by hand (it is the agent's helper), it must neither wait forever nor kill: with no
-        # pipe from an agent, end of file would never mean that the agent is gone.
-        sentinel = os.path.join(os.path.dirname(DDPLAUNCH), "ddp-sentinel")
-        for argv in ([], ["3"], ["x", "", "DDPLAUNCH_SUPERVISOR=1.2"], ["987", "", "DDPLAUNCH_SUPERVISOR=1.2"],
-                     ["0", "", "no-equals-sign"]):
-            res = processes.run([sentinel] + argv, timeout=10, cwd=self.tmp)
-            self.assertEqual(res.returncode, 2, res.describe())
-
-    def test_without_the_sentinel_program_a_forked_sentinel_still_leaves_nothing_behind(self):
-        # A ddplaunch with no ddp-sentinel beside it (nor in ../libexec/ddplaunch) forks itself.
-        copy_dir = os.path.join(self.tmp, "alone")
-        os.mkdir(copy_dir)
-        copy = os.path.join(copy_dir, "ddplaunch")
-        shutil.copy(DDPLAUNCH, copy)
-        proc, pids, cgroups = self.start_forkers(program=copy)
-        sentinels = children(proc.pid, "ddp-sentinel")
-        self.assertEqual(len(sentinels), 1, "ddplaunch should have one sentinel child")
-        self.assertEqual(os.readlink("/proc/%d/exe" % sentinels[0]), copy)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
         self.check_all_gone(pids, cgroups, extra=sentinels)
