@@ -132,6 +132,11 @@ std::optional<StandbyAssignment> decode_assignment(std::string_view message, std
   return a;
 }
 
+std::optional<std::uint32_t> announced_length(std::string_view header) {
+  if (header.size() < kStandbyHeaderSize || header.substr(0, 4) != "DDPS") return std::nullopt;
+  return get_u32(header, 8);
+}
+
 long send_assignment(int socket_fd, const std::string& message, int stdout_fd, int stderr_fd) {
   iovec iov{const_cast<char*>(message.data()), message.size()};
   alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))] = {};

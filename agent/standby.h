@@ -44,6 +44,11 @@ std::string encode_assignment(const StandbyAssignment& a);
 // written down once in C++ for tests and for the SDK's standby).
 std::optional<StandbyAssignment> decode_assignment(std::string_view message, std::string& error);
 
+// The payload length a message's first kStandbyHeaderSize bytes announce, when they start with
+// the magic; nullopt otherwise (decode_assignment then says what is wrong). For a reader that
+// takes the header first and must bound what it reads next.
+std::optional<std::uint32_t> announced_length(std::string_view header);
+
 // Sends `message` with `stdout_fd` and `stderr_fd` attached on `socket_fd` without blocking.
 // Returns how many bytes went (>= 1: the descriptors went with the first), or -1 with errno
 // (EPIPE/ECONNRESET: the standby is gone; EAGAIN cannot happen on a fresh socket's first byte).

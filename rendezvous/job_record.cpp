@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "rendezvous/json_fields.h"
 #include "rendezvous/protocol.h"
 #include "rendezvous/resume.h"
 
@@ -14,45 +15,17 @@ using nlohmann::json;
 
 namespace {
 
+using Bad = json_fields::FieldError;
+using json_fields::field;
+using json_fields::integer;
+using json_fields::boolean;
+
 constexpr int kRecordVersion = 1;
 constexpr int kMaxRecordDepth = 8;
 constexpr std::size_t kMaxRecordSummaryBytes = 64u << 10;  // a finished job's summary (cut when longer)
 
-struct Bad {
-  std::string what;
-};
-
-const json& field(const json& obj, const char* key) {
-  auto it = obj.find(key);
-  if (it == obj.end()) throw Bad{std::string("missing \"") + key + "\""};
-  return *it;
-}
-
-long long integer(const json& obj, const char* key, long long lo, long long hi) {
-  const json& v = field(obj, key);
-  if (!v.is_number_integer()) throw Bad{std::string("\"") + key + "\" must be an integer"};
-  const bool huge = v.is_number_unsigned() && v.get<std::uint64_t>() > static_cast<std::uint64_t>(hi);
-  const long long n = huge ? hi : v.get<long long>();
-  if (huge || n < lo || n > hi) {
-    throw Bad{std::string("\"") + key + "\" = " + v.dump() + " is out of range " + std::to_string(lo) + ".." +
-              std::to_string(hi)};
-  }
-  return n;
-}
-
 std::string text(const json& obj, const char* key, bool allow_empty, std::size_t max = kMaxHostBytes) {
-  const json& v = field(obj, key);
-  if (!v.is_string()) throw Bad{std::string("\"") + key + "\" must be a string"};
-  const std::string& s = v.get_ref<const std::string&>();
-  if (!allow_empty && s.empty()) throw Bad{std::string("\"") + key + "\" must not be empty"};
-  if (s.size() > max) throw Bad{std::string("\"") + key + "\" is longer than " + std::to_string(max) + " bytes"};
-  return s;
-}
-
-bool boolean(const json& obj, const char* key) {
-  const json& v = field(obj, key);
-  if (!v.is_boolean()) throw Bad{std::string("\"") + key + "\" must be true or false"};
-  return v.get<bool>();
+  return json_fields::text(obj, key, allow_empty, max);
 }
 
 WorkerFailure failure(const json& j) {

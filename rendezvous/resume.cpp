@@ -4,44 +4,20 @@
 #include <cstdint>
 #include <limits>
 
+#include "rendezvous/json_fields.h"
+
 namespace ddp::rdzv {
 
 using nlohmann::json;
 
 namespace {
 
-// A field check failed: the message names the field and what was expected.
-struct Bad {
-  std::string what;
-};
-
-const json& field(const json& obj, const char* key) {
-  auto it = obj.find(key);
-  if (it == obj.end()) throw Bad{std::string("missing \"") + key + "\""};
-  return *it;
-}
-
-long long integer(const json& obj, const char* key, long long lo, long long hi) {
-  const json& v = field(obj, key);
-  if (!v.is_number_integer()) throw Bad{std::string("\"") + key + "\" must be an integer"};
-  if (v.is_number_unsigned() && v.get<std::uint64_t>() > static_cast<std::uint64_t>(hi)) {
-    throw Bad{std::string("\"") + key + "\" is out of range"};
-  }
-  const long long n = v.get<long long>();
-  if (n < lo || n > hi) {
-    throw Bad{std::string("\"") + key + "\" = " + std::to_string(n) + " is out of range " + std::to_string(lo) +
-              ".." + std::to_string(hi)};
-  }
-  return n;
-}
+using Bad = json_fields::FieldError;
+using json_fields::field;
+using json_fields::integer;
 
 std::string text(const json& obj, const char* key, bool allow_empty, std::size_t max = kMaxResumeStringBytes) {
-  const json& v = field(obj, key);
-  if (!v.is_string()) throw Bad{std::string("\"") + key + "\" must be a string"};
-  const std::string& s = v.get_ref<const std::string&>();
-  if (!allow_empty && s.empty()) throw Bad{std::string("\"") + key + "\" must not be empty"};
-  if (s.size() > max) throw Bad{std::string("\"") + key + "\" is longer than " + std::to_string(max) + " bytes"};
-  return s;
+  return json_fields::text(obj, key, allow_empty, max);
 }
 
 double seconds(const json& obj, const char* key, bool allow_zero) {

@@ -80,11 +80,10 @@ std::string receive(int fd, std::vector<int>& fds) {
     }
     message.append(buffer, static_cast<std::size_t>(n));
     if (want == agent::kStandbyHeaderSize && message.size() >= want) {
-      // The header's length field (bytes 8-11, little endian), bounded before anything is kept.
-      std::uint32_t length = 0;
-      for (int i = 0; i < 4; ++i) length |= static_cast<std::uint32_t>(static_cast<unsigned char>(message[8 + i])) << (8 * i);
-      if (message.compare(0, 4, "DDPS") != 0 || length > agent::kMaxStandbyPayload) break;  // decode says why
-      want += length;
+      // The length the header announces, bounded before anything more is read.
+      const auto length = agent::announced_length(message);
+      if (!length || *length > agent::kMaxStandbyPayload) break;  // decode_assignment says why
+      want += *length;
     }
   }
   return message;
