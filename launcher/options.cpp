@@ -44,9 +44,10 @@ const std::vector<OptionSpec> kOptions = {
    "nodes). 'socket': every node of that socket; 'exclusive': the node's cores split among "
    "its workers; 'core-complex': one last-level-cache group each."},
   {"standby", 0, false, "off|on|auto", "off",
-   Group::kWorkers, "Keep one standby process per local rank, started and loaded (import torch) "
-   "while the job runs, that becomes the next round's worker in place of a cold start. 'auto': "
-   "on for Python programs. Other programs always start cold (docs/agent.md)."},
+   Group::kWorkers, "Keep one standby process per local rank, started and loaded (import torch, or "
+   "libtorch for a worker SDK program) while the job runs, that becomes the next round's worker in "
+   "place of a cold start. 'auto': on for Python programs and worker SDK programs. Other programs "
+   "always start cold (docs/agent.md)."},
   {"preload", 0, false, "MODULE,MODULE,...", "none",
    Group::kWorkers, "Modules a standby imports besides torch before its assignment (with "
    "--standby)."},
