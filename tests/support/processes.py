@@ -126,9 +126,18 @@ class Proc:
             pass
 
     def _read(self, f):
-        f.flush()
-        f.seek(0)
-        return f.read().decode("utf-8", "replace")
+        # pread, never seek: the child writes through the same open file description, so moving
+        # its offset (seek(0), read) while the child writes made the child's next line land at
+        # offset 0, over the first lines of its output (a round's header went missing that way).
+        fd = f.fileno()
+        chunks, offset = [], 0
+        while True:
+            chunk = os.pread(fd, 1 << 20, offset)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            offset += len(chunk)
+        return b"".join(chunks).decode("utf-8", "replace")
 
     def stdout(self):
         return self._read(self._out)
