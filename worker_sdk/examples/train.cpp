@@ -203,7 +203,15 @@ int run(const Flags& flags) {
     const std::string path = round_path(flags.sample_log, env);
     log_fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (log_fd < 0) throw ddp::UsageError("--sample-log " + path + ": cannot open");
-    trainer.on_step_end = [&](const ddp::StepInfo& info) {
+    // Written when the step starts, not when it ends: once any rank has finished a step's
+    // gradient all-reduce, every rank's samples are in the update, yet a rank may still be
+    // blocked in that all-reduce or in the stop-flag one when its round is cut off (a cut link),
+    // and a record written after them would be lost while the step is in the checkpoint. A record
+    // of a step that never completed is harmless: the next round starts at that step or earlier,
+    // and its records replace it (tests/e2e/elastic_job.py, committed_steps).
+    auto previous = trainer.on_step_begin;
+    trainer.on_step_begin = [&, previous](const ddp::StepInfo& info) {
+      if (previous) previous(info);
       std::ostringstream line;
       line << "attempt=" << env.restart_count << " world=" << info.world_size
            << " rank=" << info.rank << " epoch=" << info.epoch << " step=" << info.step
@@ -271,7 +279,7 @@ int main(int argc, char** argv) {
   app.add_option("--accumulate", flags.accumulate, "micro-batches per optimizer step (gradient accumulation with no_sync)")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_flag("--no-shuffle", flags.no_shuffle, "keep the data set order");
   app.add_flag("--drop-last", flags.drop_last, "drop the tail instead of padding shards");
-  app.add_option("--sample-log", flags.sample_log, "append 'attempt= world= rank= epoch= step= indices=' per step to this file ({generation} and {rank} are filled in; tests)");
+  app.add_option("--sample-log", flags.sample_log, "append 'attempt= world= rank= epoch= step= indices=' when each step starts to this file ({generation} and {rank} are filled in; tests)");
   app.add_option("--dump-params", flags.dump_params, "rank 0 writes the final parameters as raw float32 (tests)");
   try {
     app.parse(argc, argv);
