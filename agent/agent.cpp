@@ -317,8 +317,8 @@ struct Agent::Impl {
   int run() {
     RendezvousEvents events;
     events.on_round = [this](const rdzv::Assignment& a) { on_round(a); };
-    events.on_restart = [this](const std::string& reason, bool counted, bool failing) {
-      on_restart(reason, counted, failing);
+    events.on_restart = [this](const std::string& reason, bool counted, bool failing, bool failure) {
+      on_restart(reason, counted, failing, failure);
     };
     events.on_job_succeeded = [this] { finish(static_cast<int>(ExitCode::kSuccess)); };
     events.on_job_failed = [this](const rdzv::WorkerFailure& f, const std::string& s) { on_job_failed(f, s); };
@@ -655,7 +655,10 @@ struct Agent::Impl {
           failure_report_pending = true;
           asio::post(io, [this] {
             report_failure();
-            if (state == State::kRunning) stop_workers(SIGTERM, nullptr);
+            if (state == State::kRunning) {
+              board.abandon_round();  // the other ranks wait in collectives for the failed one
+              stop_workers(SIGTERM, nullptr);
+            }
           });
         }
         return;
@@ -852,13 +855,14 @@ struct Agent::Impl {
 
   // ---- what the rendezvous decided ---------------------------------------------------------
 
-  void on_restart(const std::string& reason, bool counted, bool failing) {
+  void on_restart(const std::string& reason, bool counted, bool failing, bool failure) {
     if (state == State::kDone || handled_signal) return;
     if (counted) note_round_progress();
     if (!stop_reason.empty()) {
       end_job_everywhere();
       return;
     }
+    if (failure && state == State::kRunning) board.abandon_round();
     say((failing ? "stopping the workers: " : "restarting the workers: ") + reason);
     record_event("restart", failing ? "job_failing" : counted ? "worker_failure" : "membership", {}, {{"counted", counted}},
                  reason);
@@ -867,6 +871,7 @@ struct Agent::Impl {
 
   void on_job_failed(const rdzv::WorkerFailure& first, const std::string& summary) {
     if (state == State::kDone) return;
+    if (state == State::kRunning) board.abandon_round();
     when_stopped([this, first, summary] {
       std::string error_file;
       std::vector<std::string> log_files;
@@ -909,6 +914,7 @@ struct Agent::Impl {
       rendezvous->report_failure(f);
     }
     say("the job fails: " + stop_reason + "; stopping the workers");
+    if (state == State::kRunning) board.abandon_round();
     when_stopped([this] {
       state = State::kJoining;
       join_now();

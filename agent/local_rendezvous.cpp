@@ -41,7 +41,7 @@ void LocalRendezvous::report_failure(const rdzv::WorkerFailure& failure) {
     std::string reason = "worker " + std::to_string(failure.rank) + " failed; restart " +
                          std::to_string(restart_count_) + " of " + std::to_string(options_.max_restarts);
     boost::asio::post(io_, [this, reason] {
-      if (!closed_ && events_.on_restart) events_.on_restart(reason, true, false);
+      if (!closed_ && events_.on_restart) events_.on_restart(reason, true, false, true);
     });
   } else {
     failed_ = true;

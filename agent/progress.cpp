@@ -51,7 +51,18 @@ ProgressBoard::~ProgressBoard() {
 }
 
 void ProgressBoard::reset() {
-  for (int s = 0; s < slots_; ++s) write(s, ProgressSample{});
+  for (int s = 0; s < slots_; ++s) {
+    write(s, ProgressSample{});
+    store_u64(base_ + kSlotSize * static_cast<std::size_t>(s) + kAbandonedOffset, 0);
+  }
+}
+
+void ProgressBoard::abandon_round() {
+  for (int s = 0; s < slots_; ++s) store_u64(base_ + kSlotSize * static_cast<std::size_t>(s) + kAbandonedOffset, 1);
+}
+
+bool ProgressBoard::abandoned(int slot) const {
+  return load_u64(base_ + kSlotSize * static_cast<std::size_t>(slot) + kAbandonedOffset) != 0;
 }
 
 ProgressSample ProgressBoard::read(int slot) const {

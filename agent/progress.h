@@ -10,7 +10,10 @@
 //                                      (kDoneBeats): the worker finished its steps, do not watch
 //   offset  8: int64  step             the last step the worker reported
 //   offset 16: int64  checkpoint_step  the last checkpoint it reported saving, -1 = none
-//   offset 24: char   phase[40]        what it is doing (NUL-terminated; may be torn)
+//   offset 24: char   phase[32]        what it is doing (NUL-terminated; may be torn)
+//   offset 56: uint64 abandoned        written by the agent, read by the worker: nonzero = the
+//                                      round is lost (a peer failed); do not finish the step,
+//                                      exit at once on SIGTERM (ProgressBoard::abandon_round)
 // HangMonitor is the pure decision, with the clock given to every call: tested without processes.
 //
 // Both are owned by the Agent and used on its io_context thread only.
@@ -38,7 +41,8 @@ class ProgressBoard {
  public:
   static constexpr std::size_t kSlotSize = 64;
   static constexpr std::size_t kPhaseOffset = 24;
-  static constexpr std::size_t kPhaseSize = 40;
+  static constexpr std::size_t kPhaseSize = 32;
+  static constexpr std::size_t kAbandonedOffset = 56;
 
   // Creates the memfd with `slots` zeroed slots. Throws std::system_error.
   explicit ProgressBoard(int slots);
@@ -49,8 +53,13 @@ class ProgressBoard {
   // What a worker is given: the path that opens the memfd from another process.
   const std::string& path() const { return path_; }
   int slots() const { return slots_; }
-  // Zeroes every slot (checkpoint_step -1): each round starts from nothing.
+  // Zeroes every slot (checkpoint_step -1, not abandoned): each round starts from nothing.
   void reset();
+  // Tells every worker of the round that the round is lost, before it is stopped: a collective
+  // with a failed peer never completes, so a worker blocked in one must not wait to finish its
+  // step on SIGTERM (the worker SDK then dies of the signal at once).
+  void abandon_round();
+  bool abandoned(int slot) const;
   // REQUIRES: 0 <= slot < slots().
   ProgressSample read(int slot) const;
   // Writes a slot as a worker would (tests).

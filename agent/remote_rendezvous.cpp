@@ -255,9 +255,9 @@ void RemoteRendezvous::start_client() {
     reported_success_ = false;
     if (events_.on_round) events_.on_round(a);
   };
-  ev.on_restart = [this](const std::string& reason, bool counted, bool failing) {
+  ev.on_restart = [this](const std::string& reason, bool counted, bool failing, bool failure) {
     round_.reset();
-    if (events_.on_restart) events_.on_restart(reason, counted, failing);
+    if (events_.on_restart) events_.on_restart(reason, counted, failing, failure);
   };
   ev.on_resumed = [this](std::uint64_t generation, int restart_count) {
     end_progress();

@@ -20,7 +20,7 @@ struct RendezvousEvents {
   // The current round ended (a worker failed somewhere, a node was lost or joined): stop the
   // workers and call join() again. `counted` says whether it used up one failure restart.
   // `failing`: not a restart; the job is failing and every node stops for its verdict.
-  std::function<void(const std::string& reason, bool counted, bool failing)> on_restart;
+  std::function<void(const std::string& reason, bool counted, bool failing, bool failure)> on_restart;
   // The job succeeded on every node: exit 0.
   std::function<void()> on_job_succeeded;
   // The job failed for good (restart budget spent): exit 1 with this first failure.

@@ -298,7 +298,7 @@ void Client::handle(Message& m) {
     }
     case MessageType::restart: {
       const Restart& r = std::get<Restart>(m.body);
-      if (events_.on_restart) events_.on_restart(r.reason, r.counted, r.failing);
+      if (events_.on_restart) events_.on_restart(r.reason, r.counted, r.failing, r.failure);
       return;
     }
     case MessageType::resumed: {

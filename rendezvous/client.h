@@ -49,7 +49,7 @@ struct ClientOptions {
 struct ClientEvents {
   std::function<void(const Assignment&)> on_round;
   // `failing`: the job is failing; stop the workers and wait for its verdict (job_failed).
-  std::function<void(const std::string& reason, bool counted, bool failing)> on_restart;
+  std::function<void(const std::string& reason, bool counted, bool failing, bool failure)> on_restart;
   std::function<void()> on_job_succeeded;
   std::function<void(const WorkerFailure& first_failure, const std::string& summary)> on_job_failed;
   // Connection refused past the deadline, closed, server silent, version or token mismatch,

@@ -428,6 +428,7 @@ std::optional<std::string> decode_body(MessageType type, const json& j, Message&
       f.string("reason", r.reason, kMaxReasonBytes, true);
       f.boolean("counted", r.counted);
       f.boolean("failing", r.failing);
+      f.boolean("failure", r.failure);
       f.integer("restart_count", r.restart_count, 0, kMaxRestarts);
       f.integer("max_restarts", r.max_restarts, 0, kMaxRestarts);
       m.body = std::move(r);
@@ -627,6 +628,7 @@ json to_json(const Message& m) {
       j["reason"] = r.reason;
       j["counted"] = r.counted;
       if (r.failing) j["failing"] = true;  // absent: false (older agents ignore it)
+      if (r.failure) j["failure"] = true;  // the same
       j["restart_count"] = r.restart_count;
       j["max_restarts"] = r.max_restarts;
       break;
@@ -724,8 +726,9 @@ Message make_resumed_message(std::uint64_t generation, int restart_count, bool r
   return message(MessageType::resumed, Resumed{generation, restart_count, rebuilt});
 }
 Message make_round(const Assignment& assignment) { return message(MessageType::round, assignment); }
-Message make_restart(const std::string& reason, bool counted, int restart_count, int max_restarts, bool failing) {
-  return message(MessageType::restart, Restart{reason, counted, failing, restart_count, max_restarts});
+Message make_restart(const std::string& reason, bool counted, int restart_count, int max_restarts, bool failing,
+                     bool failure) {
+  return message(MessageType::restart, Restart{reason, counted, failing, restart_count, max_restarts, failure});
 }
 Message make_job_succeeded(const std::string& job_id) { return message(MessageType::job_succeeded, JobSucceeded{job_id}); }
 Message make_job_failed(const WorkerFailure& first_failure, const std::string& summary) {

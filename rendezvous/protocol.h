@@ -159,6 +159,10 @@ struct Restart {
   bool failing = false;  // the job is failing: the workers stop for its verdict, no round follows
   int restart_count = 0;
   int max_restarts = 0;
+  // The round ended because something failed (a worker, a lost node, a failing job), not for a
+  // change of membership: the workers' collectives may never complete, so they must not wait to
+  // finish their step (docs/worker-sdk.md, "An abandoned round"). Absent on the wire: false.
+  bool failure = false;
 };
 struct JobSucceeded {
   std::string job_id;
@@ -239,7 +243,7 @@ Message make_welcome(const std::string& proof = "");
 Message make_error(const std::string& code, const std::string& message);
 Message make_round(const Assignment& assignment);
 Message make_restart(const std::string& reason, bool counted, int restart_count, int max_restarts,
-                     bool failing = false);
+                     bool failing = false, bool failure = false);
 Message make_job_succeeded(const std::string& job_id);
 Message make_job_failed(const WorkerFailure& first_failure, const std::string& summary);
 Message make_heartbeat_ack();

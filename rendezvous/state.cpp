@@ -453,7 +453,8 @@ void StateMachine::end_round(Job& job, const std::string& reason, bool counted, 
     job.restart_since = clock_.now();  // failure-to-restart time runs from here to the next round
   }
   emit(job, "restart", why, "", {}, {{"counted", counted}, {"restarts_used", job.restarts_used}}, reason);
-  Frame frame = encode(make_restart(reason, counted, job.restarts_used, job.max_restarts, why == "job_failing"));
+  const bool failure = why == "worker_failure" || why == "node_lost" || why == "job_failing";
+  Frame frame = encode(make_restart(reason, counted, job.restarts_used, job.max_restarts, why == "job_failing", failure));
   for (auto& [conn, node] : job.nodes) {
     if (node.state == NodeState::Running || node.state == NodeState::Succeeded) {
       out_.send(conn, frame);

@@ -133,7 +133,7 @@ int main(int argc, char** argv) {
       auto r = std::make_unique<ddp::agent::RemoteRendezvous>(io, o);
       ddp::agent::RendezvousEvents ev;
       ev.on_round = [&](const ddp::rdzv::Assignment&) { ++rounds; };
-      ev.on_restart = [&](const std::string&, bool, bool) { ++restarts; };
+      ev.on_restart = [&](const std::string&, bool, bool, bool) { ++restarts; };
       ev.on_rendezvous_error = [&](const std::string& m) {
         if (errors++ < 3) std::fprintf(stderr, "agent error: %s\n", m.c_str());
       };

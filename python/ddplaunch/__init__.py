@@ -24,7 +24,7 @@ __all__ = ["step", "phase", "checkpoint", "done", "enabled"]
 
 _SLOT_SIZE = 64
 _PHASE_OFFSET = 24
-_PHASE_SIZE = 40
+_PHASE_SIZE = 32
 
 _words = None   # memoryview of the slot as 3 unsigned 64-bit words: beats, step, checkpoint
 _bytes = None   # memoryview of the slot's bytes

@@ -372,7 +372,7 @@ TEST_SUITE("the in-process rendezvous") {
     std::vector<std::string> verdicts;
     RendezvousEvents events;
     events.on_round = [&](const ddp::rdzv::Assignment&) { ++rounds; };
-    events.on_restart = [&](const std::string&, bool, bool) { ++restarts; };
+    events.on_restart = [&](const std::string&, bool, bool, bool) { ++restarts; };
     events.on_job_failed = [&](const ddp::rdzv::WorkerFailure& f, const std::string& summary) {
       CHECK(f.rank == 1);
       verdicts.push_back(summary);

@@ -45,6 +45,21 @@ TEST_SUITE("progress heartbeats decide when a rank hangs") {
     CHECK(board.read(2).checkpoint_step == -1);
   }
 
+  TEST_CASE("an abandoned round is seen in every slot, survives the workers' writes, and ends with the round") {
+    ProgressBoard board(2);
+    CHECK_FALSE(board.abandoned(0));
+    board.abandon_round();
+    CHECK(board.abandoned(0));
+    CHECK(board.abandoned(1));
+    // A worker writing the longest phase it may write does not reach the agent's word.
+    board.write(1, beat(3, 3, std::string(ProgressBoard::kPhaseSize + 10, 'x')));
+    CHECK(board.abandoned(1));
+    CHECK(board.read(1).phase.size() == ProgressBoard::kPhaseSize - 1);
+    board.reset();
+    CHECK_FALSE(board.abandoned(0));
+    CHECK_FALSE(board.abandoned(1));
+  }
+
   TEST_CASE("a phase with bytes a terminal would interpret is shown with question marks") {
     ProgressBoard board(1);
     board.write(0, beat(1, 1, std::string("a\x1b[2Jb")));

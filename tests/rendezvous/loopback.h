@@ -49,7 +49,7 @@ struct TestAgent {
     TestAgent* raw = a.get();
     ClientEvents e;
     e.on_round = [raw](const Assignment& x) { raw->rounds.push_back(x); };
-    e.on_restart = [raw](const std::string& reason, bool counted, bool) { raw->restarts.emplace_back(reason, counted); };
+    e.on_restart = [raw](const std::string& reason, bool counted, bool, bool) { raw->restarts.emplace_back(reason, counted); };
     e.on_job_succeeded = [raw] { raw->succeeded = true; };
     e.on_job_failed = [raw](const WorkerFailure& f, const std::string& s) { raw->failed.emplace(f, s); };
     e.on_error = [raw](const std::string& m) { raw->errors.push_back(m); };

@@ -192,6 +192,13 @@ TEST_CASE("every message survives encode then decode with its data") {
   auto failing = decode(payload_of(encode(make_restart("the job is failing", false, 3, 3, true))));
   REQUIRE_FALSE(failing.error);
   CHECK(std::get<Restart>(failing.message->body).failing);
+  CHECK_FALSE(std::get<Restart>(r.message->body).failure);  // absent: false (older daemons)
+  auto lost = decode(payload_of(encode(make_restart("node x lost", false, 2, 3, false, true))));
+  REQUIRE_FALSE(lost.error);
+  CHECK(std::get<Restart>(lost.message->body).failure);
+  auto not_bool = decode(R"({"type":"restart","reason":"x","counted":false,"failure":"yes","restart_count":1,"max_restarts":1})");
+  REQUIRE(not_bool.error);
+  CHECK(not_bool.error->message.find("failure") != std::string::npos);
   WorkerFailure w;
   w.host = "h";
   w.exit_code = 3;

@@ -8,10 +8,16 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <sstream>
 
 #include "ddp/error.h"
+#include "ddp/progress.h"
 
 namespace ddp {
 namespace {
@@ -48,6 +54,7 @@ struct PendingWork::Impl {
   c10::intrusive_ptr<c10d::Work> work;
   std::string what;
   std::chrono::milliseconds timeout;
+  bool sliced = false;  // Gloo: wait in slices, looking at the agent's abandoned-round word
 };
 
 PendingWork::PendingWork() = default;
@@ -56,13 +63,57 @@ PendingWork::PendingWork(PendingWork&&) noexcept = default;
 PendingWork& PendingWork::operator=(PendingWork&&) noexcept = default;
 PendingWork::PendingWork(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
+namespace {
+
+// The slice of a Gloo wait between looks at the agent's word (docs/worker-sdk.md, "An abandoned
+// round"): short against a restart, long against the cost of a look (one atomic load).
+constexpr std::chrono::milliseconds kWaitSlice{100};
+
+// The round was abandoned by the agent while this worker waits for `what`: the collective has a
+// failed peer and will not complete, so the step cannot be finished. SIGTERM's default action,
+// which the Trainer's handler deferred to the end of the step, is taken now.
+[[noreturn]] void die_of_abandoned_round(const std::string& what) {
+  const std::string line = "[ddp] " + what + ": the agent abandoned the round (a peer failed) while this "
+                           "worker waited for it; exiting at once, nothing saved\n";
+  (void)!::write(STDERR_FILENO, line.data(), line.size());
+  ::signal(SIGTERM, SIG_DFL);
+  ::raise(SIGTERM);
+  ::_exit(128 + SIGTERM);  // SIGTERM blocked in this thread: the same exit status by hand
+}
+
+}  // namespace
+
 void PendingWork::wait() {
   if (!impl_ || !impl_->work) return;
   auto work = std::move(impl_->work);
   try {
-    if (!work->wait(impl_->timeout)) {
-      throw CommError(impl_->what + ": did not complete within " +
-                      std::to_string(impl_->timeout.count()) + " ms");
+    if (!impl_->sliced) {
+      if (!work->wait(impl_->timeout)) {
+        throw CommError(impl_->what + ": did not complete within " +
+                        std::to_string(impl_->timeout.count()) + " ms");
+      }
+      return;
+    }
+    // c10d's Work::wait(timeout) throws when the time runs out before the work completes; a
+    // completed work's own error is raised by the unbounded wait below.
+    const auto deadline = std::chrono::steady_clock::now() + impl_->timeout;
+    Progress& progress = Progress::instance();
+    for (;;) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) {
+        throw CommError(impl_->what + ": did not complete within " +
+                        std::to_string(impl_->timeout.count()) + " ms");
+      }
+      try {
+        if (work->wait(std::min(left, kWaitSlice))) return;
+      } catch (const std::exception&) {
+        if (work->isCompleted()) {
+          work->wait();  // no timeout: the work's own outcome, rethrowing its error
+          return;
+        }
+      }
+      if (progress.round_abandoned()) die_of_abandoned_round(impl_->what);
     }
   } catch (const ddp::Error&) {
     throw;
@@ -168,6 +219,7 @@ PendingWork ProcessGroup::allreduce_sum_async(torch::Tensor tensor) {
   }
   impl->what = "allreduce (rank " + std::to_string(rank()) + ")";
   impl->timeout = options_.timeout;
+  impl->sliced = impl_->name == "gloo";
   return PendingWork(std::move(impl));
 }
 
@@ -186,6 +238,7 @@ void ProcessGroup::allreduce_max(torch::Tensor tensor) {
   }
   impl->what = "allreduce max (rank " + std::to_string(rank()) + ")";
   impl->timeout = options_.timeout;
+  impl->sliced = impl_->name == "gloo";
   PendingWork(std::move(impl)).wait();
 }
 
@@ -203,6 +256,7 @@ void ProcessGroup::broadcast(torch::Tensor tensor, int root) {
   impl->what = "broadcast from rank " + std::to_string(root) + " (rank " +
                std::to_string(rank()) + ")";
   impl->timeout = options_.timeout;
+  impl->sliced = impl_->name == "gloo";
   PendingWork(std::move(impl)).wait();
 }
 
@@ -216,6 +270,7 @@ void ProcessGroup::barrier() {
   }
   impl->what = "barrier (rank " + std::to_string(rank()) + ")";
   impl->timeout = options_.timeout;
+  impl->sliced = impl_->name == "gloo";
   PendingWork(std::move(impl)).wait();
 }
 

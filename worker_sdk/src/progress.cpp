@@ -17,7 +17,7 @@ namespace ddp {
 namespace {
 constexpr std::size_t kSlotSize = 64;
 constexpr std::size_t kPhaseOffset = 24;
-constexpr std::size_t kPhaseSize = 40;
+constexpr std::size_t kPhaseSize = 32;  // offset 56: the agent's `abandoned` word
 }  // namespace
 
 Progress& Progress::instance() {

@@ -35,14 +35,19 @@ class Progress {
   void checkpoint(int64_t step) noexcept {
     if (slot_) slot_[2].store(static_cast<uint64_t>(step), std::memory_order_release);
   }
-  // What the worker does now ("forward/backward", "checkpoint"); at most 39 characters are kept.
+  // The agent abandoned this round (a peer failed): a collective that waits for the peers will
+  // not complete, so a stop must not wait for the step to finish (PendingWork::wait).
+  bool round_abandoned() const noexcept {
+    return slot_ != nullptr && slot_[7].load(std::memory_order_acquire) != 0;
+  }
+  // What the worker does now ("forward/backward", "checkpoint"); at most 31 characters are kept.
   // REQUIRES: `name` is a NUL-terminated string.
   void set_phase(const char* name) noexcept;
   std::string phase() const;
 
  private:
   Progress();
-  std::atomic<uint64_t>* slot_ = nullptr;  // beats, step, checkpoint, then the phase bytes
+  std::atomic<uint64_t>* slot_ = nullptr;  // beats, step, checkpoint, phase bytes, abandoned
   uint64_t beats_ = 0;
 };
 
