@@ -234,7 +234,7 @@ void resolve_rendezvous(const RawValues& raw, LaunchConfig& config,
       }
       while (!item.empty() && item.back() == '/') item.pop_back();
       const Endpoint e = parse_endpoint(Given{item, g->source}, 2379);
-      config.etcd.endpoints.push_back("http://" + e.text());
+      config.etcd.endpoints.push_back(e.text());  // the scheme follows `protocol` (resolve_etcd)
     }
   } else if (auto h = raw.find("rdzv_endpoint"); h != nullptr && !trim(h->value).empty()) {
     // HOST:PORT,HOST:PORT,...: standby daemons, tried in order when one is lost (docs/cli.md).
@@ -466,6 +466,8 @@ void resolve_etcd(const RawValues& raw, LaunchConfig& config) {
     refuse(raw.find("rdzv_id")->shown() + ": with --rdzv_backend=" + backend +
            " the job id is part of an etcd key and must not contain '/'");
   }
+  // TLS to etcd comes with the etcd client's TLS support (EtcdOptions::ca_file, cert_file, key_file);
+  // until then https is refused here and nowhere else.
   if (config.etcd.protocol == "https") {
     refuse("--rdzv_backend=" + backend + ": --rdzv_conf protocol=https (TLS to etcd) is not supported yet; "
            "use an http:// etcd endpoint");
@@ -480,6 +482,7 @@ void resolve_etcd(const RawValues& raw, LaunchConfig& config) {
   if (config.etcd.user.empty() && !config.etcd.password_file.empty()) {
     refuse("--rdzv_conf etcd_password_file needs etcd_user=NAME");
   }
+  for (std::string& e : config.etcd.endpoints) e = config.etcd.protocol + "://" + e;
   if (config.etcd.prefix.back() != '/') config.etcd.prefix += '/';
   config.rdzv_endpoint.reset();
   config.rdzv_standby_endpoints.clear();

@@ -36,7 +36,7 @@ const char* env_check_name(EnvCheckMode mode);         // "strict", "warn", "off
 // Issue 14: --rdzv_backend=etcd / etcd-v2 (docs/etcd.md "Agents on etcd"): every agent hosts a
 // replica of its job's rendezvous in-process; the replicas elect their leader through etcd.
 struct EtcdRendezvousConfig {
-  // --rdzv_endpoint: etcd's endpoints, "http://HOST:PORT" (port 2379 when absent), tried in turn.
+  // --rdzv_endpoint: etcd's endpoints, "PROTOCOL://HOST:PORT" (port 2379 when absent), in turn.
   std::vector<std::string> endpoints;
   std::string protocol = "http";            // rdzv_conf protocol: http (default) or https
   // rdzv_conf cacert (etcd-v2: ca_cert), cert (ssl_cert), key (ssl_cert_key): TLS files; "" = none.
