@@ -52,17 +52,13 @@ Replica::Replica(asio::io_context& io, const asio::ip::tcp::endpoint& listen, Re
   election_->start();
 }
 
-Replica::~Replica() {
-  stop();
-  *alive_ = false;
-}
+Replica::~Replica() { stop(); }
 
 void Replica::on_change(const Leadership& l) {
   if (stopped_ || !server_->serving()) return;
   const bool leading = l.leading && std::chrono::steady_clock::now() < l.valid_until;
   server_->set_leadership(leading, l.leader, l.records ? &*l.records : nullptr);
   if (!leading) return;
-  has_led_ = true;
   // A leader steps down at valid_until by this loop's own timer, even while the election thread
   // is stuck in an etcd call: etcd frees the key at the earliest a quarter TTL later.
   leadership_timer_.expires_at(l.valid_until);

@@ -48,8 +48,6 @@ class Replica {
   // HOST:PORT, as the leader key names this replica.
   const std::string& endpoint() const { return endpoint_; }
   bool leading() const { return server_ && server_->leading(); }
-  // Whether this replica has led at any time (its job records may be the newest).
-  bool has_led() const { return has_led_; }
 
  private:
   void on_change(const Leadership& l);
@@ -60,7 +58,6 @@ class Replica {
   std::unique_ptr<Election> election_;  // declared after server_: stopped before it goes
   boost::asio::steady_timer leadership_timer_;
   std::string endpoint_;
-  bool has_led_ = false;
   bool stopped_ = false;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
