@@ -563,6 +563,12 @@ int check_env(const LaunchConfig& config) {
     const std::string why = cannot_run.rfind("ddplaunch: ", 0) == 0 ? cannot_run.substr(11) : cannot_run;
     return verdict(static_cast<int>(ExitCode::kUsage), "this node cannot run the job: " + why);
   }
+  if (config.rdzv_backend == RendezvousBackend::kEtcd || config.rdzv_backend == RendezvousBackend::kEtcdV2) {
+    // No daemon to ask: the job's replicas exist only while its agents run (docs/etcd.md).
+    return verdict(static_cast<int>(ExitCode::kSuccess),
+                   std::string("this node can run the job (with --rdzv_backend=") + backend_name(config.rdzv_backend) +
+                       " no daemon holds the job's nodes: they are compared when the round forms)");
+  }
   if (!config.rdzv_endpoint || config.rdzv_id.empty() || config.rdzv_id == "none") {
     return verdict(static_cast<int>(ExitCode::kSuccess),
                    "this node can run the job (give --rdzv_endpoint and --rdzv_id to compare it with a job's nodes)");
