@@ -75,6 +75,8 @@ class EtcdAgents(MultiNodeTestCase):
 
         # Node loss: the agent whose replica leads dies with its workers.
         victim_workers = [r["pid"] for r in rs if r["env"]["MN_NODE"] == "n0"]
+        log_before = len(second.stderr())  # before the kill: the survivor notices within milliseconds
+        self.assertNotIn(LEADING, second.stderr())
         os.kill(first.pid, signal.SIGKILL)
         for pid in victim_workers:
             try:
@@ -82,7 +84,6 @@ class EtcdAgents(MultiNodeTestCase):
             except ProcessLookupError:
                 pass
         killed = time.monotonic()
-        log_before = len(second.stderr())
         first.wait(10)
 
         # The survivor's replica takes the lead after the lease, and the job goes on without n0.
