@@ -40,11 +40,11 @@ class EtcdAgents(MultiNodeTestCase):
         self.addCleanup(self.etcd.__exit__, None, None, None)
         self.prefix = "/ddp-test-%s" % uuid.uuid4().hex[:8]
 
-    def etcd_node(self, name, backend, endpoint, nnodes, nproc, worker_args, max_restarts=0):
+    def etcd_node(self, name, backend, endpoint, nnodes, nproc, worker_args, max_restarts=0, conf=""):
         """A torchrun command line with an etcd backend, as ddplaunch's arguments."""
         args = ["--nnodes=%s" % nnodes, "--nproc_per_node=%d" % nproc, "--rdzv_backend=%s" % backend,
                 "--rdzv_endpoint=%s" % endpoint, "--rdzv_id=%s" % self.job,
-                "--rdzv_conf", "%s,etcd_prefix=%s,etcd_lease_ttl=%d" % (CONF, self.prefix, TTL),
+                "--rdzv_conf", "%s,etcd_prefix=%s,etcd_lease_ttl=%d%s" % (CONF, self.prefix, TTL, conf),
                 "--max_restarts=%d" % max_restarts, "--shutdown_timeout=5",
                 "--python", PYTHON, WORKER, self.out] + list(worker_args)
         proc = self.spawn_launch(args, env={"MN_NODE": name})
@@ -105,8 +105,11 @@ class EtcdAgents(MultiNodeTestCase):
 
     def test_etcd_backend_runs_a_2_node_job_and_the_same_id_runs_again(self):
         endpoints = ",".join(self.etcd.endpoints)  # every member, http:// as etcd writes them
+        # The replicas guard the job with the shared token, as a daemon does (docs/security.md).
+        token = self.script("token", "etcd-agents-secret\n")
         for attempt in range(2):
-            nodes = [self.etcd_node("n%d" % i, "etcd", endpoints, 2, 1, ["--no-gloo"]) for i in range(2)]
+            nodes = [self.etcd_node("n%d" % i, "etcd", endpoints, 2, 1, ["--no-gloo"], conf=",token_file=" + token)
+                     for i in range(2)]
             self.nodes = nodes
             self.assertEqual(self.wait_exit(nodes), [0, 0], self.describe_nodes())
             # One replica led; the other agent was redirected to it.
@@ -115,6 +118,8 @@ class EtcdAgents(MultiNodeTestCase):
                           in p.stderr()]
             self.assertEqual(len(redirected), 1, self.describe_nodes())
             gen, rs = self.wait_round(2)
+            self.check_round(rs, 2, 1)
+            self.assertEqual(gen, 1, "the rerun is a new job, not the finished one continued")
             self.assertEqual(self.job_keys(), [], "attempt %d left its records in etcd" % attempt)
             for name in os.listdir(self.out):
                 os.unlink(os.path.join(self.out, name))
