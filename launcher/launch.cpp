@@ -241,12 +241,41 @@ std::string read_first_line(const std::string& path, const char* what) {
   return line;
 }
 
+// Reads `key` until etcd answers, for up to etcd_timeout (every endpoint in turn, again every
+// 200 ms): an unreachable etcd is a failed rendezvous (exit 3) at once, not a join_timeout later.
+void wait_for_etcd(const LaunchConfig& config, rdzv::EtcdOptions options, const std::string& key) {
+  const EtcdRendezvousConfig& c = config.etcd;
+  std::string endpoints;
+  for (const auto& e : c.endpoints) endpoints += (endpoints.empty() ? "" : ",") + e;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(c.timeout);
+  rdzv::EtcdStatus status;
+  for (;;) {
+    const double left = std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count();
+    options.call_timeout = std::max(left, 0.05);
+    rdzv::EtcdClient etcd(options);
+    if (!etcd.config_error().empty()) {
+      throw UsageError("ddplaunch: --rdzv_endpoint=" + endpoints + ": " + etcd.config_error());
+    }
+    status = etcd.range(key).status;
+    // etcd itself answered with an error (permission denied, ...): asking again changes nothing.
+    if (status.ok() || (status.code != 0 && status.code != 14)) break;
+    if (std::chrono::steady_clock::now() + std::chrono::milliseconds(200) >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  if (!status.ok()) {
+    throw UsageError("ddplaunch: --rdzv_backend=" + std::string(backend_name(config.rdzv_backend)) + ": etcd at " +
+                         endpoints + " did not answer within " +
+                         std::to_string(static_cast<long long>(std::ceil(c.timeout))) +
+                         " s (--rdzv_conf etcd_timeout): " + status.error +
+                         ". Check --rdzv_endpoint (etcd's client URL, port 2379 by default) and that etcd runs",
+                     ExitCode::kRendezvousFailed);
+  }
+}
+
 // The replica this agent hosts with --rdzv_backend=etcd / etcd-v2 (docs/etcd.md "Agents on
-// etcd"), after checking that etcd answers within etcd_timeout: an unreachable etcd is a failed
-// rendezvous (exit 3) at once, not a join_timeout later.
+// etcd"), once etcd has answered.
 agent::EtcdReplicaOptions etcd_replica(const LaunchConfig& config) {
   const EtcdRendezvousConfig& c = config.etcd;
-  const std::string backend = backend_name(config.rdzv_backend);
   agent::EtcdReplicaOptions r;
   r.etcd.endpoints = c.endpoints;
   r.etcd.user = c.user;
@@ -256,33 +285,7 @@ agent::EtcdReplicaOptions etcd_replica(const LaunchConfig& config) {
   r.etcd.key_file = c.key_file;
   r.prefix = c.prefix + config.rdzv_id + "/";
   r.lease_ttl = c.lease_ttl;
-  std::string endpoints;
-  for (const auto& e : c.endpoints) endpoints += (endpoints.empty() ? "" : ",") + e;
-  {
-    rdzv::EtcdOptions probe_options = r.etcd;
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(c.timeout);
-    rdzv::EtcdStatus status;
-    for (;;) {
-      const double left = std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count();
-      probe_options.call_timeout = std::max(left, 0.05);
-      rdzv::EtcdClient etcd(probe_options);
-      if (!etcd.config_error().empty()) {
-        throw UsageError("ddplaunch: --rdzv_endpoint=" + endpoints + ": " + etcd.config_error());
-      }
-      status = etcd.range(r.prefix + "leader").status;
-      // etcd itself answered with an error (permission denied, ...): asking again changes nothing.
-      if (status.ok() || (status.code != 0 && status.code != 14)) break;
-      if (std::chrono::steady_clock::now() + std::chrono::milliseconds(200) >= deadline) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    }
-    if (!status.ok()) {
-      throw UsageError("ddplaunch: --rdzv_backend=" + backend + ": etcd at " + endpoints + " did not answer within " +
-                           std::to_string(static_cast<long long>(std::ceil(c.timeout))) +
-                           " s (--rdzv_conf etcd_timeout): " + status.error +
-                           ". Check --rdzv_endpoint (etcd's client URL, port 2379 by default) and that etcd runs",
-                       ExitCode::kRendezvousFailed);
-    }
-  }
+  wait_for_etcd(config, r.etcd, r.prefix + "leader");
   // Where this node's replica listens and what the leader key names: --local_addr (an address:
   // listen there; a name: listen everywhere), else the address this node reaches etcd from.
   boost::system::error_code ec;
