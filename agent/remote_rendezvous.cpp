@@ -15,6 +15,7 @@
 #include <boost/asio.hpp>
 
 #include "rendezvous/client.h"
+#include "rendezvous/replica.h"
 #include "rendezvous/server.h"
 #include "rendezvous/state.h"
 
@@ -162,6 +163,10 @@ RemoteRendezvous::RemoteRendezvous(boost::asio::io_context& io, RemoteRendezvous
   }
   // Differences that --env_check=warn lets through are the user's business even when quiet.
   server_options.round_check = rdzv::make_env_round_check([this](const std::string& line) { log(line); });
+  if (options_.etcd_replica) {
+    start_replica(std::move(server_options));
+    return;
+  }
   if (options_.standalone) {
     // A free port on loopback: the whole job is on this node.
     server_ = std::make_unique<rdzv::Server>(
@@ -210,12 +215,53 @@ RemoteRendezvous::RemoteRendezvous(boost::asio::io_context& io, RemoteRendezvous
   }
 }
 
+// Issue 14: a replica of the job's rendezvous on a free port of this node's address, following
+// until its election wins; this agent's only endpoint (it redirects to the leader).
+void RemoteRendezvous::start_replica(rdzv::ServerOptions server_options) {
+  const EtcdReplicaOptions& r = *options_.etcd_replica;
+  rdzv::ReplicaOptions o;
+  o.server = std::move(server_options);
+  o.etcd = r.etcd;
+  o.prefix = r.prefix;
+  o.lease_ttl = r.lease_ttl;
+  o.advertise_host = r.advertise_host;
+  o.log = [this](const std::string& line) { log("rendezvous replica: " + line); };
+  boost::system::error_code ec;
+  const auto address = boost::asio::ip::make_address(r.listen_addr, ec);
+  if (ec) throw std::invalid_argument("cannot listen on " + r.listen_addr + ": not an IP address");
+  replica_ = std::make_unique<rdzv::Replica>(io_, tcp::endpoint(address, 0), std::move(o));
+  endpoint_ = replica_->endpoint();
+  endpoints_ = {endpoint_};
+  log("hosting a replica of job " + options_.job_id + "'s rendezvous on " + endpoint_ + " (etcd key prefix " +
+      r.prefix + ", lease TTL " + std::to_string(r.lease_ttl) + " s); the replicas elect their leader through etcd");
+}
+
+// Issue 14: once the job has ended (every node was told), its records in etcd are of no use and
+// must not be found by a later job of the same --rdzv_id (a finished job refuses its nodes). Each
+// agent deletes them as it leaves (idempotent; one etcd call's deadline at most).
+void RemoteRendezvous::forget_job_records() {
+  const EtcdReplicaOptions& r = *options_.etcd_replica;
+  rdzv::EtcdClient etcd(r.etcd);
+  rdzv::EtcdTxn txn;
+  rdzv::EtcdOp del;
+  del.kind = rdzv::EtcdOp::Kind::del;
+  del.key = r.prefix + "jobs/";
+  del.range_end = rdzv::prefix_range_end(del.key);
+  txn.success.push_back(del);
+  const auto result = etcd.txn(txn);
+  if (!result.status.ok()) log("the job ended; could not delete its records in etcd: " + result.status.error);
+}
+
 RemoteRendezvous::~RemoteRendezvous() {
   closed_ = true;
   backoff_timer_.cancel();
   progress_timer_.cancel();
   if (client_) client_->close();
   if (server_) server_->stop();
+  if (replica_) {
+    replica_->stop();  // a leader revokes its lease: another replica could take over at once
+    if (finished_) forget_job_records();
+  }
 }
 
 void RemoteRendezvous::log(const std::string& line) const {

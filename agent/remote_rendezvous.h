@@ -14,6 +14,11 @@
 // sent after the resume. Only when reconnect_timeout passes does on_rendezvous_error fire
 // (exit 3). An agent whose host appears in the list hosts a standby server on the first of
 // its local endpoints that is free, so survivors can resume there when the host dies.
+//
+// Issue 14 (--rdzv_backend=etcd / etcd-v2, docs/etcd.md "Agents on etcd"): with `etcd_replica`
+// the agent hosts a replica of its job's rendezvous (rdzv::Replica) on a free port of its node
+// address and uses it as its only endpoint; the replica redirects the agent to whichever replica
+// of the job leads, and when the leader's node dies another agent's replica takes over.
 #pragma once
 
 #include <chrono>
@@ -28,15 +33,27 @@
 
 #include "agent/progress_line.h"
 #include "agent/rendezvous_handler.h"
+#include "rendezvous/etcd.h"
 
 namespace ddp::rdzv {
 class Client;
+class Replica;
 class Server;
+struct ServerOptions;
 struct Waiting;
 class TlsContext;
 }  // namespace ddp::rdzv
 
 namespace ddp::agent {
+
+// Issue 14: the replica an agent hosts with --rdzv_backend=etcd / etcd-v2.
+struct EtcdReplicaOptions {
+  rdzv::EtcdOptions etcd;
+  std::string prefix;          // the job's keys: PREFIX + "leader", PREFIX + "jobs/"
+  int lease_ttl = 5;           // seconds of the leader's lease; default 5
+  std::string listen_addr;     // IP address to listen on (port: a free one)
+  std::string advertise_host;  // HOST in the leader key (HOST:PORT); other agents reach it there
+};
 
 struct RemoteRendezvousOptions {
   std::string endpoint;          // HOST[:PORT][,HOST[:PORT]...] (port 29400 when absent), tried in
@@ -58,6 +75,9 @@ struct RemoteRendezvousOptions {
   // the agent's own lines say what matters; environment differences (--env_check=warn) are
   // always shown.
   bool echo_server_log = false;
+  // Issue 14: host a replica of the job's rendezvous on etcd and use it (`endpoint` unused).
+  // Unset (default): no replica.
+  std::optional<EtcdReplicaOptions> etcd_replica;
 };
 
 class RemoteRendezvous final : public RendezvousHandler {
@@ -71,12 +91,14 @@ class RemoteRendezvous final : public RendezvousHandler {
   void report_success() override;
   void close() override;
 
-  // True when this agent hosts the rendezvous server in-process.
-  bool hosting() const { return server_ != nullptr; }
+  // True when this agent hosts the rendezvous server (or an etcd replica of it) in-process.
+  bool hosting() const { return server_ != nullptr || replica_ != nullptr; }
   // The endpoint list actually used (the free port with --standalone).
   const std::string& endpoint() const { return endpoint_; }
 
  private:
+  void start_replica(rdzv::ServerOptions server_options);
+  void forget_job_records();
   void start_client();
   void on_lost(const std::string& why);
   void on_redirect(const std::string& leader, const std::string& why);
@@ -93,6 +115,7 @@ class RemoteRendezvous final : public RendezvousHandler {
   std::vector<std::string> endpoints_;
   std::size_t current_ = 0;              // index in endpoints_ of the connection in use
   std::unique_ptr<rdzv::Server> server_;
+  std::unique_ptr<rdzv::Replica> replica_;  // issue 14: etcd backends
   std::shared_ptr<rdzv::Client> client_;
   boost::asio::steady_timer backoff_timer_;
   std::chrono::steady_clock::time_point deadline_;  // of the connect or reconnect in progress

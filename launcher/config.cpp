@@ -92,7 +92,45 @@ void parse_nproc(const Given& g, LaunchConfig& config, const ParseContext& conte
 const char* const kKnownRdzvKeys =
     "join_timeout, last_call_timeout, heartbeat_interval, heartbeat_timeout, "
     "keep_alive_interval, keep_alive_max_attempt, shutdown_timeout, reconnect_timeout, "
-    "read_timeout, timeout, token_file, tls_ca, tls_cert, tls_key, is_host";
+    "read_timeout, timeout, token_file, tls_ca, tls_cert, tls_key, is_host; with etcd backends: "
+    "protocol, cacert (ca_cert), cert (ssl_cert), key (ssl_cert_key), etcd_prefix, etcd_lease_ttl, "
+    "etcd_timeout, etcd_user, etcd_password_file";
+
+bool is_etcd(RendezvousBackend b) { return b == RendezvousBackend::kEtcd || b == RendezvousBackend::kEtcdV2; }
+
+// One --rdzv_conf key of the etcd backends (torchrun's etcd and etcd-v2 names, and ours); false
+// when `key` is none of them.
+bool parse_etcd_key(const std::string& key, const std::string& value, const Given& item, EtcdRendezvousConfig& etcd) {
+  if (key == "protocol") {
+    const std::string p = lower(value);
+    if (p != "http" && p != "https") refuse(item.shown() + ": accepted: http, https");
+    etcd.protocol = p;
+  } else if (key == "cacert" || key == "ca_cert") {
+    etcd.ca_file = value;
+  } else if (key == "cert" || key == "ssl_cert") {
+    etcd.cert_file = value;
+  } else if (key == "key" || key == "ssl_cert_key") {
+    etcd.key_file = value;
+  } else if (key == "etcd_prefix") {
+    if (value.front() != '/') refuse(item.shown() + ": an etcd key prefix starting with '/', e.g. /ddplaunch/jobs");
+    etcd.prefix = value;
+  } else if (key == "etcd_lease_ttl") {
+    const auto ttl = to_integer(value);
+    if (!ttl || *ttl < 2 || *ttl > 600) refuse(item.shown() + ": accepted: whole seconds from 2 to 600 (default 5)");
+    etcd.lease_ttl = static_cast<int>(*ttl);
+  } else if (key == "etcd_timeout") {
+    etcd.timeout = parse_seconds(item);
+    if (etcd.timeout <= 0) refuse(item.shown() + ": must be greater than 0 seconds (default 10)");
+  } else if (key == "etcd_user") {
+    etcd.user = value;
+  } else if (key == "etcd_password_file") {
+    etcd.password_file = value;
+  } else {
+    return false;
+  }
+  etcd.given.push_back(key + "=" + value);
+  return true;
+}
 
 // --rdzv_conf key=value,... Times are seconds. torchrun's keep_alive_interval and
 // keep_alive_max_attempt are its heartbeat: interval, and a node is lost after max_attempt
@@ -111,7 +149,11 @@ void parse_rdzv_conf(const Given& g, LaunchConfig& config, std::optional<double>
     if (key.empty()) refuse(g.shown() + ": '" + pair + "' has no key; accepted: " + accepted);
     if (value.empty()) refuse(g.shown() + ": '" + key + "' has no value; accepted: " + accepted);
     const Given item{value, g.source + " " + key};
-    if (key == "join_timeout") {
+    if (parse_etcd_key(key, value, item, config.etcd)) continue;
+    if (key == "timeout" && is_etcd(config.rdzv_backend)) {
+      // torchrun's etcd backends: how long a rendezvous may take to complete (its join timeout).
+      config.timeouts.join_timeout = parse_seconds(item);
+    } else if (key == "join_timeout") {
       config.timeouts.join_timeout = parse_seconds(item);
     } else if (key == "last_call_timeout") {
       config.timeouts.last_call_timeout = parse_seconds(item);
@@ -175,15 +217,30 @@ void resolve_rendezvous(const RawValues& raw, LaunchConfig& config,
   if (auto g = raw.find("rdzv_backend")) {
     config.rdzv_backend = parse_choice<RendezvousBackend>(
         *g, {{"static", RendezvousBackend::kStatic}, {"c10d", RendezvousBackend::kC10d},
-             {"ddp", RendezvousBackend::kC10d}},
-        "static, c10d, ddp (c10d and ddp both mean the ddp-rendezvous daemon); unsupported "
-        "backend");
+             {"ddp", RendezvousBackend::kC10d}, {"etcd", RendezvousBackend::kEtcd},
+             {"etcd-v2", RendezvousBackend::kEtcdV2}},
+        "static, c10d, ddp (c10d and ddp both mean the ddp-rendezvous daemon), etcd, etcd-v2 (the "
+        "job's agents host the rendezvous on etcd); unsupported backend");
   }
-  if (auto g = raw.find("rdzv_endpoint"); g != nullptr && !trim(g->value).empty()) {
+  if (auto g = raw.find("rdzv_endpoint"); g != nullptr && is_etcd(config.rdzv_backend) && !trim(g->value).empty()) {
+    // etcd's endpoints: HOST[:PORT] (2379 when absent), http:// allowed; https:// is protocol=https.
+    for (std::string item : split(trim(g->value), ',')) {
+      item = trim(item);
+      if (item.rfind("http://", 0) == 0) {
+        item = item.substr(7);
+      } else if (item.rfind("https://", 0) == 0) {
+        item = item.substr(8);
+        config.etcd.protocol = "https";
+      }
+      while (!item.empty() && item.back() == '/') item.pop_back();
+      const Endpoint e = parse_endpoint(Given{item, g->source}, 2379);
+      config.etcd.endpoints.push_back(e.text());  // the scheme follows `protocol` (resolve_etcd)
+    }
+  } else if (auto h = raw.find("rdzv_endpoint"); h != nullptr && !trim(h->value).empty()) {
     // HOST:PORT,HOST:PORT,...: standby daemons, tried in order when one is lost (docs/cli.md).
     // Every item must parse; the first is the rendezvous, the rest its standbys.
-    for (const std::string& item : split(trim(g->value), ',')) {
-      Endpoint e = parse_endpoint(Given{trim(item), g->source}, 29400);
+    for (const std::string& item : split(trim(h->value), ',')) {
+      Endpoint e = parse_endpoint(Given{trim(item), h->source}, 29400);
       if (!config.rdzv_endpoint) {
         config.rdzv_endpoint = std::move(e);
       } else {
@@ -398,6 +455,39 @@ std::string nnodes_text(const LaunchConfig& c) {
                                     : std::to_string(c.min_nodes) + ":" + std::to_string(c.max_nodes);
 }
 
+// --rdzv_backend=etcd / etcd-v2: etcd's endpoints and the rdzv_conf keys that go with them.
+void resolve_etcd(const RawValues& raw, LaunchConfig& config) {
+  const std::string backend = backend_name(config.rdzv_backend);
+  if (config.etcd.endpoints.empty()) {
+    refuse("--rdzv_backend=" + backend + " needs --rdzv_endpoint=HOST[:PORT] of etcd (port 2379 when absent; "
+           "several: HOST:PORT,HOST:PORT)");
+  }
+  if (config.rdzv_id.find('/') != std::string::npos) {
+    refuse(raw.find("rdzv_id")->shown() + ": with --rdzv_backend=" + backend +
+           " the job id is part of an etcd key and must not contain '/'");
+  }
+  // TLS to etcd comes with the etcd client's TLS support (EtcdOptions::ca_file, cert_file, key_file);
+  // until then https is refused here and nowhere else.
+  if (config.etcd.protocol == "https") {
+    refuse("--rdzv_backend=" + backend + ": --rdzv_conf protocol=https (TLS to etcd) is not supported yet; "
+           "use an http:// etcd endpoint");
+  }
+  if (!config.etcd.ca_file.empty() || !config.etcd.cert_file.empty() || !config.etcd.key_file.empty()) {
+    refuse("--rdzv_backend=" + backend + ": --rdzv_conf cacert, cert and key are for TLS to etcd, which needs "
+           "protocol=https (not supported yet); drop them for an http:// etcd");
+  }
+  if (!config.etcd.user.empty() && config.etcd.password_file.empty()) {
+    refuse("--rdzv_conf etcd_user=" + config.etcd.user + " needs etcd_password_file=PATH (a file holding the password)");
+  }
+  if (config.etcd.user.empty() && !config.etcd.password_file.empty()) {
+    refuse("--rdzv_conf etcd_password_file needs etcd_user=NAME");
+  }
+  for (std::string& e : config.etcd.endpoints) e = config.etcd.protocol + "://" + e;
+  if (config.etcd.prefix.back() != '/') config.etcd.prefix += '/';
+  config.rdzv_endpoint.reset();
+  config.rdzv_standby_endpoints.clear();
+}
+
 // Every rule that ties two or more flags together, after each value is parsed on its own.
 void resolve_rules(const RawValues& raw, LaunchConfig& config, std::ostream& err) {
   if (config.no_python && config.module && !config.run_path) {
@@ -437,6 +527,16 @@ void resolve_rules(const RawValues& raw, LaunchConfig& config, std::ostream& err
     config.rdzv_id = random_run_id();
     return;
   }
+  if (is_etcd(config.rdzv_backend)) {
+    resolve_etcd(raw, config);
+    return;
+  }
+  if (!config.etcd.given.empty()) {
+    std::string keys;
+    for (const auto& k : config.etcd.given) keys += (keys.empty() ? "" : ", ") + k;
+    err << "ddplaunch: warning: --rdzv_conf " << keys << ": only the etcd backends use these; ignored with --rdzv_backend="
+        << backend_name(config.rdzv_backend) << "\n";
+  }
   if (config.rdzv_backend == RendezvousBackend::kC10d) {
     if (!config.rdzv_endpoint && config.max_nodes > 1) {
       refuse("--rdzv_backend=c10d on more than one node needs --rdzv_endpoint=HOST[:PORT] "
@@ -470,7 +570,13 @@ void resolve_rules(const RawValues& raw, LaunchConfig& config, std::ostream& err
 }  // namespace
 
 const char* backend_name(RendezvousBackend backend) {
-  return backend == RendezvousBackend::kStatic ? "static" : "c10d";
+  switch (backend) {
+    case RendezvousBackend::kStatic: return "static";
+    case RendezvousBackend::kC10d: return "c10d";
+    case RendezvousBackend::kEtcd: return "etcd";
+    case RendezvousBackend::kEtcdV2: return "etcd-v2";
+  }
+  return "c10d";
 }
 
 const char* env_check_name(EnvCheckMode mode) {

@@ -22,15 +22,33 @@
 
 namespace ddp::launcher {
 
-// --rdzv_backend. torchrun's c10d and our ddp both mean the ddp-rendezvous daemon.
-enum class RendezvousBackend { kStatic, kC10d };
+// --rdzv_backend. torchrun's c10d and our ddp both mean the ddp-rendezvous daemon; torchrun's
+// etcd and etcd-v2 both mean a rendezvous hosted by the job's agents on etcd (docs/etcd.md).
+enum class RendezvousBackend { kStatic, kC10d, kEtcd, kEtcdV2 };
 // --env_check (issue 6).
 enum class EnvCheckMode { kStrict, kWarn, kOff };
 // --start_method: accepted for compatibility, workers are always new processes.
 enum class StartMethod { kSpawn, kFork, kForkserver };
 
-const char* backend_name(RendezvousBackend backend);   // "static", "c10d"
+const char* backend_name(RendezvousBackend backend);   // "static", "c10d", "etcd", "etcd-v2"
 const char* env_check_name(EnvCheckMode mode);         // "strict", "warn", "off"
+
+// Issue 14: --rdzv_backend=etcd / etcd-v2 (docs/etcd.md "Agents on etcd"): every agent hosts a
+// replica of its job's rendezvous in-process; the replicas elect their leader through etcd.
+struct EtcdRendezvousConfig {
+  // --rdzv_endpoint: etcd's endpoints, "PROTOCOL://HOST:PORT" (port 2379 when absent), in turn.
+  std::vector<std::string> endpoints;
+  std::string protocol = "http";            // rdzv_conf protocol: http (default) or https
+  // rdzv_conf cacert (etcd-v2: ca_cert), cert (ssl_cert), key (ssl_cert_key): TLS files; "" = none.
+  std::string ca_file, cert_file, key_file;
+  // rdzv_conf etcd_prefix: the job's keys live under PREFIX/<rdzv_id>/. Default /ddplaunch/jobs.
+  std::string prefix = "/ddplaunch/jobs";
+  int lease_ttl = 5;                        // rdzv_conf etcd_lease_ttl: seconds, 2..600; default 5
+  double timeout = 10;                      // rdzv_conf etcd_timeout: seconds to reach etcd at start
+  std::string user, password_file;          // rdzv_conf etcd_user, etcd_password_file; "" = none
+  // The rdzv_conf keys above that were given, as "key=value", for the warning with other backends.
+  std::vector<std::string> given;
+};
 
 struct LaunchConfig {
   // --nnodes: MIN:MAX or N (MIN == MAX). Default 1:1.
@@ -61,6 +79,7 @@ struct LaunchConfig {
   // plain TCP): TLS to the rendezvous, the server's certificate checked (docs/security.md).
   std::string tls_ca, tls_cert, tls_key;
   std::optional<bool> is_host;         // --rdzv_conf is_host=BOOL; unset = decide by address
+  EtcdRendezvousConfig etcd;           // --rdzv_backend=etcd / etcd-v2 (issue 14)
   // --rdzv_conf keys that have no effect here (read_timeout, timeout, unknown keys), as given.
   std::map<std::string, std::string> unused_rdzv_conf;
   bool standalone = false;

@@ -5,13 +5,18 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <map>
 #include <random>
+#include <thread>
 
+#include <boost/asio/ip/address.hpp>
+#include <boost/asio/ip/udp.hpp>
 #include <boost/filesystem.hpp>
 
 #include "agent/fingerprint.h"
@@ -97,6 +102,7 @@ bool uses_local_rendezvous(const LaunchConfig& config) {
   // --standalone hosts a real rendezvous server on a free loopback port (as torchrun does), so
   // `ddp-rendezvous status` can look at it; no rdzv flags at all needs no server.
   if (config.standalone) return false;
+  if (config.rdzv_backend == RendezvousBackend::kEtcd || config.rdzv_backend == RendezvousBackend::kEtcdV2) return false;
   return config.rdzv_backend == RendezvousBackend::kStatic ||
          (config.max_nodes == 1 && !config.rdzv_endpoint);
 }
@@ -198,8 +204,128 @@ std::string torch_problem(const LaunchConfig& config, const ResolvedProgram& pro
 
 }  // namespace
 
+namespace {
+
+// Issue 14: the address this node reaches `endpoint` ("http://HOST:PORT") from: the source
+// address the kernel's routing picks for it (a UDP socket's connect sends nothing). "" when the
+// host does not resolve.
+std::string address_towards(const std::string& endpoint) {
+  std::string hostport = endpoint.substr(endpoint.find("//") + 2);
+  const auto colon = hostport.rfind(':');
+  std::string host = hostport.substr(0, colon), port = hostport.substr(colon + 1);
+  if (host.size() >= 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
+  boost::asio::io_context io;
+  boost::asio::ip::udp::resolver resolver(io);
+  boost::system::error_code ec;
+  auto results = resolver.resolve(host, port, ec);
+  if (ec) return "";
+  for (const auto& entry : results) {
+    boost::asio::ip::udp::socket socket(io);
+    socket.open(entry.endpoint().protocol(), ec);
+    if (ec) continue;
+    socket.connect(entry.endpoint(), ec);
+    if (ec) continue;
+    const auto local = socket.local_endpoint(ec);
+    if (!ec) return local.address().to_string();
+  }
+  return "";
+}
+
+std::string read_first_line(const std::string& path, const char* what) {
+  std::ifstream in(path);
+  std::string line;
+  if (!in || !std::getline(in, line) || line.empty()) {
+    throw UsageError(std::string("ddplaunch: --rdzv_conf ") + what + "=" + path + ": cannot read it" +
+                     (in ? std::string(" (it is empty)") : ": " + std::string(std::strerror(errno))));
+  }
+  return line;
+}
+
+// Reads `key` until etcd answers, for up to etcd_timeout (every endpoint in turn, again every
+// 200 ms): an unreachable etcd is a failed rendezvous (exit 3) at once, not a join_timeout later.
+void wait_for_etcd(const LaunchConfig& config, rdzv::EtcdOptions options, const std::string& key) {
+  const EtcdRendezvousConfig& c = config.etcd;
+  std::string endpoints;
+  for (const auto& e : c.endpoints) endpoints += (endpoints.empty() ? "" : ",") + e;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(c.timeout);
+  rdzv::EtcdStatus status;
+  for (;;) {
+    const double left = std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count();
+    options.call_timeout = std::max(left, 0.05);
+    rdzv::EtcdClient etcd(options);
+    if (!etcd.config_error().empty()) {
+      throw UsageError("ddplaunch: --rdzv_endpoint=" + endpoints + ": " + etcd.config_error());
+    }
+    status = etcd.range(key).status;
+    // etcd itself answered with an error (permission denied, ...): asking again changes nothing.
+    if (status.ok() || (status.code != 0 && status.code != 14)) break;
+    if (std::chrono::steady_clock::now() + std::chrono::milliseconds(200) >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  if (!status.ok()) {
+    throw UsageError("ddplaunch: --rdzv_backend=" + std::string(backend_name(config.rdzv_backend)) + ": etcd at " +
+                         endpoints + " did not answer within " +
+                         std::to_string(static_cast<long long>(std::ceil(c.timeout))) +
+                         " s (--rdzv_conf etcd_timeout): " + status.error +
+                         ". Check --rdzv_endpoint (etcd's client URL, port 2379 by default) and that etcd runs",
+                     ExitCode::kRendezvousFailed);
+  }
+}
+
+// The replica this agent hosts with --rdzv_backend=etcd / etcd-v2 (docs/etcd.md "Agents on
+// etcd"), once etcd has answered.
+agent::EtcdReplicaOptions etcd_replica(const LaunchConfig& config) {
+  const EtcdRendezvousConfig& c = config.etcd;
+  agent::EtcdReplicaOptions r;
+  r.etcd.endpoints = c.endpoints;
+  r.etcd.user = c.user;
+  if (!c.password_file.empty()) r.etcd.password = read_first_line(c.password_file, "etcd_password_file");
+  r.etcd.ca_file = c.ca_file;
+  r.etcd.cert_file = c.cert_file;
+  r.etcd.key_file = c.key_file;
+  r.prefix = c.prefix + config.rdzv_id + "/";
+  r.lease_ttl = c.lease_ttl;
+  wait_for_etcd(config, r.etcd, r.prefix + "leader");
+  // Where this node's replica listens and what the leader key names: --local_addr (an address:
+  // listen there; a name: listen everywhere), else the address this node reaches etcd from.
+  boost::system::error_code ec;
+  if (!config.local_addr.empty()) {
+    boost::asio::ip::make_address(config.local_addr, ec);
+    r.listen_addr = ec ? "0.0.0.0" : config.local_addr;
+    r.advertise_host = config.local_addr;
+  } else {
+    r.listen_addr = address_towards(c.endpoints.front());
+    if (r.listen_addr.empty()) r.listen_addr = "0.0.0.0";
+    r.advertise_host = r.listen_addr == "0.0.0.0" ? hostname() : r.listen_addr;
+  }
+  return r;
+}
+
+}  // namespace
+
 std::unique_ptr<agent::RendezvousHandler> make_rendezvous(boost::asio::io_context& io,
                                                           const LaunchConfig& config) {
+  if (config.rdzv_backend == RendezvousBackend::kEtcd || config.rdzv_backend == RendezvousBackend::kEtcdV2) {
+    agent::RemoteRendezvousOptions remote;
+    remote.job_id = config.rdzv_id;
+    remote.token = read_token(config);
+    remote.connect_timeout = config.timeouts.join_timeout;
+    remote.reconnect_timeout = config.reconnect_timeout;
+    remote.host_if_local = false;
+    remote.log = [](const std::string& line) { agent::ProgressLine::console().line("[ddplaunch] " + line + "\n"); };
+    remote.progress = &agent::ProgressLine::console();
+    const char* server_log = std::getenv("DDPLAUNCH_RDZV_SERVER_LOG");
+    remote.echo_server_log = server_log != nullptr && *server_log != '\0' && std::string(server_log) != "0";
+    remote.etcd_replica = etcd_replica(config);
+    try {
+      return std::make_unique<agent::RemoteRendezvous>(io, remote);
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(std::string("ddplaunch: --local_addr: ") + e.what());
+    } catch (const boost::system::system_error& e) {
+      throw UsageError("ddplaunch: cannot listen for the rendezvous replica on " + remote.etcd_replica->listen_addr +
+                       ": " + e.code().message() + "; give --local_addr=ADDRESS of this node");
+    }
+  }
   if (!uses_local_rendezvous(config)) {
     agent::RemoteRendezvousOptions remote;
     remote.endpoint = config.rdzv_endpoint ? config.rdzv_endpoint->text() : "";
@@ -439,6 +565,12 @@ int check_env(const LaunchConfig& config) {
   if (!cannot_run.empty()) {
     const std::string why = cannot_run.rfind("ddplaunch: ", 0) == 0 ? cannot_run.substr(11) : cannot_run;
     return verdict(static_cast<int>(ExitCode::kUsage), "this node cannot run the job: " + why);
+  }
+  if (config.rdzv_backend == RendezvousBackend::kEtcd || config.rdzv_backend == RendezvousBackend::kEtcdV2) {
+    // No daemon to ask: the job's replicas exist only while its agents run (docs/etcd.md).
+    return verdict(static_cast<int>(ExitCode::kSuccess),
+                   std::string("this node can run the job (with --rdzv_backend=") + backend_name(config.rdzv_backend) +
+                       " no daemon holds the job's nodes: they are compared when the round forms)");
   }
   if (!config.rdzv_endpoint || config.rdzv_id.empty() || config.rdzv_id == "none") {
     return verdict(static_cast<int>(ExitCode::kSuccess),

@@ -62,9 +62,11 @@ const std::vector<OptionSpec> kOptions = {
    Group::kWorkers, "Address other nodes reach this node at (becomes MASTER_ADDR when this "
    "node is group rank 0)."},
   // Rendezvous
-  {"rdzv_backend", 0, false, "static|c10d|ddp", "static",
+  {"rdzv_backend", 0, false, "static|c10d|ddp|etcd|etcd-v2", "static",
    Group::kRendezvous, "Rendezvous backend. 'c10d' and 'ddp' both mean the ddp-rendezvous "
-   "daemon at --rdzv_endpoint; 'static' needs no daemon (fixed --nnodes and --node_rank)."},
+   "daemon at --rdzv_endpoint; 'static' needs no daemon (fixed --nnodes and --node_rank); "
+   "'etcd' and 'etcd-v2' need no daemon either: --rdzv_endpoint is etcd's (port 2379) and the "
+   "job's agents host the rendezvous, electing its leader through etcd (docs/etcd.md)."},
   {"rdzv_endpoint", 0, false, "HOST[:PORT][,HOST[:PORT]...]", "none; PORT defaults to 29400",
    Group::kRendezvous, "Where the rendezvous daemon listens; a comma-separated list names "
    "standby daemons, tried in order when one is lost. With the static backend it "
@@ -76,6 +78,8 @@ const std::vector<OptionSpec> kOptions = {
    "(600), last_call_timeout (30), heartbeat_interval (1), heartbeat_timeout (5), "
    "shutdown_timeout (30), reconnect_timeout (60: how long workers keep running while no "
    "rendezvous answers), read_timeout, timeout; token_file=PATH; is_host=true|false. "
+   "With etcd backends: protocol=http, etcd_prefix (/ddplaunch/jobs), etcd_lease_ttl (5), "
+   "etcd_timeout (10), etcd_user, etcd_password_file; timeout is the join timeout. "
    "Other keys are ignored with a warning."},
   {"standalone", 0, true, nullptr, nullptr,
    Group::kRendezvous, "Single-node job on a private local rendezvous: sets the c10d backend, "

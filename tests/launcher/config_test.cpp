@@ -414,7 +414,13 @@ TEST_SUITE("bad values exit 2 naming the flag and the accepted forms") {
         {{"--env_check=maybe", "t.py"}, {"--env_check=maybe", "strict", "warn", "off"}},
         {{"--env_lock=", "t.py"}, {"--env_lock=", "must name a file"}},
         {{"--start_method=thread", "t.py"}, {"--start_method=thread", "spawn, fork, forkserver"}},
-        {{"--rdzv_backend=etcd", "t.py"}, {"--rdzv_backend=etcd", "static, c10d, ddp"}},
+        {{"--rdzv_backend=zookeeper", "t.py"}, {"--rdzv_backend=zookeeper", "static, c10d, ddp", "etcd, etcd-v2"}},
+        {{"--rdzv_backend=etcd", "t.py"}, {"--rdzv_backend=etcd needs --rdzv_endpoint=HOST[:PORT] of etcd"}},
+        {{"--rdzv_backend=etcd-v2", "--rdzv_endpoint=e", "--rdzv_conf=etcd_lease_ttl=1", "t.py"}, {"etcd_lease_ttl=1", "2 to 600"}},
+        {{"--rdzv_backend=etcd-v2", "--rdzv_endpoint=e", "--rdzv_conf=protocol=ftp", "t.py"}, {"protocol=ftp", "http, https"}},
+        {{"--rdzv_backend=etcd", "--rdzv_endpoint=https://e:2379", "t.py"}, {"protocol=https", "not supported yet"}},
+        {{"--rdzv_backend=etcd", "--rdzv_endpoint=e", "--rdzv_conf=cacert=/ca.pem", "t.py"}, {"cacert", "protocol=https"}},
+        {{"--rdzv_backend=etcd", "--rdzv_endpoint=e", "--rdzv_id=a/b", "t.py"}, {"--rdzv_id=a/b", "must not contain '/'"}},
         {{"--rdzv_backend=c10d", "--rdzv_endpoint=host:99999", "t.py"}, {"--rdzv_endpoint=host:99999", "HOST[:PORT]"}},
         {{"--rdzv_backend=c10d", "--rdzv_endpoint=bad host", "t.py"}, {"--rdzv_endpoint=bad host", "not a host"}},
         {{"--rdzv_backend=c10d", "--rdzv_endpoint=[::1", "t.py"}, {"missing ']'"}},
@@ -484,6 +490,32 @@ TEST_SUITE("bad values exit 2 naming the flag and the accepted forms") {
 }
 
 TEST_SUITE("rendezvous settings resolve like torchrun") {
+  TEST_CASE("etcd and etcd-v2 take etcd's endpoints (port 2379) and torchrun's rdzv_conf keys") {
+    ScopedEnv env;
+    const Result a = parse({"--rdzv_backend=etcd-v2", "--rdzv_endpoint=e1,http://e2:2400", "--rdzv_id=job",
+                            "--nnodes=1:2", "--rdzv_conf=protocol=HTTP,etcd_prefix=/torchelastic/p2p,etcd_lease_ttl=3,"
+                            "timeout=90,etcd_timeout=4", "train.py"});
+    CHECK(a.config.rdzv_backend == RendezvousBackend::kEtcdV2);
+    CHECK(a.config.etcd.endpoints == std::vector<std::string>{"http://e1:2379", "http://e2:2400"});
+    CHECK_FALSE(a.config.rdzv_endpoint);
+    CHECK(a.config.etcd.protocol == "http");
+    CHECK(a.config.etcd.prefix == "/torchelastic/p2p/");
+    CHECK(a.config.etcd.lease_ttl == 3);
+    CHECK(a.config.etcd.timeout == 4);
+    CHECK(a.config.timeouts.join_timeout == 90);  // torchrun's etcd `timeout`: the join timeout
+    CHECK(a.err.empty());
+    const Result b = parse({"--rdzv_backend=etcd", "--rdzv_endpoint=e", "train.py"});
+    CHECK(b.config.rdzv_backend == RendezvousBackend::kEtcd);
+    CHECK(b.config.etcd.prefix == "/ddplaunch/jobs/");
+    CHECK(b.config.etcd.lease_ttl == 5);
+  }
+
+  TEST_CASE("etcd keys given to another backend are ignored with a warning") {
+    ScopedEnv env;
+    const Result a = parse({"--rdzv_backend=c10d", "--rdzv_endpoint=h", "--rdzv_conf=etcd_lease_ttl=3", "train.py"});
+    CHECK(contains(a.err, "etcd_lease_ttl=3: only the etcd backends use these"));
+  }
+
   TEST_CASE("--standalone picks c10d, leaves the endpoint to the agent and draws a random run id") {
     ScopedEnv env;
     const Result a = parse({"--standalone", "train.py"});
