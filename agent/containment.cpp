@@ -1,5 +1,6 @@
 #include "agent/containment.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -161,9 +162,46 @@ void sentinel_kill_everything(const char* cgroup_kill, const char* cgroup_events
   ::rmdir(cgroup_dir);
 }
 
+// Removes the empty cgroups that agents which are gone left beside ours: `ddplaunch-PID` with no
+// process PID. They are left when an agent and its sentinel were both SIGKILLed (nobody removed
+// them). Only an empty cgroup can be removed (rmdir fails with EBUSY otherwise), so a cgroup whose
+// workers still run, or that a sentinel is emptying, stays. A PID that was reused keeps its
+// leftover; that costs a directory, never a process. Runs in the sentinel, off the launch's path;
+// raw syscalls and static buffers only.
+void sweep_dead_cgroups(const char* cgroup_dir) {
+  static char parent[4096];
+  const std::size_t len = std::strlen(cgroup_dir);
+  if (len == 0 || len >= sizeof parent) return;
+  std::memcpy(parent, cgroup_dir, len + 1);
+  char* slash = std::strrchr(parent, '/');
+  if (slash == nullptr || slash == parent) return;
+  *slash = '\0';
+  const int dir = ::open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir < 0) return;
+  constexpr char kPrefix[] = "ddplaunch-";
+  constexpr std::size_t kPrefixLen = sizeof kPrefix - 1;
+  for (;;) {
+    const long n = ::syscall(SYS_getdents64, dir, g_dents, sizeof g_dents);
+    if (n <= 0) break;
+    for (long off = 0; off < n;) {
+      const auto* d = reinterpret_cast<const Dirent64*>(g_dents + off);
+      off += d->d_reclen;
+      if (d->d_type != DT_DIR || std::strncmp(d->d_name, kPrefix, kPrefixLen) != 0) continue;
+      long pid = 0;
+      const char* c = d->d_name + kPrefixLen;
+      for (; *c >= '0' && *c <= '9' && pid < (1L << 30); ++c) pid = pid * 10 + (*c - '0');
+      if (*c != '\0' || pid <= 0 || c == d->d_name + kPrefixLen) continue;
+      if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // its agent lives
+      ::unlinkat(dir, d->d_name, AT_REMOVEDIR);
+    }
+  }
+  ::close(dir);
+}
+
 [[noreturn]] void sentinel_main(int read_fd, const char* cgroup_kill, const char* cgroup_events,
                                 const char* cgroup_dir, const char* marker) {
   sentinel_detach_from_agent(read_fd);
+  if (cgroup_dir[0] != '\0') sweep_dead_cgroups(cgroup_dir);
   char buf[512];
   std::size_t have = 0;
   for (;;) {

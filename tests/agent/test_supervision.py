@@ -122,6 +122,34 @@ class NothingLeftBehind(LaunchTestCase):
         self.assertIn(pids[(0, "orphan")], members)
         self.assertNotIn(proc.pid, members)
 
+    def test_empty_cgroups_of_agents_that_are_gone_are_removed_by_the_next_agent(self):
+        # What an agent and its sentinel SIGKILLed together leave: an empty ddplaunch-PID with no
+        # process PID. A leftover whose PID lives (another agent's) and one that is not empty stay.
+        proc, pids, cgroups = self.start_forkers(nproc=1, env={"EXIT_AT_ONCE": "1"})
+        self.assertEqual(proc.wait(timeout=60), 0, proc.describe())
+        d = self.cgroup_dir(cgroups[0])
+        if d is None:
+            self.skipTest("no writable cgroup v2 here (worker's /proc/self/cgroup: %s)" % cgroups[0].strip())
+        parent = os.path.dirname(d)
+        gone = subprocess.Popen(["true"])
+        gone.wait()
+        live = subprocess.Popen(["sleep", "120"])
+        self.addCleanup(live.wait)
+        self.addCleanup(live.kill)
+        leftovers = {name: os.path.join(parent, "ddplaunch-%d" % pid)
+                     for name, pid in (("gone", gone.pid), ("live", live.pid))}
+        busy = os.path.join(parent, "ddplaunch-%d" % gone.pid) + "0"  # no such pid either, but a child
+        for path in list(leftovers.values()) + [busy, os.path.join(busy, "inner")]:
+            if not os.path.isdir(path):
+                os.mkdir(path)
+        self.addCleanup(lambda: [os.rmdir(p) for p in (os.path.join(busy, "inner"), busy, *leftovers.values())
+                                 if os.path.isdir(p)])
+        proc2, _, _ = self.start_forkers(nproc=1, env={"EXIT_AT_ONCE": "1"})
+        self.assertEqual(proc2.wait(timeout=60), 0, proc2.describe())
+        self.assertFalse(os.path.exists(leftovers["gone"]), "the empty cgroup of a gone agent was left")
+        self.assertTrue(os.path.isdir(leftovers["live"]), "the cgroup of a live process was removed")
+        self.assertTrue(os.path.isdir(busy), "a cgroup with a child cgroup cannot be removed")
+
     def test_a_job_that_ends_normally_leaves_nothing_behind(self):
         proc, pids, cgroups = self.start_forkers(env={"EXIT_AT_ONCE": "1"})
         self.assertEqual(proc.wait(timeout=60), 0, proc.describe())
