@@ -48,49 +48,64 @@ struct Dirent64 {  // the kernel's struct linux_dirent64
 char g_dents[32768];
 char g_environ[1 << 20];  // a process's environment is at most ARG_MAX-ish; bigger ones are cut
 
-// Kills every process but this one whose environment holds the entry `entry` ("NAME=value").
-// Raw syscalls and static buffers only. Returns how many it signalled.
-int kill_marked(const char* entry) {
-  const std::size_t entry_len = std::strlen(entry);
-  const int dir = ::open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir < 0) return 0;
-  const pid_t self = ::getpid();
-  int killed = 0;
+// Calls f(dir_fd, entry) for every entry of the directory `path`. Raw syscalls and the static
+// buffer only (the sentinel may call nothing that allocates).
+template <class F>
+void for_each_entry(const char* path, F f) {
+  const int dir = ::open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir < 0) return;
   for (;;) {
     const long n = ::syscall(SYS_getdents64, dir, g_dents, sizeof g_dents);
     if (n <= 0) break;
     for (long off = 0; off < n;) {
       const auto* d = reinterpret_cast<const Dirent64*>(g_dents + off);
       off += d->d_reclen;
-      pid_t pid = 0;
-      const char* c = d->d_name;
-      for (; *c >= '0' && *c <= '9'; ++c) pid = pid * 10 + (*c - '0');
-      if (*c != '\0' || pid <= 0 || pid == self) continue;
-      char path[64] = "/proc/";
-      std::size_t len = 6;
-      for (const char* q = d->d_name; *q != '\0' && len < 40; ++q) path[len++] = *q;
-      std::memcpy(path + len, "/environ", 9);
-      const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-      if (fd < 0) continue;
-      std::size_t have = 0;
-      for (ssize_t r; have < sizeof g_environ && (r = ::read(fd, g_environ + have, sizeof g_environ - have)) > 0;) {
-        have += static_cast<std::size_t>(r);
-      }
-      ::close(fd);
-      for (std::size_t pos = 0; pos + entry_len <= have;) {
-        if (std::memcmp(g_environ + pos, entry, entry_len) == 0 &&
-            (pos + entry_len == have || g_environ[pos + entry_len] == '\0')) {
-          ::kill(pid, SIGKILL);
-          ++killed;
-          break;
-        }
-        const void* next = std::memchr(g_environ + pos, '\0', have - pos);
-        if (next == nullptr) break;
-        pos = static_cast<std::size_t>(static_cast<const char*>(next) - g_environ) + 1;
-      }
+      f(dir, *d);
     }
   }
   ::close(dir);
+}
+
+// The pid a name spells in decimal, with nothing else; 0 otherwise.
+pid_t pid_of_name(const char* name) {
+  long pid = 0;
+  const char* c = name;
+  for (; *c >= '0' && *c <= '9' && pid < (1L << 30); ++c) pid = pid * 10 + (*c - '0');
+  return *c == '\0' && c != name ? static_cast<pid_t>(pid) : 0;
+}
+
+// Kills every process but this one whose environment holds the entry `entry` ("NAME=value").
+// Raw syscalls and static buffers only. Returns how many it signalled.
+int kill_marked(const char* entry) {
+  const std::size_t entry_len = std::strlen(entry);
+  const pid_t self = ::getpid();
+  int killed = 0;
+  for_each_entry("/proc", [&](int, const Dirent64& d) {
+    const pid_t pid = pid_of_name(d.d_name);
+    if (pid <= 0 || pid == self) return;
+    char path[64] = "/proc/";
+    std::size_t len = 6;
+    for (const char* q = d.d_name; *q != '\0' && len < 40; ++q) path[len++] = *q;
+    std::memcpy(path + len, "/environ", 9);
+    const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return;
+    std::size_t have = 0;
+    for (ssize_t r; have < sizeof g_environ && (r = ::read(fd, g_environ + have, sizeof g_environ - have)) > 0;) {
+      have += static_cast<std::size_t>(r);
+    }
+    ::close(fd);
+    for (std::size_t pos = 0; pos + entry_len <= have;) {
+      if (std::memcmp(g_environ + pos, entry, entry_len) == 0 &&
+          (pos + entry_len == have || g_environ[pos + entry_len] == '\0')) {
+        ::kill(pid, SIGKILL);
+        ++killed;
+        break;
+      }
+      const void* next = std::memchr(g_environ + pos, '\0', have - pos);
+      if (next == nullptr) break;
+      pos = static_cast<std::size_t>(static_cast<const char*>(next) - g_environ) + 1;
+    }
+  });
   return killed;
 }
 
@@ -176,26 +191,14 @@ void sweep_dead_cgroups(const char* cgroup_dir) {
   char* slash = std::strrchr(parent, '/');
   if (slash == nullptr || slash == parent) return;
   *slash = '\0';
-  const int dir = ::open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir < 0) return;
   constexpr char kPrefix[] = "ddplaunch-";
   constexpr std::size_t kPrefixLen = sizeof kPrefix - 1;
-  for (;;) {
-    const long n = ::syscall(SYS_getdents64, dir, g_dents, sizeof g_dents);
-    if (n <= 0) break;
-    for (long off = 0; off < n;) {
-      const auto* d = reinterpret_cast<const Dirent64*>(g_dents + off);
-      off += d->d_reclen;
-      if (d->d_type != DT_DIR || std::strncmp(d->d_name, kPrefix, kPrefixLen) != 0) continue;
-      long pid = 0;
-      const char* c = d->d_name + kPrefixLen;
-      for (; *c >= '0' && *c <= '9' && pid < (1L << 30); ++c) pid = pid * 10 + (*c - '0');
-      if (*c != '\0' || pid <= 0 || c == d->d_name + kPrefixLen) continue;
-      if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // its agent lives
-      ::unlinkat(dir, d->d_name, AT_REMOVEDIR);
-    }
-  }
-  ::close(dir);
+  for_each_entry(parent, [&](int dir, const Dirent64& d) {
+    if (d.d_type != DT_DIR || std::strncmp(d.d_name, kPrefix, kPrefixLen) != 0) return;
+    const pid_t pid = pid_of_name(d.d_name + kPrefixLen);
+    if (pid <= 0 || ::kill(pid, 0) == 0 || errno != ESRCH) return;  // its agent lives
+    ::unlinkat(dir, d.d_name, AT_REMOVEDIR);
+  });
 }
 
 [[noreturn]] void sentinel_main(int read_fd, const char* cgroup_kill, const char* cgroup_events,
