@@ -1,6 +1,7 @@
 #include "rendezvous/election.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <exception>
 #include <utility>
 #include <vector>
@@ -85,8 +86,10 @@ void Election::watch_loop() {
     if (watch_stop_.stopped()) break;
     std::vector<std::string> lines;
     if (s.error != last_error || live) {
-      lines.push_back("the watch on the leader key ended (" + s.error + "): reading the key every " +
-                      std::to_string(options_.lease_ttl / 4.0).substr(0, 4) + " s until the watch is back");
+      char every[32];
+      std::snprintf(every, sizeof every, "%g s", options_.lease_ttl / 4.0);
+      lines.push_back("the watch on the leader key ended (" + s.error + "): reading the key every " + every +
+                      " until the watch is back");
     }
     last_error = s.error;
     live = false;

@@ -9,9 +9,13 @@
 #include <netinet/tcp.h>
 #include <sys/socket.h>
 
+#include <openssl/ssl.h>
+
 #include <boost/asio.hpp>
+#include <boost/asio/ssl.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
 
 #include "rendezvous/protocol.h"
 
@@ -20,8 +24,10 @@ namespace ddp::rdzv {
 namespace asio = boost::asio;
 namespace beast = boost::beast;
 namespace http = beast::http;
+namespace ssl = boost::asio::ssl;
 using asio::ip::tcp;
 using Clock = std::chrono::steady_clock;
+using TlsStream = beast::ssl_stream<beast::tcp_stream>;
 
 namespace {
 
@@ -134,6 +140,46 @@ EtcdStatus error_answer(const std::string& where, unsigned http_status, const nl
   return s;
 }
 
+// A transport error's text; a TLS one says what usually causes it.
+std::string io_error(const char* step, const beast::error_code& ec) {
+  std::string text = std::string(step) + ": " + ec.message();
+  if (ec.category() == asio::error::get_ssl_category() || ec == ssl::error::stream_truncated) {
+    text += " (TLS: if etcd requires client certificates (--client-cert-auth), give a certificate and key its "
+            "trusted CA signed: --etcd_cert, --etcd_key)";
+  }
+  return text;
+}
+
+// The handshake that turns a connected socket into the stream HTTP is spoken on: none for plain
+// TCP; for TLS, the server's certificate checked against the CA and the host of the endpoint.
+template <class Done>
+void handshake(beast::tcp_stream&, const std::string&, Done done) {
+  done(std::string());
+}
+
+template <class Done>
+void handshake(TlsStream& stream, const std::string& host, Done done) {
+  stream.set_verify_mode(ssl::verify_peer);
+  stream.set_verify_callback(ssl::host_name_verification(host));
+  boost::system::error_code ec;
+  asio::ip::make_address(host, ec);
+  if (ec) SSL_set_tlsext_host_name(stream.native_handle(), host.c_str());  // SNI: names only
+  stream.async_handshake(ssl::stream_base::client, [done](const beast::error_code& e) {
+    if (!e) return done(std::string());
+    if (e == beast::error::timeout) return done(std::string("TLS handshake timed out"));
+    const std::string what = e.message();
+    if (what.find("certificate verify failed") != std::string::npos) {
+      return done("TLS handshake: the server's certificate is not trusted (" + what +
+                  "): the CA file (--etcd_cacert) must be the CA that signed it, and the certificate must name "
+                  "the host of the endpoint");
+    }
+    if (what.find("wrong version number") != std::string::npos || what.find("packet length too long") != std::string::npos) {
+      return done("TLS handshake: the server does not speak TLS (" + what + "): use http:// for it");
+    }
+    done(io_error("TLS handshake", e));
+  });
+}
+
 // One POST on a private io_context, bounded by `deadline`: the whole exchange (resolve, connect,
 // write, read) is cancelled when it passes.
 struct Exchange {
@@ -142,12 +188,13 @@ struct Exchange {
   std::string error;  // transport error ("" = an HTTP answer arrived)
 };
 
-Exchange post(const std::string& host, const std::string& port, const std::string& target, const std::string& body,
-              const std::string& token, std::size_t max_bytes, Clock::time_point deadline) {
+template <class Stream>
+Exchange post_on(asio::io_context& io, Stream& stream, const std::string& host, const std::string& port,
+                 const std::string& target, const std::string& body, const std::string& token, std::size_t max_bytes,
+                 Clock::time_point deadline) {
   Exchange result;
-  asio::io_context io(1);
   tcp::resolver resolver(io);
-  beast::tcp_stream stream(io);
+  auto& lowest = beast::get_lowest_layer(stream);
   beast::flat_buffer buffer;
   http::request<http::string_body> request{http::verb::post, target, 11};
   request.set(http::field::host, host + ":" + port);
@@ -164,20 +211,22 @@ Exchange post(const std::string& host, const std::string& port, const std::strin
     done = true;
     result.error = error;
     beast::error_code ignored;
-    stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
-    stream.close();
+    lowest.socket().shutdown(tcp::socket::shutdown_both, ignored);
+    lowest.close();
   };
-  stream.expires_at(deadline);
+  lowest.expires_at(deadline);
   resolver.async_resolve(host, port, [&](const beast::error_code& ec, const tcp::resolver::results_type& results) {
     if (ec) return finish("resolve " + host + ": " + ec.message());
-    stream.async_connect(results, [&](const beast::error_code& ec2, const tcp::endpoint&) {
+    lowest.async_connect(results, [&](const beast::error_code& ec2, const tcp::endpoint&) {
       if (ec2) return finish(ec2 == beast::error::timeout ? "connect timed out" : "connect: " + ec2.message());
+      handshake(stream, host, [&](const std::string& tls_error) {
+      if (!tls_error.empty()) return finish(tls_error);
       http::async_write(stream, request, [&](const beast::error_code& ec3, std::size_t) {
-        if (ec3) return finish(ec3 == beast::error::timeout ? "send timed out" : "send: " + ec3.message());
+        if (ec3) return finish(ec3 == beast::error::timeout ? "send timed out" : io_error("send", ec3));
         auto read_failed = [&, max_bytes](const beast::error_code& ec4) {
           finish(ec4 == beast::error::timeout       ? "no answer in time"
                  : ec4 == http::error::body_limit ? "answer larger than " + std::to_string(max_bytes) + " bytes"
-                                                  : "read: " + ec4.message());
+                                                  : io_error("read", ec4));
         };
         http::async_read_header(stream, buffer, parser, [&, read_failed](const beast::error_code& ec4, std::size_t) {
           if (ec4) return read_failed(ec4);
@@ -194,6 +243,7 @@ Exchange post(const std::string& host, const std::string& port, const std::strin
           });
         });
       });
+      });
     });
   });
   // The resolver is not covered by the stream's timer: bound everything by the deadline.
@@ -205,6 +255,18 @@ Exchange post(const std::string& host, const std::string& port, const std::strin
     io.run();  // the cancelled handlers, which only see `done`
   }
   return result;
+}
+
+// One POST, on TLS when `tls` is given.
+Exchange post(ssl::context* tls, const std::string& host, const std::string& port, const std::string& target,
+              const std::string& body, const std::string& token, std::size_t max_bytes, Clock::time_point deadline) {
+  asio::io_context io(1);
+  if (tls) {
+    TlsStream stream(io, *tls);
+    return post_on(io, stream, host, port, target, body, token, max_bytes, deadline);
+  }
+  beast::tcp_stream stream(io);
+  return post_on(io, stream, host, port, target, body, token, max_bytes, deadline);
 }
 
 // TCP keepalive on a watch's socket: a peer that vanished (host down, cable cut) ends the stream
@@ -229,15 +291,17 @@ struct WatchOutcome {
   int code = 0;         // etcd's gRPC code, from an error line in the stream
 };
 
-WatchOutcome watch_stream(const std::string& host, const std::string& port, const std::string& body,
-                          const std::string& token, std::size_t max_bytes, double keepalive_idle,
-                          Clock::time_point deadline,
-                          const std::function<void(const EtcdWatchResponse&)>& on_response, EtcdWatchStop& stop,
-                          const std::function<void(std::function<void()>)>& set_interrupt) {
+using WatchCallback = std::function<void(const EtcdWatchResponse&)>;
+using SetInterrupt = std::function<void(std::function<void()>)>;
+
+template <class Stream>
+WatchOutcome watch_on(asio::io_context& io, Stream& stream, const std::string& host, const std::string& port,
+                      const std::string& body, const std::string& token, std::size_t max_bytes, double keepalive_idle,
+                      Clock::time_point deadline, const WatchCallback& on_response, EtcdWatchStop& stop,
+                      const SetInterrupt& set_interrupt) {
   WatchOutcome result;
-  asio::io_context io(1);
   tcp::resolver resolver(io);
-  beast::tcp_stream stream(io);
+  auto& lowest = beast::get_lowest_layer(stream);
   asio::steady_timer establish_timer(io);
   beast::flat_buffer buffer;
   http::request<http::string_body> request{http::verb::post, "/v3/watch", 11};
@@ -264,8 +328,8 @@ WatchOutcome watch_stream(const std::string& host, const std::string& port, cons
     establish_timer.cancel();
     resolver.cancel();
     beast::error_code ignored;
-    stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
-    stream.close();
+    lowest.socket().shutdown(tcp::socket::shutdown_both, ignored);
+    lowest.close();
   };
   std::function<void()> read_body;
   auto on_body = [&](beast::error_code ec, std::size_t) {
@@ -275,7 +339,7 @@ WatchOutcome watch_stream(const std::string& host, const std::string& port, cons
       return finish(ec == beast::error::timeout ? "watch not created in time"
                     : ec == http::error::end_of_stream || ec == http::error::partial_message || ec == asio::error::eof
                         ? "the watch stream was closed"
-                        : "watch stream: " + ec.message());
+                        : io_error("watch stream", ec));
     }
     const std::size_t n = chunk.size() - parser.get().body().size;
     answers.clear();
@@ -288,7 +352,7 @@ WatchOutcome watch_stream(const std::string& host, const std::string& port, cons
         if (!r.created) return finish("the watch stream did not start with \"created\"");
         result.established = true;
         establish_timer.cancel();
-        stream.expires_never();
+        lowest.expires_never();
       }
       if (r.canceled) {
         return finish("etcd canceled the watch" + (r.cancel_reason.empty() ? "" : ": " + r.cancel_reason) +
@@ -326,25 +390,29 @@ WatchOutcome watch_stream(const std::string& host, const std::string& port, cons
   establish_timer.async_wait([&](const beast::error_code& ec) {
     if (!ec && !result.established) finish("watch not created in time");
   });
-  stream.expires_at(deadline);
+  lowest.expires_at(deadline);
   resolver.async_resolve(host, port, [&](const beast::error_code& ec, const tcp::resolver::results_type& results) {
     if (done) return;
     if (ec) return finish("resolve " + host + ": " + ec.message());
-    stream.async_connect(results, [&](const beast::error_code& ec2, const tcp::endpoint&) {
+    lowest.async_connect(results, [&](const beast::error_code& ec2, const tcp::endpoint&) {
       if (done) return;
       if (ec2) return finish(ec2 == beast::error::timeout ? "connect timed out" : "connect: " + ec2.message());
-      keep_alive(stream.socket(), keepalive_idle);
-      http::async_write(stream, request, [&](const beast::error_code& ec3, std::size_t) {
+      keep_alive(lowest.socket(), keepalive_idle);
+      handshake(stream, host, [&](const std::string& tls_error) {
         if (done) return;
-        if (ec3) return finish(ec3 == beast::error::timeout ? "send timed out" : "send: " + ec3.message());
-        http::async_read_header(stream, buffer, parser, [&](const beast::error_code& ec4, std::size_t) {
+        if (!tls_error.empty()) return finish(tls_error);
+        http::async_write(stream, request, [&](const beast::error_code& ec3, std::size_t) {
           if (done) return;
-          if (ec4) return finish(ec4 == beast::error::timeout ? "watch not created in time" : "read: " + ec4.message());
-          if (parser.get().result_int() != 200) {
-            result.status = parser.get().result_int();
-            return read_error();
-          }
-          read_body();
+          if (ec3) return finish(ec3 == beast::error::timeout ? "send timed out" : io_error("send", ec3));
+          http::async_read_header(stream, buffer, parser, [&](const beast::error_code& ec4, std::size_t) {
+            if (done) return;
+            if (ec4) return finish(ec4 == beast::error::timeout ? "watch not created in time" : io_error("read", ec4));
+            if (parser.get().result_int() != 200) {
+              result.status = parser.get().result_int();
+              return read_error();
+            }
+            read_body();
+          });
         });
       });
     });
@@ -358,6 +426,21 @@ WatchOutcome watch_stream(const std::string& host, const std::string& port, cons
     io.run();  // the cancelled handlers, which only see `done`
   }
   return result;
+}
+
+WatchOutcome watch_stream(ssl::context* tls, const std::string& host, const std::string& port, const std::string& body,
+                          const std::string& token, std::size_t max_bytes, double keepalive_idle,
+                          Clock::time_point deadline, const WatchCallback& on_response, EtcdWatchStop& stop,
+                          const SetInterrupt& set_interrupt) {
+  asio::io_context io(1);
+  if (tls) {
+    TlsStream stream(io, *tls);
+    return watch_on(io, stream, host, port, body, token, max_bytes, keepalive_idle, deadline, on_response, stop,
+                    set_interrupt);
+  }
+  beast::tcp_stream stream(io);
+  return watch_on(io, stream, host, port, body, token, max_bytes, keepalive_idle, deadline, on_response, stop,
+                  set_interrupt);
 }
 
 bool retryable(const EtcdStatus& s, unsigned http_status) {
@@ -623,12 +706,52 @@ nlohmann::json txn_to_json(const EtcdTxn& txn) {
   return body;
 }
 
+struct EtcdClient::Tls {
+  ssl::context context{ssl::context::tls_client};
+};
+
+namespace {
+
+// TLS 1.2 or later, no compression; the files loaded once. "" or what is wrong, naming the file.
+std::string load_tls(ssl::context& c, const EtcdOptions& o) {
+  c.set_options(ssl::context::default_workarounds | ssl::context::no_sslv2 | ssl::context::no_sslv3 |
+                ssl::context::no_tlsv1 | ssl::context::no_tlsv1_1 | ssl::context::no_compression);
+  boost::system::error_code ec;
+  auto bad = [&](const char* what, const std::string& path) {
+    return std::string("etcd TLS: ") + what + " " + path + ": cannot use it: " + ec.message() +
+           " (expected a readable PEM file)";
+  };
+  if (o.ca_file.empty()) {
+    c.set_default_verify_paths(ec);
+    if (ec) return std::string("etcd TLS: the system's trusted CAs cannot be loaded: ") + ec.message();
+  } else if (c.load_verify_file(o.ca_file, ec); ec) {
+    return bad("CA file", o.ca_file);
+  }
+  if (o.cert_file.empty() != o.key_file.empty()) {
+    return o.cert_file.empty() ? "etcd TLS: a client key file needs its certificate file too"
+                               : "etcd TLS: a client certificate file needs its key file too";
+  }
+  if (o.cert_file.empty()) return "";
+  if (c.use_certificate_chain_file(o.cert_file, ec); ec) return bad("client certificate file", o.cert_file);
+  if (c.use_private_key_file(o.key_file, ssl::context::pem, ec); ec || SSL_CTX_check_private_key(c.native_handle()) != 1) {
+    if (ec && ec.message().find("key values mismatch") == std::string::npos) return bad("client key file", o.key_file);
+    return "etcd TLS: the client key file " + o.key_file + " is not the key of the certificate " + o.cert_file;
+  }
+  return "";
+}
+
+}  // namespace
+
 EtcdClient::EtcdClient(EtcdOptions options) : options_(std::move(options)) {
   for (std::string text : options_.endpoints) {
     std::string rest = text;
+    bool tls = false;
     if (rest.rfind("http://", 0) == 0) rest = rest.substr(7);
-    else if (rest.find("://") != std::string::npos) {
-      bad_endpoints_ += (bad_endpoints_.empty() ? "" : "; ") + text + ": only http:// is supported";
+    else if (rest.rfind("https://", 0) == 0) {
+      rest = rest.substr(8);
+      tls = true;
+    } else if (rest.find("://") != std::string::npos) {
+      bad_endpoints_ += (bad_endpoints_.empty() ? "" : "; ") + text + ": only http:// and https:// are supported";
       continue;
     }
     while (!rest.empty() && rest.back() == '/') rest.pop_back();
@@ -651,10 +774,21 @@ EtcdClient::EtcdClient(EtcdOptions options) : options_(std::move(options)) {
       bad_endpoints_ += (bad_endpoints_.empty() ? "" : "; ") + text + ": expected http://HOST:PORT";
       continue;
     }
-    endpoints_.push_back({host, port, "http://" + (host.find(':') != std::string::npos ? "[" + host + "]" : host) +
-                                          ":" + port});
+    endpoints_.push_back({host, port,
+                          std::string(tls ? "https://" : "http://") +
+                              (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + port,
+                          tls});
   }
   if (endpoints_.empty() && bad_endpoints_.empty()) bad_endpoints_ = "no etcd endpoint given";
+  const bool any_tls = std::any_of(endpoints_.begin(), endpoints_.end(), [](const Endpoint& e) { return e.tls; });
+  if (any_tls || !options_.ca_file.empty() || !options_.cert_file.empty() || !options_.key_file.empty()) {
+    auto tls = std::make_shared<Tls>();
+    if (auto e = load_tls(tls->context, options_); !e.empty()) {
+      bad_endpoints_ += (bad_endpoints_.empty() ? "" : "; ") + e;
+    } else {
+      tls_ = std::move(tls);
+    }
+  }
 }
 
 std::string EtcdClient::last_endpoint() const { return answered_ ? endpoints_[preferred_].text : ""; }
@@ -711,7 +845,8 @@ EtcdStatus EtcdClient::call_until(const std::string& path, const std::string& bo
     const auto share = (deadline - now) / static_cast<int>(n - tried);
     const std::size_t index = (preferred_ + tried) % n;
     const Endpoint& ep = endpoints_[index];
-    Exchange x = post(ep.host, ep.port, path, body, token_, options_.max_response_bytes, now + share);
+    Exchange x = post(ep.tls ? &tls_->context : nullptr, ep.host, ep.port, path, body, token_,
+                      options_.max_response_bytes, now + share);
     EtcdStatus s;
     if (!x.error.empty()) {
       s.error = ep.text + path + ": " + x.error;
@@ -825,7 +960,7 @@ EtcdStatus EtcdClient::watch(const EtcdWatchRequest& w,
     const auto share = (deadline - now) / static_cast<int>(n - tried);
     const std::size_t index = (preferred_ + tried) % n;
     const Endpoint& ep = endpoints_[index];
-    WatchOutcome x = watch_stream(ep.host, ep.port, body, token_, options_.max_response_bytes, w.keepalive_idle,
+    WatchOutcome x = watch_stream(ep.tls ? &tls_->context : nullptr, ep.host, ep.port, body, token_, options_.max_response_bytes, w.keepalive_idle,
                                   now + share, deliver, stop, set_interrupt);
     const std::string where = ep.text + "/v3/watch";
     if (x.established) {

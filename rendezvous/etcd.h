@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -27,11 +28,18 @@
 namespace ddp::rdzv {
 
 struct EtcdOptions {
-  std::vector<std::string> endpoints;  // "http://HOST:PORT" (or "HOST:PORT"); tried in turn
+  std::vector<std::string> endpoints;  // "http://HOST:PORT", "https://HOST:PORT" or "HOST:PORT"
+                                       // (http); tried in turn
   std::string user;                    // etcd user; "" = no authentication
   std::string password;                // its password
   double call_timeout = 2.0;           // seconds one call may take, all endpoints together
   std::size_t max_response_bytes = 4u << 20;  // a larger answer is an error (4 MiB)
+  // TLS, for https:// endpoints (PEM files): the server's certificate must be signed by ca_file
+  // ("" = the system's trusted CAs) and name the endpoint's host; cert_file and key_file, both or
+  // neither, are this client's certificate, for an etcd started with --client-cert-auth.
+  std::string ca_file;
+  std::string cert_file;
+  std::string key_file;
 };
 
 // The outcome of a call. `code` is etcd's gRPC code when etcd answered with an error (3 invalid
@@ -190,7 +198,9 @@ class EtcdClient {
     std::string host;
     std::string port;
     std::string text;
+    bool tls = false;  // https://
   };
+  struct Tls;  // the loaded certificates (an OpenSSL context), shared by copies of the client
   EtcdStatus call_until(const std::string& path, const std::string& body, nlohmann::json& answer,
                         std::chrono::steady_clock::time_point deadline);
   EtcdStatus authenticate(std::chrono::steady_clock::time_point deadline);
@@ -201,6 +211,7 @@ class EtcdClient {
   std::size_t preferred_ = 0;  // the endpoint that answered last
   bool answered_ = false;
   std::string token_;          // from /v3/auth/authenticate; "" = none yet
+  std::shared_ptr<Tls> tls_;   // null = no https:// endpoint
 };
 
 // Socket-free pieces, shared with the tests.

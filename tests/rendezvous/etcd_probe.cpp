@@ -3,7 +3,7 @@
 // call succeeded, 1 when it failed (the object's "error" says why), 2 on usage.
 //
 //   etcd_probe --endpoints http://127.0.0.1:P1,http://127.0.0.1:P2 [--user U --password P]
-//              [--timeout S] COMMAND ARGS...
+//              [--cacert F --cert F --key F] [--timeout S] COMMAND ARGS...
 //   put KEY VALUE [LEASE] | get KEY | prefix PREFIX | create KEY VALUE [LEASE]
 //   cas KEY VALUE MOD_REVISION | grant TTL | keepalive ID | revoke ID
 //   watch KEY EVENTS: prints {"created":...,"events":[...]} per answer, one a line, until EVENTS
@@ -74,6 +74,12 @@ int main(int argc, char** argv) {
       options.user = value();
     } else if (a == "--password") {
       options.password = value();
+    } else if (a == "--cacert") {
+      options.ca_file = value();
+    } else if (a == "--cert") {
+      options.cert_file = value();
+    } else if (a == "--key") {
+      options.key_file = value();
     } else if (a == "--stop-after") {
       stop_after = std::stod(value());
     } else if (a == "--timeout") {

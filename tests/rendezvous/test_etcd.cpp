@@ -149,10 +149,10 @@ TEST_CASE("a call to endpoints that refuse or never answer fails within its dead
 
 TEST_CASE("bad endpoint text is reported by every call") {
   EtcdOptions o;
-  o.endpoints = {"https://x:1", "http://:2379", "http://h:99999"};
+  o.endpoints = {"ftp://x:1", "http://:2379", "http://h:99999"};
   EtcdClient client(o);
   auto r = client.range("/k");
-  CHECK(r.status.error.find("only http://") != std::string::npos);
+  CHECK(r.status.error.find("only http:// and https://") != std::string::npos);
   CHECK(r.status.error.find("expected http://HOST:PORT") != std::string::npos);
 }
 
@@ -277,4 +277,23 @@ TEST_CASE("a watch on endpoints that refuse or never answer fails within its dea
   took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   CHECK(s.error == "stopped");
   CHECK(took < 3.0);
+}
+
+TEST_CASE("unusable TLS files are configuration errors naming the file") {
+  EtcdOptions o;
+  o.endpoints = {"https://127.0.0.1:2379"};
+  o.ca_file = "/nonexistent/ca.pem";
+  CHECK(EtcdClient(o).config_error().find("CA file /nonexistent/ca.pem: cannot use it") != std::string::npos);
+  o.ca_file.clear();
+  o.cert_file = "/nonexistent/client.pem";
+  CHECK(EtcdClient(o).config_error().find("needs its key file too") != std::string::npos);
+  o.key_file = "/nonexistent/client.key";
+  CHECK(EtcdClient(o).config_error().find("client certificate file /nonexistent/client.pem") != std::string::npos);
+  // Every call fails with it, at once.
+  EtcdClient client(o);
+  CHECK(client.range("/k").status.error.find("etcd TLS") != std::string::npos);
+  // https:// with the system's CAs and no client certificate is a usable configuration.
+  EtcdOptions plain;
+  plain.endpoints = {"https://127.0.0.1:2379", "http://127.0.0.1:2380"};
+  CHECK(EtcdClient(plain).config_error() == "");
 }
