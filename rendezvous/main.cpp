@@ -88,6 +88,7 @@ struct Replication {
   std::string cacert;                       // --etcd_cacert: CA of etcd's certificates ("" = the system's)
   std::string cert;                         // --etcd_cert: client certificate (--client-cert-auth)
   std::string key;                          // --etcd_key: its key
+  bool watch = true;                        // --etcd_watch: watch the leader key (else reads only)
 };
 
 std::vector<std::string> split_list(const std::string& list) {
@@ -134,6 +135,7 @@ int serve(const std::string& host, unsigned short port, const std::string& token
     }
     if (rep.lease_ttl < 2 || rep.lease_ttl > 600) throw UsageError("--etcd_lease_ttl: 2..600 seconds");
     election_options.lease_ttl = rep.lease_ttl;
+    election_options.watch = rep.watch;
     if (rep.prefix.empty()) throw UsageError("--etcd_prefix must not be empty");
     election_options.key = rep.prefix + "leader";
     election_options.records_prefix = rep.prefix + "jobs/";
@@ -363,6 +365,10 @@ int main(int argc, char** argv) {
   app.add_option("--etcd_cert,--etcd-cert", rep.cert,
                  "PEM client certificate for etcd (etcd --client-cert-auth); needs --etcd_key");
   app.add_option("--etcd_key,--etcd-key", rep.key, "PEM private key of --etcd_cert");
+  app.add_option("--etcd_watch,--etcd-watch", rep.watch,
+                 "watch the leader key, so that a follower takes over as soon as it is deleted; false: read it "
+                 "every TTL/4 only (docs/etcd.md)")
+      ->capture_default_str();
   app.add_option("--etcd_lease_ttl,--etcd-lease-ttl", rep.lease_ttl,
                  "seconds of the leader's etcd lease: a dead leader is replaced after about this long")
       ->capture_default_str();
