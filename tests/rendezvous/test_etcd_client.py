@@ -5,6 +5,7 @@ revisions, leases (grant, keepalive, expiry, revoke), a killed member, authentic
 import http.server
 import json
 import os
+import signal
 import socket
 import threading
 import time
@@ -191,6 +192,24 @@ class EtcdClientTest(unittest.TestCase):
             self.assertIn(self.etcd.endpoints[victim], self.answers(p)[-1]["error"])
         finally:
             self.etcd.restart(victim)
+
+    def test_a_watch_on_a_member_that_lost_its_cluster_leader_ends(self):
+        # The request carries Grpc-Metadata-hasleader: etcd ends the stream of a member cut off
+        # from the quorum instead of leaving it open and silent while it misses every change.
+        watched = (self.etcd.leader() + 1) % 3
+        p = self.watch("/t/no-leader", 1, endpoints=[self.etcd.endpoints[watched]])
+        wait_for(lambda: any(a.get("created") for a in self.answers(p)) or p.poll() is not None, 10,
+                 what="the watch to be created")
+        others = [i for i in range(3) if i != watched]
+        try:
+            for i in others:
+                self.etcd.stop_member(i)  # SIGSTOP: the watched member has no leader any more
+            self.assertEqual(p.wait(30), 1, p.describe())
+            self.assertIn(self.etcd.endpoints[watched], self.answers(p)[-1]["error"])
+        finally:
+            for i in others:
+                self.etcd.stop_member(i, signal.SIGCONT)
+            self.etcd.leader()  # the cluster agrees on a leader again before the next test
 
     def stream_endpoint(self, head, chunks, hold=False):
         """A fake etcd on loopback: every request is answered with `head` (status line and headers)
