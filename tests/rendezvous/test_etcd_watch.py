@@ -11,7 +11,6 @@ the proxy and the replicas are stopped in cleanup.
 """
 
 import os
-import re
 import select
 import signal
 import socket
@@ -24,6 +23,7 @@ from processes import free_port, port_open, spawn, wait_for
 
 RENDEZVOUS = os.path.join(os.environ.get("DDPLAUNCH_BUILD_DIR", "build"), "bin", "ddp-rendezvous")
 TTL = 2
+LONG_TTL = 30  # reads every 30 s while the watch lives: a takeover within 15 s is the watch's
 
 
 class EtcdProxy:
@@ -138,10 +138,10 @@ class EtcdWatch(unittest.TestCase):
         self.addCleanup(self.etcd.__exit__, None, None, None)
         self.prefix = "/ddp-watch-%s/" % uuid.uuid4().hex[:8]
 
-    def replica(self, etcd_endpoints):
+    def replica(self, etcd_endpoints, ttl=TTL):
         port = free_port()
         p = spawn([RENDEZVOUS, "--host", "127.0.0.1", "--port", str(port), "--etcd", ",".join(etcd_endpoints),
-                   "--etcd_lease_ttl", str(TTL), "--etcd_prefix", self.prefix], name="replica-%d" % port)
+                   "--etcd_lease_ttl", str(ttl), "--etcd_prefix", self.prefix], name="replica-%d" % port)
         self.addCleanup(p.kill)
         wait_for(lambda: port_open(port) or p.poll() is not None, 15, "replica %d to listen" % port)
         self.assertIsNone(p.poll(), p.describe())
@@ -157,12 +157,15 @@ class EtcdWatch(unittest.TestCase):
         return wait_for(one_leads, 30, "one replica to lead and the other to follow it")
 
     def test_a_follower_campaigns_on_the_watched_deletion_of_the_leader_key(self):
-        a, b = self.replica(self.etcd.endpoints), self.replica(self.etcd.endpoints)
+        # TTL 30 s: while its watch lives the follower reads the key only every TTL, so a
+        # takeover well within that comes from the watch, and no read can win the race to it. The
+        # leader is stopped with SIGTERM: it revokes its lease, and etcd deletes the key at once.
+        a, b = self.replica(self.etcd.endpoints, ttl=LONG_TTL), self.replica(self.etcd.endpoints, ttl=LONG_TTL)
         leader, follower = self.leader_and_follower(a, b)
         wait_for(lambda: "etcd: watching the leader key" in follower.stdout(), 15, "the follower's watch")
-        leader.signal(signal.SIGKILL)
-        wait_for(lambda: "etcd: leading" in follower.stdout() or follower.poll() is not None, 30,
-                 "the follower to take over")
+        leader.signal(signal.SIGTERM)
+        wait_for(lambda: "etcd: leading" in follower.stdout() or follower.poll() is not None, LONG_TTL / 2,
+                 "the follower to take over on the watched deletion (a read would come only after the TTL)")
         out = follower.stdout()
         # The deletion came through the watch, before the campaign that won.
         deleted = out.find("etcd: the leader key was deleted (watch, revision ")
@@ -187,7 +190,7 @@ class EtcdWatch(unittest.TestCase):
     def test_a_watch_cut_in_the_middle_is_opened_again_and_still_reports_the_deletion(self):
         proxy = EtcdProxy(self.etcd.client_ports[self.etcd.leader()])
         self.addCleanup(proxy.close)
-        a, b = self.replica([proxy.endpoint]), self.replica([proxy.endpoint])
+        a, b = self.replica([proxy.endpoint], ttl=LONG_TTL), self.replica([proxy.endpoint], ttl=LONG_TTL)
         leader, follower = self.leader_and_follower(a, b)
         wait_for(lambda: "etcd: watching the leader key" in follower.stdout(), 15, "the follower's watch")
         wait_for(lambda: proxy.cut() > 0, 10, "a watch connection to cut")
@@ -196,10 +199,13 @@ class EtcdWatch(unittest.TestCase):
         ended = follower.stdout().find("etcd: the watch on the leader key ended")
         wait_for(lambda: follower.stdout().find("etcd: watching the leader key", ended) > 0, 15,
                  "the watch to be opened again")
-        leader.signal(signal.SIGKILL)
-        wait_for(lambda: "etcd: leading" in follower.stdout() or follower.poll() is not None, 30,
-                 "the follower to take over")
-        self.assertRegex(follower.stdout(), re.compile(r"the leader key was deleted \(watch", re.M))
+        leader.signal(signal.SIGTERM)  # revokes its lease: the key is deleted at once
+        wait_for(lambda: "etcd: leading" in follower.stdout() or follower.poll() is not None, LONG_TTL / 2,
+                 "the follower to take over on the watched deletion (a read would come only after the TTL)")
+        out = follower.stdout()
+        deleted = out.find("etcd: the leader key was deleted (watch, revision ", ended)
+        self.assertGreater(deleted, 0, out)
+        self.assertLess(deleted, out.find("etcd: leading"), out)
 
 
 if __name__ == "__main__":
