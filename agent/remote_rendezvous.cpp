@@ -291,6 +291,10 @@ void RemoteRendezvous::start_client() {
     client_options.max_retry_delay =
         since(lost_at_) < kFastReconnectWindow ? kFastReconnectDelay : kSlowReconnectDelay;
   }
+  // Issue 14: a leader named by a follower that refuses connections has died; the followers name
+  // its successor as soon as one is elected, so the agent goes back to them instead of knocking
+  // on the dead leader for the rest of its slice.
+  client_options.give_up_when_refused = redirected_;
   rdzv::ClientEvents ev;
   ev.on_round = [this](const rdzv::Assignment& a) {
     joining_.reset();
@@ -343,6 +347,7 @@ void RemoteRendezvous::start_client() {
   double left = std::chrono::duration<double>(deadline_ - std::chrono::steady_clock::now()).count();
   // Several endpoints, or a reconnect (whose backoff cap changes with time): a slice at a time.
   if (endpoints_.size() > 1 || reconnecting_) left = std::min(left, redirected_ ? kRedirectSlice : kEndpointSlice);
+  redirect_attempt_ = redirected_;
   redirected_ = false;
   client_->connect(endpoints_[current_], std::max(left, 0.0));
   if (round_) {
@@ -465,9 +470,13 @@ void RemoteRendezvous::on_lost(const std::string& why) {
   // Preference follows the list: after a loss start again at the first endpoint (a blip must
   // not move one node to a standby while the others stay), after a failed attempt try the next.
   current_ = was_connected ? 0 : (current_ + 1) % endpoints_.size();
-  // A short jittered pause: the client itself backs off on a refused endpoint.
+  // A short jittered pause: the client itself backs off on a refused endpoint. After a redirect
+  // to a dead leader a little longer: the followers keep naming it until its lease expires, and
+  // the agents of a large job must not hammer them meanwhile.
   static thread_local std::minstd_rand jitter(std::random_device{}());
-  const double pause = std::uniform_real_distribution<double>(0.01, 0.05)(jitter);
+  const double pause = redirect_attempt_ && !was_connected ? std::uniform_real_distribution<double>(0.05, 0.1)(jitter)
+                                         : std::uniform_real_distribution<double>(0.01, 0.05)(jitter);
+  redirect_attempt_ = false;
   backoff_timer_.expires_after(seconds(pause));
   backoff_timer_.async_wait([this](const boost::system::error_code& ec) {
     if (!ec && !closed_) start_client();

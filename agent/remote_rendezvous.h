@@ -123,6 +123,7 @@ class RemoteRendezvous final : public RendezvousHandler {
   std::string lost_endpoint_;
   std::string redirected_to_;            // issue 14: the leader a follower named last (logged once)
   bool redirected_ = false;              // the next attempt follows a redirect (a short slice)
+  bool redirect_attempt_ = false;        // the attempt in progress follows a redirect
   bool reconnecting_ = false;            // lost a connection, looking for a rendezvous
   bool closed_ = false;
   bool finished_ = false;

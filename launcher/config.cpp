@@ -466,15 +466,12 @@ void resolve_etcd(const RawValues& raw, LaunchConfig& config) {
     refuse(raw.find("rdzv_id")->shown() + ": with --rdzv_backend=" + backend +
            " the job id is part of an etcd key and must not contain '/'");
   }
-  // TLS to etcd comes with the etcd client's TLS support (EtcdOptions::ca_file, cert_file, key_file);
-  // until then https is refused here and nowhere else.
-  if (config.etcd.protocol == "https") {
-    refuse("--rdzv_backend=" + backend + ": --rdzv_conf protocol=https (TLS to etcd) is not supported yet; "
-           "use an http:// etcd endpoint");
-  }
-  if (!config.etcd.ca_file.empty() || !config.etcd.cert_file.empty() || !config.etcd.key_file.empty()) {
+  // TLS to etcd: the files themselves are checked by the etcd client (EtcdClient::config_error,
+  // launch.cpp), which says which one is unusable.
+  if (config.etcd.protocol != "https" &&
+      (!config.etcd.ca_file.empty() || !config.etcd.cert_file.empty() || !config.etcd.key_file.empty())) {
     refuse("--rdzv_backend=" + backend + ": --rdzv_conf cacert, cert and key are for TLS to etcd, which needs "
-           "protocol=https (not supported yet); drop them for an http:// etcd");
+           "protocol=https (or https:// endpoints); drop them for an http:// etcd");
   }
   if (!config.etcd.user.empty() && config.etcd.password_file.empty()) {
     refuse("--rdzv_conf etcd_user=" + config.etcd.user + " needs etcd_password_file=PATH (a file holding the password)");

@@ -113,7 +113,7 @@ void Client::try_connect() {
       if (ec) {
         boost::system::error_code ignored;
         self->socket_.close(ignored);
-        self->retry(ec.message());
+        self->retry(ec.message(), ec == asio::error::connection_refused);
         return;
       }
       self->on_connected();
@@ -132,7 +132,7 @@ void Client::try_connect() {
       if (ec2) {
         boost::system::error_code ignored;
         self->socket_.close(ignored);
-        self->retry(ec2.message());
+        self->retry(ec2.message(), ec2 == asio::error::connection_refused);
         return;
       }
       self->on_connected();
@@ -140,7 +140,7 @@ void Client::try_connect() {
   });
 }
 
-void Client::retry(const std::string& reported) {
+void Client::retry(const std::string& reported, bool refused) {
   // An attempt cut short by the deadline reports the error of the attempts before it.
   std::string error = reported;
   if (connect_timed_out_) {
@@ -152,6 +152,10 @@ void Client::retry(const std::string& reported) {
   const std::string what = "connect to rendezvous " + endpoint_text_ + ": " + error;
   if (left <= 0) {
     fail(what + " (gave up: its connect deadline passed)", true);
+    return;
+  }
+  if (refused && options_.give_up_when_refused) {
+    fail(what, true);
     return;
   }
   const auto now = steady::now();

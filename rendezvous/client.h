@@ -37,6 +37,9 @@ struct ClientOptions {
   double heartbeat_timeout = 5.0;      // the server silent this long = error (replaced at join())
   std::size_t max_frame_bytes = kDefaultMaxFrameBytes;
   double max_retry_delay = 1.0;        // cap of the jittered connect backoff (s)
+  // Issue 14: a refused connection ends the attempt at once (on_disconnected) instead of being
+  // retried until the deadline: a leader named by a follower that refuses has died. Default off.
+  bool give_up_when_refused = false;
   // A connected peer must send a rendezvous challenge within this (s), else the attempt counts as
   // failed ("is another service listening there?") and is retried until the connect deadline.
   // A peer that sends anything else is refused at once (on_error): it is not a rendezvous server.
@@ -109,7 +112,7 @@ class Client : public std::enable_shared_from_this<Client> {
 
  private:
   void try_connect();
-  void retry(const std::string& error);
+  void retry(const std::string& error, bool refused = false);
   void on_connected();
   void read_more();
   void handle(Message& message);

@@ -1,7 +1,10 @@
 #include "rendezvous/election.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <exception>
+#include <utility>
+#include <vector>
 
 #include "rendezvous/protocol.h"
 
@@ -25,6 +28,7 @@ Election::~Election() { stop(); }
 void Election::start() {
   if (thread_.joinable()) return;
   thread_ = std::thread([this] { run(); });
+  if (options_.watch) watch_thread_ = std::thread([this] { watch_loop(); });
 }
 
 void Election::stop() {
@@ -32,8 +36,67 @@ void Election::stop() {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
   }
+  watch_stop_.stop();
   cv_.notify_all();
+  if (watch_thread_.joinable()) watch_thread_.join();
   if (thread_.joinable()) thread_.join();
+}
+
+// The watch thread: one watch stream on the leader key at a time; every answer (its creation, a
+// put, a deletion) and every end of a stream wakes the election thread, which reads the key and
+// campaigns (following) or checks that the key is still its own (leading). A broken stream is
+// opened again after TTL/4; meanwhile the election thread reads the key every TTL/4.
+void Election::watch_loop() {
+  EtcdOptions o = options_.etcd;
+  EtcdClient etcd(o);
+  EtcdWatchRequest request;
+  request.key = options_.key;
+  request.establish_timeout = std::max(1.0, options_.lease_ttl / 4.0);
+  request.keepalive_idle = std::max(1.0, options_.lease_ttl / 2.0);
+  const auto pause = seconds(options_.lease_ttl / 4.0);
+  std::string last_error;
+  bool live = false;
+  auto tell = [this](bool is_live, std::vector<std::string> lines) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      nudged_ = true;
+      watch_live_ = is_live;
+      for (auto& l : lines) watch_lines_.push_back(std::move(l));
+    }
+    cv_.notify_all();
+  };
+  while (!watch_stop_.stopped()) {
+    EtcdStatus s = etcd.watch(
+        request,
+        [&](const EtcdWatchResponse& r) {
+          std::vector<std::string> lines;
+          if (r.created && !live) {
+            lines.push_back("watching the leader key " + options_.key + " (a follower campaigns when it is deleted)");
+            last_error.clear();
+          }
+          live = true;
+          for (const EtcdWatchEvent& ev : r.events) {
+            if (ev.type == EtcdWatchEvent::Type::del) {
+              lines.push_back("the leader key was deleted (watch, revision " + std::to_string(ev.kv.mod_revision) + ")");
+            }
+          }
+          tell(true, std::move(lines));
+        },
+        watch_stop_);
+    if (watch_stop_.stopped()) break;
+    std::vector<std::string> lines;
+    if (s.error != last_error || live) {
+      char every[32];
+      std::snprintf(every, sizeof every, "%g s", options_.lease_ttl / 4.0);
+      lines.push_back("the watch on the leader key ended (" + s.error + "): reading the key every " + every +
+                      " until the watch is back");
+    }
+    last_error = s.error;
+    live = false;
+    tell(false, std::move(lines));
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, pause, [&] { return stopping_; });
+  }
 }
 
 void Election::say(const std::string& line) {
@@ -102,21 +165,36 @@ void Election::run() {
   auto next = Clock::now();
   for (;;) {
     std::optional<RecordWrite> w;
+    bool nudged = false;
+    std::vector<std::string> watch_lines;
     {
       std::unique_lock<std::mutex> lock(mu_);
       const auto wake = writes_.empty() ? next : std::min(next, std::max(write_retry_at_, Clock::now()));
-      cv_.wait_until(lock, wake, [&] { return stopping_ || (!writes_.empty() && Clock::now() >= write_retry_at_); });
+      cv_.wait_until(lock, wake, [&] {
+        return stopping_ || nudged_ || (!writes_.empty() && Clock::now() >= write_retry_at_);
+      });
       if (stopping_) break;
+      nudged = std::exchange(nudged_, false);
+      watch_lines.swap(watch_lines_);
       // Renewals first: a stream of writes must not starve the lease.
-      if (Clock::now() < next && !writes_.empty() && Clock::now() >= write_retry_at_) {
+      if (!nudged && Clock::now() < next && !writes_.empty() && Clock::now() >= write_retry_at_) {
         w = std::move(writes_.front());
         writes_.pop_front();
       }
     }
+    for (const std::string& line : watch_lines) say(line);
     try {
       if (w) {
         write_records(*w);
         continue;
+      }
+      if (nudged) {
+        if (last_.leading) {
+          check_still_mine();
+          if (!last_.leading) next = Clock::now() + seconds(options_.lease_ttl / 4.0);
+          continue;
+        }
+        next = Clock::now();  // following: read the key (and campaign) now
       }
       if (Clock::now() < next) continue;
       next = last_.leading ? renew() : follow_or_campaign();
@@ -166,9 +244,16 @@ Clock::time_point Election::renew() {
   return Clock::now();
 }
 
-// Following: read the leader key; campaign when it is gone.
+// Following: read the leader key; campaign when it is gone. The next read comes after TTL/4, or
+// after a TTL while the watch lives (it wakes this thread at once on a change; the read is the
+// fallback should the stream have died silently).
 Clock::time_point Election::follow_or_campaign() {
-  const auto next = Clock::now() + seconds(options_.lease_ttl / 4.0);
+  bool live = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    live = watch_live_;
+  }
+  const auto next = Clock::now() + seconds(live ? options_.lease_ttl : options_.lease_ttl / 4.0);
   EtcdRange r = etcd_->range(options_.key);
   if (!r.status.ok()) {
     error("cannot read the leader from etcd: " + r.status.error);
@@ -183,6 +268,18 @@ Clock::time_point Election::follow_or_campaign() {
   }
   campaign();
   return last_.leading ? Clock::now() + seconds(options_.lease_ttl / 4.0) : next;
+}
+
+// Leading, and the watch saw the leader key change: a deletion (the lease expired or was revoked
+// behind this replica's back) or another replica's key means this one no longer leads.
+void Election::check_still_mine() {
+  EtcdRange r = etcd_->range(options_.key);
+  if (!r.status.ok()) return;  // renewals decide, as without the watch
+  if (!r.kvs.empty() && r.kvs[0].create_revision == leader_revision_) return;
+  give_up(r.kvs.empty() ? "deposed: the leader key was deleted (its lease expired or was revoked)"
+                        : "deposed: the leader key is another replica's (revision " +
+                              std::to_string(r.kvs[0].create_revision) + ")");
+  if (!r.kvs.empty()) report({false, leader_named(r.kvs[0].value), {}, std::nullopt});
 }
 
 // A fresh lease, then a transaction that puts the leader key only if it does not exist.

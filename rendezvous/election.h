@@ -12,8 +12,10 @@
 // (create_revision == 0). The leader renews the lease every TTL/4; each renewal sent at time t
 // makes leadership valid until t + 3/4 TTL (the lease lives at least TTL from when etcd received
 // it, which is after t), so a leader that cannot renew stops leading a quarter TTL before etcd can
-// let another replica take the key. Followers read the key every TTL/4 and campaign when it is
-// gone.
+// let another replica take the key. A second thread (the watch thread) holds an etcd watch on the
+// leader key and wakes the election thread on every change, so a follower campaigns as soon as
+// the key is deleted; followers also read the key every TTL while the watch lives, every TTL/4
+// while it does not (etcd down, stream broken), so correctness never depends on the watch.
 #pragma once
 
 #include <chrono>
@@ -25,6 +27,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "rendezvous/etcd.h"
 #include "rendezvous/job_record.h"
@@ -45,6 +48,7 @@ struct ElectionOptions {
   std::string key;     // the leader key, e.g. "/ddplaunch/rendezvous/leader"
   std::string me;      // this replica's HOST:PORT, as agents reach it
   int lease_ttl = 5;   // seconds (etcd leases are whole seconds); at least 2
+  bool watch = true;   // watch the leader key (else: only the TTL/4 reads)
   std::string records_prefix;  // issue 14: job records live under this prefix (PREFIX + "jobs/")
   std::function<void(const Leadership&)> on_change;   // on the election thread; every renewal too
   std::function<void(const std::string&)> log;        // on the election thread
@@ -84,7 +88,8 @@ class Election {
   void write_records(RecordWrite& w);
   void fail_writes(const std::string& why);
   void give_up(const std::string& why);
-
+  void watch_loop();  // the watch thread
+  void check_still_mine();  // leading, after the watch saw the leader key change
   ElectionOptions options_;
   // The election thread's own state (no other thread touches it).
   std::unique_ptr<EtcdClient> etcd_;
@@ -100,7 +105,13 @@ class Election {
   std::condition_variable cv_;
   bool stopping_ = false;  // guarded by mu_
   std::deque<RecordWrite> writes_;  // guarded by mu_
+  // Issue 14, the watch thread's news for the election thread.
+  bool nudged_ = false;                  // guarded by mu_: the leader key changed (or may have)
+  bool watch_live_ = false;              // guarded by mu_: the watch stream is established
+  std::vector<std::string> watch_lines_;  // guarded by mu_: log lines, said by the election thread
+  EtcdWatchStop watch_stop_;             // thread-safe itself
   std::thread thread_;
+  std::thread watch_thread_;
 };
 
 }  // namespace ddp::rdzv

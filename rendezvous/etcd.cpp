@@ -3,10 +3,19 @@
 #include <algorithm>
 #include <array>
 #include <charconv>
+#include <limits>
+
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+
+#include <openssl/ssl.h>
 
 #include <boost/asio.hpp>
+#include <boost/asio/ssl.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/beast/ssl.hpp>
 
 #include "rendezvous/protocol.h"
 
@@ -15,8 +24,10 @@ namespace ddp::rdzv {
 namespace asio = boost::asio;
 namespace beast = boost::beast;
 namespace http = beast::http;
+namespace ssl = boost::asio::ssl;
 using asio::ip::tcp;
 using Clock = std::chrono::steady_clock;
+using TlsStream = beast::ssl_stream<beast::tcp_stream>;
 
 namespace {
 
@@ -129,6 +140,46 @@ EtcdStatus error_answer(const std::string& where, unsigned http_status, const nl
   return s;
 }
 
+// A transport error's text; a TLS one says what usually causes it.
+std::string io_error(const char* step, const beast::error_code& ec) {
+  std::string text = std::string(step) + ": " + ec.message();
+  if (ec.category() == asio::error::get_ssl_category() || ec == ssl::error::stream_truncated) {
+    text += " (TLS: if etcd requires client certificates (--client-cert-auth), give a certificate and key its "
+            "trusted CA signed: --etcd_cert, --etcd_key)";
+  }
+  return text;
+}
+
+// The handshake that turns a connected socket into the stream HTTP is spoken on: none for plain
+// TCP; for TLS, the server's certificate checked against the CA and the host of the endpoint.
+template <class Done>
+void handshake(beast::tcp_stream&, const std::string&, Done done) {
+  done(std::string());
+}
+
+template <class Done>
+void handshake(TlsStream& stream, const std::string& host, Done done) {
+  stream.set_verify_mode(ssl::verify_peer);
+  stream.set_verify_callback(ssl::host_name_verification(host));
+  boost::system::error_code ec;
+  asio::ip::make_address(host, ec);
+  if (ec) SSL_set_tlsext_host_name(stream.native_handle(), host.c_str());  // SNI: names only
+  stream.async_handshake(ssl::stream_base::client, [done](const beast::error_code& e) {
+    if (!e) return done(std::string());
+    if (e == beast::error::timeout) return done(std::string("TLS handshake timed out"));
+    const std::string what = e.message();
+    if (what.find("certificate verify failed") != std::string::npos) {
+      return done("TLS handshake: the server's certificate is not trusted (" + what +
+                  "): the CA file (--etcd_cacert) must be the CA that signed it, and the certificate must name "
+                  "the host of the endpoint");
+    }
+    if (what.find("wrong version number") != std::string::npos || what.find("packet length too long") != std::string::npos) {
+      return done("TLS handshake: the server does not speak TLS (" + what + "): use http:// for it");
+    }
+    done(io_error("TLS handshake", e));
+  });
+}
+
 // One POST on a private io_context, bounded by `deadline`: the whole exchange (resolve, connect,
 // write, read) is cancelled when it passes.
 struct Exchange {
@@ -137,12 +188,13 @@ struct Exchange {
   std::string error;  // transport error ("" = an HTTP answer arrived)
 };
 
-Exchange post(const std::string& host, const std::string& port, const std::string& target, const std::string& body,
-              const std::string& token, std::size_t max_bytes, Clock::time_point deadline) {
+template <class Stream>
+Exchange post_on(asio::io_context& io, Stream& stream, const std::string& host, const std::string& port,
+                 const std::string& target, const std::string& body, const std::string& token, std::size_t max_bytes,
+                 Clock::time_point deadline) {
   Exchange result;
-  asio::io_context io(1);
   tcp::resolver resolver(io);
-  beast::tcp_stream stream(io);
+  auto& lowest = beast::get_lowest_layer(stream);
   beast::flat_buffer buffer;
   http::request<http::string_body> request{http::verb::post, target, 11};
   request.set(http::field::host, host + ":" + port);
@@ -159,20 +211,22 @@ Exchange post(const std::string& host, const std::string& port, const std::strin
     done = true;
     result.error = error;
     beast::error_code ignored;
-    stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
-    stream.close();
+    lowest.socket().shutdown(tcp::socket::shutdown_both, ignored);
+    lowest.close();
   };
-  stream.expires_at(deadline);
+  lowest.expires_at(deadline);
   resolver.async_resolve(host, port, [&](const beast::error_code& ec, const tcp::resolver::results_type& results) {
     if (ec) return finish("resolve " + host + ": " + ec.message());
-    stream.async_connect(results, [&](const beast::error_code& ec2, const tcp::endpoint&) {
+    lowest.async_connect(results, [&](const beast::error_code& ec2, const tcp::endpoint&) {
       if (ec2) return finish(ec2 == beast::error::timeout ? "connect timed out" : "connect: " + ec2.message());
+      handshake(stream, host, [&](const std::string& tls_error) {
+      if (!tls_error.empty()) return finish(tls_error);
       http::async_write(stream, request, [&](const beast::error_code& ec3, std::size_t) {
-        if (ec3) return finish(ec3 == beast::error::timeout ? "send timed out" : "send: " + ec3.message());
+        if (ec3) return finish(ec3 == beast::error::timeout ? "send timed out" : io_error("send", ec3));
         auto read_failed = [&, max_bytes](const beast::error_code& ec4) {
           finish(ec4 == beast::error::timeout       ? "no answer in time"
                  : ec4 == http::error::body_limit ? "answer larger than " + std::to_string(max_bytes) + " bytes"
-                                                  : "read: " + ec4.message());
+                                                  : io_error("read", ec4));
         };
         http::async_read_header(stream, buffer, parser, [&, read_failed](const beast::error_code& ec4, std::size_t) {
           if (ec4) return read_failed(ec4);
@@ -189,6 +243,7 @@ Exchange post(const std::string& host, const std::string& port, const std::strin
           });
         });
       });
+      });
     });
   });
   // The resolver is not covered by the stream's timer: bound everything by the deadline.
@@ -200,6 +255,192 @@ Exchange post(const std::string& host, const std::string& port, const std::strin
     io.run();  // the cancelled handlers, which only see `done`
   }
   return result;
+}
+
+// One POST, on TLS when `tls` is given.
+Exchange post(ssl::context* tls, const std::string& host, const std::string& port, const std::string& target,
+              const std::string& body, const std::string& token, std::size_t max_bytes, Clock::time_point deadline) {
+  asio::io_context io(1);
+  if (tls) {
+    TlsStream stream(io, *tls);
+    return post_on(io, stream, host, port, target, body, token, max_bytes, deadline);
+  }
+  beast::tcp_stream stream(io);
+  return post_on(io, stream, host, port, target, body, token, max_bytes, deadline);
+}
+
+// TCP keepalive on a watch's socket: a peer that vanished (host down, cable cut) ends the stream
+// after `idle` seconds of silence and 3 unanswered probes a second apart.
+void keep_alive(tcp::socket& socket, double idle) {
+  const int on = 1, probes = 3, interval = 1;
+  const int idle_s = std::max(1, static_cast<int>(idle));
+  const int fd = socket.native_handle();
+  ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof on);
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle_s, sizeof idle_s);
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof interval);
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof probes);
+}
+
+// One watch stream on a private io_context. `established` once etcd said `created`; until then
+// everything is bounded by `deadline`, afterwards only by the stream's liveness and `stop`.
+struct WatchOutcome {
+  bool established = false;
+  unsigned status = 0;  // the HTTP status when it was not 200
+  std::string body;     // its body (an etcd error object), at most 64 KiB
+  std::string error;    // why the stream ended (always set)
+  int code = 0;         // etcd's gRPC code, from an error line in the stream
+};
+
+using WatchCallback = std::function<void(const EtcdWatchResponse&)>;
+using SetInterrupt = std::function<void(std::function<void()>)>;
+
+template <class Stream>
+WatchOutcome watch_on(asio::io_context& io, Stream& stream, const std::string& host, const std::string& port,
+                      const std::string& body, const std::string& token, std::size_t max_bytes, double keepalive_idle,
+                      Clock::time_point deadline, const WatchCallback& on_response, EtcdWatchStop& stop,
+                      const SetInterrupt& set_interrupt) {
+  WatchOutcome result;
+  tcp::resolver resolver(io);
+  auto& lowest = beast::get_lowest_layer(stream);
+  asio::steady_timer establish_timer(io);
+  beast::flat_buffer buffer;
+  http::request<http::string_body> request{http::verb::post, "/v3/watch", 11};
+  request.set(http::field::host, host + ":" + port);
+  request.set(http::field::content_type, "application/json");
+  // The gateway passes Grpc-Metadata-* headers on as gRPC metadata: "hasleader" makes etcd end
+  // the stream when its member has lost the cluster's leader (a partitioned member would
+  // otherwise keep the stream open and silent).
+  request.set("Grpc-Metadata-hasleader", "true");
+  if (!token.empty()) request.set(http::field::authorization, token);
+  request.body() = body;
+  request.prepare_payload();
+  http::response_parser<http::buffer_body> parser;
+  parser.header_limit(16 * 1024);
+  parser.body_limit((std::numeric_limits<std::uint64_t>::max)());  // a stream; each line is bounded below
+  EtcdWatchParser lines(max_bytes);
+  std::array<char, 16 * 1024> chunk;
+  std::vector<EtcdWatchResponse> answers;
+  bool done = false;
+  auto finish = [&](const std::string& error) {
+    if (done) return;
+    done = true;
+    result.error = error;
+    establish_timer.cancel();
+    resolver.cancel();
+    beast::error_code ignored;
+    lowest.socket().shutdown(tcp::socket::shutdown_both, ignored);
+    lowest.close();
+  };
+  std::function<void()> read_body;
+  auto on_body = [&](beast::error_code ec, std::size_t) {
+    if (done) return;
+    if (ec == http::error::need_buffer) ec = {};
+    if (ec) {
+      return finish(ec == beast::error::timeout ? "watch not created in time"
+                    : ec == http::error::end_of_stream || ec == http::error::partial_message || ec == asio::error::eof
+                        ? "the watch stream was closed"
+                        : io_error("watch stream", ec));
+    }
+    const std::size_t n = chunk.size() - parser.get().body().size;
+    answers.clear();
+    if (auto e = lines.feed(std::string_view(chunk.data(), n), answers); !e.empty()) {
+      result.code = lines.error_code();
+      return finish(e);
+    }
+    for (const EtcdWatchResponse& r : answers) {
+      if (!result.established) {
+        if (!r.created) return finish("the watch stream did not start with \"created\"");
+        result.established = true;
+        establish_timer.cancel();
+        lowest.expires_never();
+      }
+      if (r.canceled) {
+        return finish("etcd canceled the watch" + (r.cancel_reason.empty() ? "" : ": " + r.cancel_reason) +
+                      (r.compact_revision ? " (compacted at revision " + std::to_string(r.compact_revision) + ")"
+                                          : ""));
+      }
+      on_response(r);
+    }
+    if (parser.is_done()) return finish("the watch stream ended");
+    read_body();
+  };
+  read_body = [&] {
+    parser.get().body().data = chunk.data();
+    parser.get().body().size = chunk.size();
+    http::async_read_some(stream, buffer, parser, on_body);
+  };
+  // An error answer (not 200): its body, bounded, for the caller to read etcd's error from.
+  std::function<void()> read_error;
+  auto on_error_body = [&](beast::error_code ec, std::size_t) {
+    if (done) return;
+    if (ec == http::error::need_buffer) ec = {};
+    result.body.append(chunk.data(), chunk.size() - parser.get().body().size);
+    if (ec || parser.is_done() || result.body.size() > 64 * 1024) {
+      if (result.body.size() > 64 * 1024) result.body.clear();
+      return finish("HTTP " + std::to_string(result.status));
+    }
+    read_error();
+  };
+  read_error = [&] {
+    parser.get().body().data = chunk.data();
+    parser.get().body().size = chunk.size();
+    http::async_read_some(stream, buffer, parser, on_error_body);
+  };
+  establish_timer.expires_at(deadline);
+  establish_timer.async_wait([&](const beast::error_code& ec) {
+    if (!ec && !result.established) finish("watch not created in time");
+  });
+  lowest.expires_at(deadline);
+  resolver.async_resolve(host, port, [&](const beast::error_code& ec, const tcp::resolver::results_type& results) {
+    if (done) return;
+    if (ec) return finish("resolve " + host + ": " + ec.message());
+    lowest.async_connect(results, [&](const beast::error_code& ec2, const tcp::endpoint&) {
+      if (done) return;
+      if (ec2) return finish(ec2 == beast::error::timeout ? "connect timed out" : "connect: " + ec2.message());
+      keep_alive(lowest.socket(), keepalive_idle);
+      handshake(stream, host, [&](const std::string& tls_error) {
+        if (done) return;
+        if (!tls_error.empty()) return finish(tls_error);
+        http::async_write(stream, request, [&](const beast::error_code& ec3, std::size_t) {
+          if (done) return;
+          if (ec3) return finish(ec3 == beast::error::timeout ? "send timed out" : io_error("send", ec3));
+          http::async_read_header(stream, buffer, parser, [&](const beast::error_code& ec4, std::size_t) {
+            if (done) return;
+            if (ec4) return finish(ec4 == beast::error::timeout ? "watch not created in time" : io_error("read", ec4));
+            if (parser.get().result_int() != 200) {
+              result.status = parser.get().result_int();
+              return read_error();
+            }
+            read_body();
+          });
+        });
+      });
+    });
+  });
+  set_interrupt([&io] { io.stop(); });
+  if (!stop.stopped()) io.run();
+  set_interrupt(nullptr);
+  if (!done) {
+    finish("stopped");
+    io.restart();
+    io.run();  // the cancelled handlers, which only see `done`
+  }
+  return result;
+}
+
+WatchOutcome watch_stream(ssl::context* tls, const std::string& host, const std::string& port, const std::string& body,
+                          const std::string& token, std::size_t max_bytes, double keepalive_idle,
+                          Clock::time_point deadline, const WatchCallback& on_response, EtcdWatchStop& stop,
+                          const SetInterrupt& set_interrupt) {
+  asio::io_context io(1);
+  if (tls) {
+    TlsStream stream(io, *tls);
+    return watch_on(io, stream, host, port, body, token, max_bytes, keepalive_idle, deadline, on_response, stop,
+                    set_interrupt);
+  }
+  beast::tcp_stream stream(io);
+  return watch_on(io, stream, host, port, body, token, max_bytes, keepalive_idle, deadline, on_response, stop,
+                  set_interrupt);
 }
 
 bool retryable(const EtcdStatus& s, unsigned http_status) {
@@ -354,6 +595,101 @@ std::string read_lease(const nlohmann::json& answer, EtcdLease& out) {
   return "";
 }
 
+std::string read_watch_response(const nlohmann::json& line, EtcdWatchResponse& out, int* code) {
+  out = EtcdWatchResponse{};
+  if (!line.is_object()) return "a watch answer is not a JSON object";
+  if (auto error = line.find("error"); error != line.end()) {
+    // The gateway's stream error: {"error": {"grpc_code": 16, "message": "...", ...}}.
+    std::string text = "etcd ended the watch with an error";
+    if (error->is_object()) {
+      for (const char* field : {"grpc_code", "code"}) {
+        if (auto c = error->find(field); c != error->end() && c->is_number_integer()) {
+          const auto v = c->get<std::int64_t>();
+          if (v > 0 && v < 64 && code) *code = static_cast<int>(v);
+          if (v > 0 && v < 64) text += " (code " + std::to_string(v) + ")";
+          break;
+        }
+      }
+      if (auto m = error->find("message"); m != error->end() && m->is_string()) {
+        std::string message = m->get<std::string>();
+        if (message.size() > 512) message = message.substr(0, 512) + "...";
+        text += ": " + message;
+      }
+    }
+    return text;
+  }
+  auto result = line.find("result");
+  if (result == line.end() || !result->is_object()) return "a watch answer has no \"result\" object";
+  const nlohmann::json& r = *result;
+  if (auto e = read_header_revision(r, out.revision); !e.empty()) return e;
+  for (auto [field, flag] : {std::pair<const char*, bool*>{"created", &out.created}, {"canceled", &out.canceled}}) {
+    if (auto f = r.find(field); f != r.end()) {
+      if (!f->is_boolean()) return std::string("\"") + field + "\" is not a boolean";
+      *flag = f->get<bool>();
+    }
+  }
+  if (!read_int64(r, "compact_revision", out.compact_revision)) return "\"compact_revision\" is not an integer";
+  if (auto reason = r.find("cancel_reason"); reason != r.end()) {
+    if (!reason->is_string()) return "\"cancel_reason\" is not a string";
+    out.cancel_reason = reason->get<std::string>().substr(0, 512);
+  }
+  auto events = r.find("events");
+  if (events == r.end()) return "";
+  if (!events->is_array()) return "\"events\" is not an array";
+  for (const auto& item : *events) {
+    if (!item.is_object()) return "a watch event is not an object";
+    EtcdWatchEvent ev;
+    if (auto type = item.find("type"); type != item.end()) {  // PUT (0) is omitted
+      if (*type == "DELETE") ev.type = EtcdWatchEvent::Type::del;
+      else if (*type != "PUT") return "a watch event's \"type\" is neither PUT nor DELETE";
+    }
+    auto kv = item.find("kv");
+    if (kv == item.end() || !kv->is_object()) return "a watch event has no \"kv\" object";
+    if (!read_bytes(*kv, "key", ev.kv.key) || ev.kv.key.empty()) return "a watch event's key is missing or not base64";
+    if (!read_bytes(*kv, "value", ev.kv.value)) return "a watch event's value is not base64";
+    if (!read_int64(*kv, "create_revision", ev.kv.create_revision) ||
+        !read_int64(*kv, "mod_revision", ev.kv.mod_revision) || !read_int64(*kv, "version", ev.kv.version) ||
+        !read_int64(*kv, "lease", ev.kv.lease)) {
+      return "a watch event's revision, version or lease is not an integer";
+    }
+    out.events.push_back(std::move(ev));
+  }
+  return "";
+}
+
+std::string EtcdWatchParser::feed(std::string_view bytes, std::vector<EtcdWatchResponse>& out) {
+  while (!bytes.empty()) {
+    const auto newline = bytes.find('\n');
+    const std::size_t take = newline == std::string_view::npos ? bytes.size() : newline;
+    if (pending_.size() + take > max_line_) {
+      return "a watch answer is larger than " + std::to_string(max_line_) + " bytes";
+    }
+    pending_.append(bytes.substr(0, take));
+    if (newline == std::string_view::npos) break;
+    bytes.remove_prefix(newline + 1);
+    std::string line;
+    line.swap(pending_);
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // an empty line
+    nlohmann::json parsed;
+    if (auto p = parse_answer(line, parsed); !p.ok()) return "a watch answer: " + p.error;
+    EtcdWatchResponse r;
+    if (auto e = read_watch_response(parsed, r, &code_); !e.empty()) return e;
+    out.push_back(std::move(r));
+  }
+  return "";
+}
+
+void EtcdWatchStop::stop() {
+  std::lock_guard<std::mutex> lock(mu_);
+  stopped_ = true;
+  if (interrupt_) interrupt_();
+}
+
+bool EtcdWatchStop::stopped() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stopped_;
+}
+
 nlohmann::json txn_to_json(const EtcdTxn& txn) {
   nlohmann::json body = nlohmann::json::object();
   auto& compare = body["compare"] = nlohmann::json::array();
@@ -370,12 +706,52 @@ nlohmann::json txn_to_json(const EtcdTxn& txn) {
   return body;
 }
 
+struct EtcdClient::Tls {
+  ssl::context context{ssl::context::tls_client};
+};
+
+namespace {
+
+// TLS 1.2 or later, no compression; the files loaded once. "" or what is wrong, naming the file.
+std::string load_tls(ssl::context& c, const EtcdOptions& o) {
+  c.set_options(ssl::context::default_workarounds | ssl::context::no_sslv2 | ssl::context::no_sslv3 |
+                ssl::context::no_tlsv1 | ssl::context::no_tlsv1_1 | ssl::context::no_compression);
+  boost::system::error_code ec;
+  auto bad = [&](const char* what, const std::string& path) {
+    return std::string("etcd TLS: ") + what + " " + path + ": cannot use it: " + ec.message() +
+           " (expected a readable PEM file)";
+  };
+  if (o.ca_file.empty()) {
+    c.set_default_verify_paths(ec);
+    if (ec) return std::string("etcd TLS: the system's trusted CAs cannot be loaded: ") + ec.message();
+  } else if (c.load_verify_file(o.ca_file, ec); ec) {
+    return bad("CA file", o.ca_file);
+  }
+  if (o.cert_file.empty() != o.key_file.empty()) {
+    return o.cert_file.empty() ? "etcd TLS: a client key file needs its certificate file too"
+                               : "etcd TLS: a client certificate file needs its key file too";
+  }
+  if (o.cert_file.empty()) return "";
+  if (c.use_certificate_chain_file(o.cert_file, ec); ec) return bad("client certificate file", o.cert_file);
+  if (c.use_private_key_file(o.key_file, ssl::context::pem, ec); ec || SSL_CTX_check_private_key(c.native_handle()) != 1) {
+    if (ec && ec.message().find("key values mismatch") == std::string::npos) return bad("client key file", o.key_file);
+    return "etcd TLS: the client key file " + o.key_file + " is not the key of the certificate " + o.cert_file;
+  }
+  return "";
+}
+
+}  // namespace
+
 EtcdClient::EtcdClient(EtcdOptions options) : options_(std::move(options)) {
   for (std::string text : options_.endpoints) {
     std::string rest = text;
+    bool tls = false;
     if (rest.rfind("http://", 0) == 0) rest = rest.substr(7);
-    else if (rest.find("://") != std::string::npos) {
-      bad_endpoints_ += (bad_endpoints_.empty() ? "" : "; ") + text + ": only http:// is supported";
+    else if (rest.rfind("https://", 0) == 0) {
+      rest = rest.substr(8);
+      tls = true;
+    } else if (rest.find("://") != std::string::npos) {
+      bad_endpoints_ += (bad_endpoints_.empty() ? "" : "; ") + text + ": only http:// and https:// are supported";
       continue;
     }
     while (!rest.empty() && rest.back() == '/') rest.pop_back();
@@ -398,10 +774,21 @@ EtcdClient::EtcdClient(EtcdOptions options) : options_(std::move(options)) {
       bad_endpoints_ += (bad_endpoints_.empty() ? "" : "; ") + text + ": expected http://HOST:PORT";
       continue;
     }
-    endpoints_.push_back({host, port, "http://" + (host.find(':') != std::string::npos ? "[" + host + "]" : host) +
-                                          ":" + port});
+    endpoints_.push_back({host, port,
+                          std::string(tls ? "https://" : "http://") +
+                              (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + port,
+                          tls});
   }
   if (endpoints_.empty() && bad_endpoints_.empty()) bad_endpoints_ = "no etcd endpoint given";
+  const bool any_tls = std::any_of(endpoints_.begin(), endpoints_.end(), [](const Endpoint& e) { return e.tls; });
+  if (any_tls || !options_.ca_file.empty() || !options_.cert_file.empty() || !options_.key_file.empty()) {
+    auto tls = std::make_shared<Tls>();
+    if (auto e = load_tls(tls->context, options_); !e.empty()) {
+      bad_endpoints_ += (bad_endpoints_.empty() ? "" : "; ") + e;
+    } else {
+      tls_ = std::move(tls);
+    }
+  }
 }
 
 std::string EtcdClient::last_endpoint() const { return answered_ ? endpoints_[preferred_].text : ""; }
@@ -458,7 +845,8 @@ EtcdStatus EtcdClient::call_until(const std::string& path, const std::string& bo
     const auto share = (deadline - now) / static_cast<int>(n - tried);
     const std::size_t index = (preferred_ + tried) % n;
     const Endpoint& ep = endpoints_[index];
-    Exchange x = post(ep.host, ep.port, path, body, token_, options_.max_response_bytes, now + share);
+    Exchange x = post(ep.tls ? &tls_->context : nullptr, ep.host, ep.port, path, body, token_,
+                      options_.max_response_bytes, now + share);
     EtcdStatus s;
     if (!x.error.empty()) {
       s.error = ep.text + path + ": " + x.error;
@@ -532,6 +920,74 @@ EtcdLease EtcdClient::lease_keepalive(std::int64_t id) {
     if (auto e = read_lease(answer, out); !e.empty()) out.status.error = "etcd /v3/lease/keepalive: bad answer: " + e;
   }
   return out;
+}
+
+EtcdStatus EtcdClient::watch(const EtcdWatchRequest& w,
+                              const std::function<void(const EtcdWatchResponse&)>& on_response, EtcdWatchStop& stop) {
+  if (!bad_endpoints_.empty()) return {"etcd endpoints: " + bad_endpoints_, 0};
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(w.establish_timeout));
+  nlohmann::json create = {{"key", base64_encode(w.key)}};
+  if (!w.range_end.empty()) create["range_end"] = base64_encode(w.range_end);
+  if (w.start_revision > 0) create["start_revision"] = std::to_string(w.start_revision);
+  const std::string body = nlohmann::json{{"create_request", create}}.dump(
+      -1, ' ', false, nlohmann::json::error_handler_t::replace);
+  if (!options_.user.empty() && token_.empty()) {
+    if (auto s = authenticate(deadline); !s.ok()) return s;
+  }
+  auto set_interrupt = [&stop](std::function<void()> f) {
+    std::lock_guard<std::mutex> lock(stop.mu_);
+    stop.interrupt_ = std::move(f);
+  };
+  // The caller's function must not throw out of the io_context: a throw ends the stream.
+  std::string thrown;
+  auto deliver = [&](const EtcdWatchResponse& r) {
+    if (!thrown.empty()) return;
+    try {
+      on_response(r);
+    } catch (const std::exception& e) {
+      thrown = e.what();
+    }
+  };
+  std::string errors;
+  int last_code = 0;
+  bool reauthenticated = false;
+  const std::size_t n = endpoints_.size();
+  for (std::size_t tried = 0; tried < n; ++tried) {
+    if (stop.stopped()) return {"stopped", 0};
+    const auto now = Clock::now();
+    if (now >= deadline) break;
+    const auto share = (deadline - now) / static_cast<int>(n - tried);
+    const std::size_t index = (preferred_ + tried) % n;
+    const Endpoint& ep = endpoints_[index];
+    WatchOutcome x = watch_stream(ep.tls ? &tls_->context : nullptr, ep.host, ep.port, body, token_, options_.max_response_bytes, w.keepalive_idle,
+                                  now + share, deliver, stop, set_interrupt);
+    const std::string where = ep.text + "/v3/watch";
+    if (x.established) {
+      preferred_ = index;
+      answered_ = true;
+      if (!thrown.empty()) return {where + ": internal error: " + thrown, 0};
+      return {where + ": " + x.error, x.code};
+    }
+    if (x.error == "stopped") return {"stopped", 0};
+    EtcdStatus s{where + ": " + x.error, x.code};
+    if (x.status != 0) {
+      nlohmann::json parsed;
+      s = error_answer(where, x.status, parse_answer(x.body, parsed).ok() ? parsed : nlohmann::json());
+    }
+    if (s.code == kCodeUnauthenticated && !options_.user.empty() && !reauthenticated) {
+      reauthenticated = true;
+      token_.clear();
+      if (auto a = authenticate(deadline); !a.ok()) return a;
+      --tried;  // the same endpoint once more, with the new token
+      continue;
+    }
+    if (x.status != 0 && !retryable(s, x.status)) return s;
+    errors += (errors.empty() ? "" : "; ") + s.error;
+    last_code = s.code;
+  }
+  if (errors.empty()) errors = "no time left";
+  return {"etcd watch failed within " + secs(w.establish_timeout) + ": " + errors, last_code};
 }
 
 EtcdStatus EtcdClient::lease_revoke(std::int64_t id) {

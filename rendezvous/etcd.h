@@ -15,6 +15,9 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -25,7 +28,8 @@
 namespace ddp::rdzv {
 
 struct EtcdOptions {
-  std::vector<std::string> endpoints;  // "http://HOST:PORT" (or "HOST:PORT"); tried in turn
+  std::vector<std::string> endpoints;  // "http://HOST:PORT", "https://HOST:PORT" or "HOST:PORT"
+                                       // (http); tried in turn
   std::string user;                    // etcd user; "" = no authentication
   std::string password;                // its password
   double call_timeout = 2.0;           // seconds one call may take, all endpoints together
@@ -34,6 +38,12 @@ struct EtcdOptions {
   // client wires them in with its TLS support (until then https:// endpoints are refused).
   std::string ca_file, cert_file, key_file;
   std::size_t max_response_bytes = 4u << 20;  // a larger answer is an error (4 MiB)
+  // TLS, for https:// endpoints (PEM files): the server's certificate must be signed by ca_file
+  // ("" = the system's trusted CAs) and name the endpoint's host; cert_file and key_file, both or
+  // neither, are this client's certificate, for an etcd started with --client-cert-auth.
+  std::string ca_file;
+  std::string cert_file;
+  std::string key_file;
 };
 
 // The outcome of a call. `code` is etcd's gRPC code when etcd answered with an error (3 invalid
@@ -97,6 +107,66 @@ struct EtcdLease {
   std::int64_t ttl = 0;  // seconds; keepalive: 0 = the lease no longer exists
 };
 
+// Issue 14: one change of a watched key.
+struct EtcdWatchEvent {
+  enum class Type { put, del };
+  Type type = Type::put;
+  EtcdKeyValue kv;  // a deletion carries the key and its mod_revision only
+};
+
+// One answer of a watch stream (etcd's WatchResponse).
+struct EtcdWatchResponse {
+  std::int64_t revision = 0;  // the store's revision when it was sent
+  bool created = false;       // the first answer: the watch exists from here on
+  bool canceled = false;      // etcd ended the watch (compacted, no permission, ...)
+  std::int64_t compact_revision = 0;
+  std::string cancel_reason;
+  std::vector<EtcdWatchEvent> events;
+};
+
+struct EtcdWatchRequest {
+  std::string key;
+  std::string range_end;            // "" = the key only
+  std::int64_t start_revision = 0;  // 0 = changes from now on
+  double establish_timeout = 2.0;   // seconds to connect and hear `created`, all endpoints together
+  // Liveness: TCP keepalive probes after this many seconds of silence (3 probes, 1 s apart), so a
+  // member that vanished from the network ends the stream; and etcd itself ends it when its
+  // member loses the cluster's leader (the gateway's "hasleader" metadata, as clientv3's
+  // WithRequireLeader), so a member cut off from the quorum does not stay silent forever.
+  double keepalive_idle = 2.0;
+};
+
+// Ends a watch (EtcdClient::watch) from another thread. Owned by the caller of watch(); it must
+// outlive the call. Thread-safe.
+class EtcdWatchStop {
+ public:
+  void stop();
+  bool stopped() const;
+
+ private:
+  friend class EtcdClient;
+  mutable std::mutex mu_;
+  bool stopped_ = false;             // guarded by mu_
+  std::function<void()> interrupt_;  // guarded by mu_: stops the watch's private io_context
+};
+
+// Splits a watch stream's body (the gateway writes one JSON object a line) into answers, each
+// validated like any wire input. Socket-free; one per stream.
+class EtcdWatchParser {
+ public:
+  explicit EtcdWatchParser(std::size_t max_line_bytes) : max_line_(max_line_bytes) {}
+  // Consumes `bytes`; appends every complete answer to `out`. Returns "" or what is wrong, after
+  // which the stream must be dropped.
+  std::string feed(std::string_view bytes, std::vector<EtcdWatchResponse>& out);
+  // etcd's gRPC code when the stream ended with an error line (16: the token expired), else 0.
+  int error_code() const { return code_; }
+
+ private:
+  std::size_t max_line_;
+  int code_ = 0;
+  std::string pending_;  // an incomplete line
+};
+
 class EtcdClient {
  public:
   explicit EtcdClient(EtcdOptions options);
@@ -107,6 +177,15 @@ class EtcdClient {
   EtcdLease lease_grant(std::int64_t ttl_seconds);
   EtcdLease lease_keepalive(std::int64_t id);
   EtcdStatus lease_revoke(std::int64_t id);
+
+  // Issue 14: opens a watch stream (endpoints in turn, starting at the last that answered, until
+  // one has created the watch within request.establish_timeout), then calls `on_response` on
+  // this thread for every answer (the first has `created` set) until the stream breaks, etcd
+  // cancels the watch, or `stop` is stopped. Blocks all that time; always returns an error saying
+  // why it ended ("stopped" after stop()). Each answer is validated before `on_response` sees it;
+  // a malformed one ends the stream.
+  EtcdStatus watch(const EtcdWatchRequest& request, const std::function<void(const EtcdWatchResponse&)>& on_response,
+                   EtcdWatchStop& stop);
 
   // What is wrong with options.endpoints ("" when every one is usable); every call fails with it.
   const std::string& config_error() const { return bad_endpoints_; }
@@ -123,7 +202,9 @@ class EtcdClient {
     std::string host;
     std::string port;
     std::string text;
+    bool tls = false;  // https://
   };
+  struct Tls;  // the loaded certificates (an OpenSSL context), shared by copies of the client
   EtcdStatus call_until(const std::string& path, const std::string& body, nlohmann::json& answer,
                         std::chrono::steady_clock::time_point deadline);
   EtcdStatus authenticate(std::chrono::steady_clock::time_point deadline);
@@ -134,6 +215,7 @@ class EtcdClient {
   std::size_t preferred_ = 0;  // the endpoint that answered last
   bool answered_ = false;
   std::string token_;          // from /v3/auth/authenticate; "" = none yet
+  std::shared_ptr<Tls> tls_;   // null = no https:// endpoint
 };
 
 // Socket-free pieces, shared with the tests.
@@ -150,6 +232,9 @@ bool read_int64(const nlohmann::json& object, const char* field, std::int64_t& o
 std::string read_range(const nlohmann::json& answer, EtcdRange& out);
 std::string read_txn(const nlohmann::json& answer, EtcdTxnResult& out);
 std::string read_lease(const nlohmann::json& answer, EtcdLease& out);
+// One line of a watch stream: {"result": WatchResponse} or {"error": {...}}; "" or what is wrong.
+// `code` gets etcd's gRPC code of an error line.
+std::string read_watch_response(const nlohmann::json& line, EtcdWatchResponse& out, int* code = nullptr);
 nlohmann::json txn_to_json(const EtcdTxn& txn);
 
 }  // namespace ddp::rdzv

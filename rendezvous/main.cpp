@@ -1,5 +1,6 @@
 // ddp-rendezvous: the rendezvous daemon (serve) and its status query.
 // Exit codes: 0 ok, 2 usage, 3 cannot bind or connect.
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstring>
@@ -84,6 +85,10 @@ struct Replication {
   std::string user;                         // --etcd_user
   std::string password_file;                // --etcd_password_file
   std::string advertise;                    // --advertise HOST:PORT; default --host (or the host name)
+  std::string cacert;                       // --etcd_cacert: CA of etcd's certificates ("" = the system's)
+  std::string cert;                         // --etcd_cert: client certificate (--client-cert-auth)
+  std::string key;                          // --etcd_key: its key
+  bool watch = true;                        // --etcd_watch: watch the leader key (else reads only)
 };
 
 std::vector<std::string> split_list(const std::string& list) {
@@ -112,8 +117,16 @@ int serve(const std::string& host, unsigned short port, const std::string& token
   if (options.replicated) {
     election_options.etcd.endpoints = split_list(rep.etcd);
     if (election_options.etcd.endpoints.empty()) throw UsageError("--etcd: no endpoint given");
+    election_options.etcd.ca_file = rep.cacert;
+    election_options.etcd.cert_file = rep.cert;
+    election_options.etcd.key_file = rep.key;
     if (const std::string e = ddp::rdzv::EtcdClient(election_options.etcd).config_error(); !e.empty()) {
-      throw UsageError("--etcd: " + e);
+      throw UsageError("--etcd: " + e + " (--etcd_cacert, --etcd_cert, --etcd_key)");
+    }
+    const bool https = std::any_of(election_options.etcd.endpoints.begin(), election_options.etcd.endpoints.end(),
+                                   [](const std::string& e) { return e.rfind("https://", 0) == 0; });
+    if (!https && !(rep.cacert.empty() && rep.cert.empty() && rep.key.empty())) {
+      throw UsageError("--etcd_cacert, --etcd_cert and --etcd_key are for https:// endpoints; --etcd has none");
     }
     election_options.etcd.user = rep.user;
     if (!rep.user.empty()) {
@@ -122,6 +135,7 @@ int serve(const std::string& host, unsigned short port, const std::string& token
     }
     if (rep.lease_ttl < 2 || rep.lease_ttl > 600) throw UsageError("--etcd_lease_ttl: 2..600 seconds");
     election_options.lease_ttl = rep.lease_ttl;
+    election_options.watch = rep.watch;
     if (rep.prefix.empty()) throw UsageError("--etcd_prefix must not be empty");
     election_options.key = rep.prefix + "leader";
     election_options.records_prefix = rep.prefix + "jobs/";
@@ -343,7 +357,18 @@ int main(int argc, char** argv) {
 
   Replication rep;
   app.add_option("--etcd", rep.etcd,
-                 "run as one of several replicas on this etcd cluster: http://HOST:PORT,... (docs/etcd.md)");
+                 "run as one of several replicas on this etcd cluster: http://HOST:PORT,... or https://... "
+                 "(docs/etcd.md)");
+  app.add_option("--etcd_cacert,--etcd-cacert", rep.cacert,
+                 "PEM CA that signed the etcd members' certificates, for https:// endpoints "
+                 "(default: the system's trusted CAs)");
+  app.add_option("--etcd_cert,--etcd-cert", rep.cert,
+                 "PEM client certificate for etcd (etcd --client-cert-auth); needs --etcd_key");
+  app.add_option("--etcd_key,--etcd-key", rep.key, "PEM private key of --etcd_cert");
+  app.add_option("--etcd_watch,--etcd-watch", rep.watch,
+                 "watch the leader key, so that a follower takes over as soon as it is deleted; false: read it "
+                 "every TTL/4 only (docs/etcd.md)")
+      ->capture_default_str();
   app.add_option("--etcd_lease_ttl,--etcd-lease-ttl", rep.lease_ttl,
                  "seconds of the leader's etcd lease: a dead leader is replaced after about this long")
       ->capture_default_str();

@@ -142,7 +142,7 @@ class EtcdBadInput(LaunchTestCase):
         base = ["--nnodes=2", "--rdzv_backend=etcd", "--rdzv_id=j", "--python", PYTHON, self.script("w.py", "pass\n")]
         cases = [(["--rdzv_endpoint=127.0.0.1:2379", "--rdzv_conf", "etcd_lease_ttl=1"], ["etcd_lease_ttl", "2 to 600"]),
                  (["--rdzv_endpoint=127.0.0.1:2379", "--rdzv_conf", "protocol=ftp"], ["protocol=ftp", "http, https"]),
-                 (["--rdzv_endpoint=127.0.0.1:2379", "--rdzv_conf", "protocol=https"], ["protocol=https", "not supported yet"]),
+                 (["--rdzv_endpoint=127.0.0.1:2379", "--rdzv_conf", "protocol=https,cacert=/nonexistent/ca.pem"], ["/nonexistent/ca.pem"]),
                  (["--rdzv_endpoint=127.0.0.1:2379", "--rdzv_conf", "etcd_prefix=relative"], ["etcd_prefix=relative", "'/'"]),
                  (["--rdzv_endpoint=127.0.0.1:2379", "--rdzv_conf", "etcd_timeout=0"], ["etcd_timeout", "greater than 0"]),
                  (["--rdzv_endpoint=127.0.0.1:2379", "--rdzv_conf", "etcd_user=u"], ["etcd_password_file"]),

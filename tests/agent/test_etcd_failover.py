@@ -112,7 +112,7 @@ class EtcdFailover(MultiNodeTestCase):
 
     def test_bad_replica_flags_exit_2_and_say_what_is_wrong(self):
         etcd = ",".join(self.etcd.endpoints)
-        cases = [(["--etcd", "https://127.0.0.1:2379"], "only http://"),
+        cases = [(["--etcd", "ftp://127.0.0.1:2379"], "only http:// and https://"),
                  (["--etcd", "http://127.0.0.1:99999"], "expected http://HOST:PORT"),
                  (["--etcd", etcd, "--etcd_lease_ttl", "1"], "--etcd_lease_ttl"),
                  (["--etcd", etcd, "--etcd_user", "u"], "--etcd_password_file"),

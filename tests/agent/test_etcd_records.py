@@ -118,7 +118,9 @@ class EtcdRecords(MultiNodeTestCase):
         self.assertEqual(max(self.by_generation("start")), gen2, "no worker restarted after the failover")
 
     def test_a_deposed_leader_cannot_write_a_record_and_tells_no_agent(self):
-        [port] = self.start_replicas(1)
+        # Without the watch (which would see the key change first: the next test), the
+        # transaction's compare is what stops the deposed leader.
+        [port] = self.start_replicas(1, extra=["--etcd_watch=false"])
         self.wait_leader([port])
         replica = self.replicas[port]
         # Another replica "took over" behind this one's back: the leader key is now someone else's
@@ -134,6 +136,21 @@ class EtcdRecords(MultiNodeTestCase):
         self.assertIsNone(self.record())
         # The round it formed was never told: no worker started (it forgot the job on stepping down).
         self.assertEqual(self.recs("start"), [])
+
+    def test_a_deposed_leader_sees_the_key_change_through_its_watch_and_steps_down(self):
+        [port] = self.start_replicas(1)
+        self.wait_leader([port])
+        replica = self.replicas[port]
+        wait_for(lambda: "etcd: watching the leader key" in replica.stdout(), 30, "the leader's watch")
+        other = "127.0.0.1:%d" % free_port()
+        self.etcd.ctl("del", self.prefix + "leader")
+        self.etcd.ctl("put", self.prefix + "leader", other)
+        wait_for(lambda: "no longer the leader" in replica.stdout(), 30, "the deposed replica to step down")
+        wait_for(lambda: "etcd: following: the leader is " + other in replica.stdout(), 30,
+                 "the deposed replica to follow the key's holder")
+        out = replica.stdout()
+        self.assertIn("etcd: deposed: the leader key ", out)
+        self.assertNotIn("job records written", out)
 
     def test_a_corrupt_record_is_refused_with_its_reason_and_the_replica_serves_on(self):
         self.etcd.ctl("put", self.prefix + "jobs/garbage", "{not json")

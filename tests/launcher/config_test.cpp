@@ -418,7 +418,6 @@ TEST_SUITE("bad values exit 2 naming the flag and the accepted forms") {
         {{"--rdzv_backend=etcd", "t.py"}, {"--rdzv_backend=etcd needs --rdzv_endpoint=HOST[:PORT] of etcd"}},
         {{"--rdzv_backend=etcd-v2", "--rdzv_endpoint=e", "--rdzv_conf=etcd_lease_ttl=1", "t.py"}, {"etcd_lease_ttl=1", "2 to 600"}},
         {{"--rdzv_backend=etcd-v2", "--rdzv_endpoint=e", "--rdzv_conf=protocol=ftp", "t.py"}, {"protocol=ftp", "http, https"}},
-        {{"--rdzv_backend=etcd", "--rdzv_endpoint=https://e:2379", "t.py"}, {"protocol=https", "not supported yet"}},
         {{"--rdzv_backend=etcd", "--rdzv_endpoint=e", "--rdzv_conf=cacert=/ca.pem", "t.py"}, {"cacert", "protocol=https"}},
         {{"--rdzv_backend=etcd", "--rdzv_endpoint=e", "--rdzv_id=a/b", "t.py"}, {"--rdzv_id=a/b", "must not contain '/'"}},
         {{"--rdzv_backend=c10d", "--rdzv_endpoint=host:99999", "t.py"}, {"--rdzv_endpoint=host:99999", "HOST[:PORT]"}},
@@ -504,6 +503,13 @@ TEST_SUITE("rendezvous settings resolve like torchrun") {
     CHECK(a.config.etcd.timeout == 4);
     CHECK(a.config.timeouts.join_timeout == 90);  // torchrun's etcd `timeout`: the join timeout
     CHECK(a.err.empty());
+    const Result tls = parse({"--rdzv_backend=etcd", "--rdzv_endpoint=https://e1:2379,e2",
+                              "--rdzv_conf=cacert=/ca.pem,cert=/c.pem,key=/k.pem", "train.py"});
+    CHECK(tls.err.empty());
+    CHECK(tls.config.etcd.endpoints == std::vector<std::string>{"https://e1:2379", "https://e2:2379"});
+    CHECK(tls.config.etcd.ca_file == "/ca.pem");
+    CHECK(tls.config.etcd.cert_file == "/c.pem");
+    CHECK(tls.config.etcd.key_file == "/k.pem");
     const Result b = parse({"--rdzv_backend=etcd", "--rdzv_endpoint=e", "train.py"});
     CHECK(b.config.rdzv_backend == RendezvousBackend::kEtcd);
     CHECK(b.config.etcd.prefix == "/ddplaunch/jobs/");

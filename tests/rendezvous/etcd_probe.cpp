@@ -3,12 +3,17 @@
 // call succeeded, 1 when it failed (the object's "error" says why), 2 on usage.
 //
 //   etcd_probe --endpoints http://127.0.0.1:P1,http://127.0.0.1:P2 [--user U --password P]
-//              [--timeout S] COMMAND ARGS...
+//              [--cacert F --cert F --key F] [--timeout S] COMMAND ARGS...
 //   put KEY VALUE [LEASE] | get KEY | prefix PREFIX | create KEY VALUE [LEASE]
 //   cas KEY VALUE MOD_REVISION | grant TTL | keepalive ID | revoke ID
+//   watch KEY EVENTS: prints {"created":...,"events":[...]} per answer, one a line, until EVENTS
+//   events were seen (exit 0) or the stream ended (exit 1, the last line says why);
+//   --stop-after S stops it from another thread after S seconds (exit 1, "stopped").
+#include <chrono>
 #include <cstdio>
 #include <iostream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -52,6 +57,7 @@ int usage(const std::string& why) {
 
 int main(int argc, char** argv) {
   EtcdOptions options;
+  double stop_after = 0;
   std::vector<std::string> args;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -68,6 +74,14 @@ int main(int argc, char** argv) {
       options.user = value();
     } else if (a == "--password") {
       options.password = value();
+    } else if (a == "--cacert") {
+      options.ca_file = value();
+    } else if (a == "--cert") {
+      options.cert_file = value();
+    } else if (a == "--key") {
+      options.key_file = value();
+    } else if (a == "--stop-after") {
+      stop_after = std::stod(value());
     } else if (a == "--timeout") {
       options.call_timeout = std::stod(value());
     } else {
@@ -115,6 +129,37 @@ int main(int argc, char** argv) {
   if (cmd == "keepalive" && args.size() == 2) {
     auto l = client.lease_keepalive(number(1));
     return emit(l.status, {{"id", l.id}, {"ttl", l.ttl}});
+  }
+  if (cmd == "watch" && args.size() == 3) {
+    ddp::rdzv::EtcdWatchRequest request;
+    request.key = arg(1);
+    request.establish_timeout = options.call_timeout;
+    const auto wanted = number(2);
+    std::int64_t seen = 0;
+    ddp::rdzv::EtcdWatchStop stop;
+    std::thread stopper;
+    if (stop_after > 0) {
+      stopper = std::thread([&stop, stop_after] {
+        std::this_thread::sleep_for(std::chrono::duration<double>(stop_after));
+        stop.stop();
+      });
+    }
+    auto s = client.watch(
+        request,
+        [&](const ddp::rdzv::EtcdWatchResponse& r) {
+          json events = json::array();
+          for (const auto& e : r.events) {
+            events.push_back({{"type", e.type == ddp::rdzv::EtcdWatchEvent::Type::del ? "DELETE" : "PUT"},
+                              {"key", e.kv.key}, {"value", e.kv.value}, {"mod_revision", e.kv.mod_revision}});
+          }
+          std::cout << json{{"created", r.created}, {"revision", r.revision}, {"events", events}}.dump() << std::endl;
+          seen += static_cast<std::int64_t>(r.events.size());
+          if (seen >= wanted) stop.stop();
+        },
+        stop);
+    if (stopper.joinable()) stopper.join();
+    if (seen >= wanted && wanted > 0) return 0;
+    return emit(s.ok() ? EtcdStatus{"ended without an error", 0} : s, json::object());
   }
   if (cmd == "revoke" && args.size() == 2) return emit(client.lease_revoke(number(1)), json::object());
   return usage("unknown command or wrong arguments: " + cmd);

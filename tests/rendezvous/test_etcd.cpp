@@ -149,9 +149,151 @@ TEST_CASE("a call to endpoints that refuse or never answer fails within its dead
 
 TEST_CASE("bad endpoint text is reported by every call") {
   EtcdOptions o;
-  o.endpoints = {"https://x:1", "http://:2379", "http://h:99999"};
+  o.endpoints = {"ftp://x:1", "http://:2379", "http://h:99999"};
   EtcdClient client(o);
   auto r = client.range("/k");
-  CHECK(r.status.error.find("only http://") != std::string::npos);
+  CHECK(r.status.error.find("only http:// and https://") != std::string::npos);
   CHECK(r.status.error.find("expected http://HOST:PORT") != std::string::npos);
+}
+
+TEST_CASE("a watch stream's lines are read into answers: created, a put, a deletion") {
+  EtcdWatchParser parser(1 << 20);
+  std::vector<EtcdWatchResponse> out;
+  const std::string stream =
+      R"({"result":{"header":{"revision":"1"},"created":true}})"
+      "\n"
+      R"({"result":{"header":{"revision":"2"},"events":[{"kv":{"key":"L3cvbGVhZGVy","create_revision":"2",)"
+      R"("mod_revision":"2","version":"1","value":"YTox"}}]}})"
+      "\n"
+      R"({"result":{"header":{"revision":"3"},"events":[{"type":"DELETE","kv":{"key":"L3cvbGVhZGVy","mod_revision":"3"}}]}})"
+      "\n";
+  // Fed in pieces of every size: a line split anywhere is joined.
+  for (std::size_t piece : {1u, 7u, 64u, 100000u}) {
+    out.clear();
+    for (std::size_t i = 0; i < stream.size(); i += piece) {
+      REQUIRE(parser.feed(std::string_view(stream).substr(i, piece), out) == "");
+    }
+    REQUIRE(out.size() == 3);
+    CHECK(out[0].created);
+    CHECK(out[0].revision == 1);
+    CHECK(out[0].events.empty());
+    REQUIRE(out[1].events.size() == 1);
+    CHECK(out[1].events[0].type == EtcdWatchEvent::Type::put);
+    CHECK(out[1].events[0].kv.key == "/w/leader");
+    CHECK(out[1].events[0].kv.value == "a:1");
+    CHECK(out[1].events[0].kv.create_revision == 2);
+    REQUIRE(out[2].events.size() == 1);
+    CHECK(out[2].events[0].type == EtcdWatchEvent::Type::del);
+    CHECK(out[2].events[0].kv.mod_revision == 3);
+  }
+  // A cancellation is an answer; the caller ends the stream on it.
+  out.clear();
+  REQUIRE(parser.feed("{\"result\":{\"canceled\":true,\"compact_revision\":\"9\",\"cancel_reason\":\"compacted\"}}\n",
+                      out) == "");
+  REQUIRE(out.size() == 1);
+  CHECK(out[0].canceled);
+  CHECK(out[0].compact_revision == 9);
+  CHECK(out[0].cancel_reason == "compacted");
+}
+
+TEST_CASE("hostile watch lines are errors, never exceptions, and a line has a size limit") {
+  const char* bad[] = {
+      "[]",
+      "not json",
+      R"({"result":[]})",
+      R"({})",
+      R"({"result":{"created":"yes"}})",
+      R"({"result":{"canceled":1}})",
+      R"({"result":{"header":{"revision":[]}}})",
+      R"({"result":{"compact_revision":"x"}})",
+      R"({"result":{"cancel_reason":{}}})",
+      R"({"result":{"events":{}}})",
+      R"({"result":{"events":[1]}})",
+      R"({"result":{"events":[{"type":"EXPIRE","kv":{"key":"eA=="}}]}})",
+      R"({"result":{"events":[{"type":0,"kv":{"key":"eA=="}}]}})",
+      R"({"result":{"events":[{}]}})",
+      R"({"result":{"events":[{"kv":{"value":"eA=="}}]}})",
+      R"({"result":{"events":[{"kv":{"key":"!!"}}]}})",
+      R"({"result":{"events":[{"kv":{"key":"eA==","mod_revision":1.5}}]}})",
+      R"({"error":{"grpc_code":16,"message":"etcdserver: invalid auth token"}})",
+  };
+  for (const char* line : bad) {
+    EtcdWatchParser parser(1 << 20);
+    std::vector<EtcdWatchResponse> out;
+    CHECK_MESSAGE(!parser.feed(std::string(line) + "\n", out).empty(), line);
+    CHECK(out.empty());
+  }
+  {
+    EtcdWatchParser parser(1 << 20);
+    std::vector<EtcdWatchResponse> out;
+    CHECK(parser.feed(R"({"error":{"grpc_code":16,"message":"token"}})" "\n", out).find("code 16") != std::string::npos);
+    CHECK(parser.error_code() == 16);
+  }
+  {
+    EtcdWatchParser parser(1 << 20);
+    std::vector<EtcdWatchResponse> out;
+    CHECK(parser.feed(std::string(100000, '[') + "\n", out).find("deeper") != std::string::npos);
+  }
+  {
+    // A line that never ends is refused once it passes the limit, before it is buffered further.
+    EtcdWatchParser parser(1000);
+    std::vector<EtcdWatchResponse> out;
+    CHECK(parser.feed(std::string(600, ' '), out) == "");
+    CHECK(parser.feed(std::string(600, ' '), out).find("larger than 1000 bytes") != std::string::npos);
+  }
+  {
+    EtcdWatchParser parser(1000);
+    std::vector<EtcdWatchResponse> out;
+    CHECK(parser.feed("\n\r\n  \n", out) == "");  // empty lines are skipped
+    CHECK(out.empty());
+  }
+}
+
+TEST_CASE("a watch on endpoints that refuse or never answer fails within its deadline; stop() ends it") {
+  namespace asio = boost::asio;
+  asio::io_context io;
+  asio::ip::tcp::acceptor silent(io, {asio::ip::make_address("127.0.0.1"), 0});
+  EtcdOptions o;
+  o.endpoints = {"http://127.0.0.1:" + std::to_string(silent.local_endpoint().port())};
+  EtcdClient client(o);
+  EtcdWatchRequest request;
+  request.key = "/k";
+  request.establish_timeout = 0.5;
+  EtcdWatchStop stop;
+  int answers = 0;
+  auto start = std::chrono::steady_clock::now();
+  EtcdStatus s = client.watch(request, [&](const EtcdWatchResponse&) { ++answers; }, stop);
+  double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  CHECK_FALSE(s.ok());
+  CHECK(answers == 0);
+  CHECK(took < 3.0);
+  CHECK(s.error.find(o.endpoints[0]) != std::string::npos);
+  CHECK(s.error.find("not created in time") != std::string::npos);
+  // Stopped before it starts: it returns at once, saying so.
+  stop.stop();
+  request.establish_timeout = 30;
+  start = std::chrono::steady_clock::now();
+  s = client.watch(request, [&](const EtcdWatchResponse&) { ++answers; }, stop);
+  took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  CHECK(s.error == "stopped");
+  CHECK(took < 3.0);
+}
+
+TEST_CASE("unusable TLS files are configuration errors naming the file") {
+  EtcdOptions o;
+  o.endpoints = {"https://127.0.0.1:2379"};
+  o.ca_file = "/nonexistent/ca.pem";
+  CHECK(EtcdClient(o).config_error().find("CA file /nonexistent/ca.pem: cannot use it") != std::string::npos);
+  o.ca_file.clear();
+  o.cert_file = "/nonexistent/client.pem";
+  CHECK(EtcdClient(o).config_error().find("needs its key file too") != std::string::npos);
+  o.key_file = "/nonexistent/client.key";
+  CHECK(EtcdClient(o).config_error().find("client certificate file /nonexistent/client.pem") != std::string::npos);
+  // Every call fails with it, at once.
+  EtcdClient client(o);
+  CHECK(client.range("/k").status.error.find("etcd TLS") != std::string::npos);
+  // https:// with the system's CAs and no client certificate is a usable configuration.
+  EtcdOptions plain;
+  plain.endpoints = {"https://127.0.0.1:2379", "http://127.0.0.1:2380"};
+  CHECK(EtcdClient(plain).config_error() == "");
 }

@@ -216,6 +216,29 @@ TEST_CASE("connect gives up at its deadline with the reason") {
   CHECK(agent->errors[0].find("gave up") != std::string::npos);
 }
 
+TEST_CASE("a client told to give up when refused ends its attempt at the first refusal (issue 14)") {
+  asio::io_context io;
+  unsigned short port;
+  {
+    tcp::acceptor probe(io, loopback_any_port());
+    port = probe.local_endpoint().port();
+  }
+  ClientOptions o;
+  o.job_id = "job";
+  o.give_up_when_refused = true;  // the agent's setting for a leader named by a follower
+  std::vector<std::string> lost, errors;
+  ClientEvents e;
+  e.on_disconnected = [&](const std::string& m) { lost.push_back(m); };
+  e.on_error = [&](const std::string& m) { errors.push_back(m); };
+  auto client = Client::create(io, o, e);
+  client->connect("127.0.0.1:" + std::to_string(port), 30.0);  // a deadline far beyond the wait below
+  REQUIRE(run_until(io, [&] { return !lost.empty() || !errors.empty(); }, 5));
+  REQUIRE(lost.size() == 1);
+  CHECK(errors.empty());
+  CHECK(lost[0].find("Connection refused") != std::string::npos);
+  CHECK(client->attempts() == 1);
+}
+
 TEST_CASE("a wrong token reaches the agent as a clear error") {
   asio::io_context io;
   ServerOptions o;
