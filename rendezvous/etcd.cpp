@@ -34,6 +34,7 @@ namespace {
 constexpr int kMaxAnswerDepth = 16;   // etcd's answers nest 5 deep at most (txn > responses > kvs)
 constexpr int kCodeUnavailable = 14;
 constexpr int kCodeUnauthenticated = 16;
+constexpr double kAuthenticateSeconds = 5.0;  // the least time a login gets (authenticate)
 
 const char kAlphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 
@@ -813,6 +814,12 @@ EtcdStatus EtcdClient::call(const std::string& path, const nlohmann::json& body,
 }
 
 EtcdStatus EtcdClient::authenticate(Clock::time_point deadline) {
+  // etcd checks the password with bcrypt (cost 10: ~0.1 s of a member's CPU, seconds on a loaded
+  // machine), so a login gets at least kAuthenticateSeconds, however short the call it precedes:
+  // with TTL 2 s a replica's calls have 0.5 s for every endpoint together, and under load it
+  // could never log in. A leader's deadline is its event loop's timer, not this call's.
+  deadline = std::max(deadline, Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                   std::chrono::duration<double>(kAuthenticateSeconds)));
   nlohmann::json answer;
   const std::string body = nlohmann::json{{"name", options_.user}, {"password", options_.password}}.dump(
       -1, ' ', false, nlohmann::json::error_handler_t::replace);

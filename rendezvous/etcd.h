@@ -33,14 +33,12 @@ struct EtcdOptions {
   std::string user;                    // etcd user; "" = no authentication
   std::string password;                // its password
   double call_timeout = 2.0;           // seconds one call may take, all endpoints together
-  // TLS to etcd (https:// endpoints): the CA that signed the members' certificates, and this
-  // client's certificate and key. Filled from --rdzv_conf cacert/cert/key by the launcher; the
-  // client wires them in with its TLS support (until then https:// endpoints are refused).
-  std::string ca_file, cert_file, key_file;
   std::size_t max_response_bytes = 4u << 20;  // a larger answer is an error (4 MiB)
   // TLS, for https:// endpoints (PEM files): the server's certificate must be signed by ca_file
   // ("" = the system's trusted CAs) and name the endpoint's host; cert_file and key_file, both or
-  // neither, are this client's certificate, for an etcd started with --client-cert-auth.
+  // neither, are this client's certificate, for an etcd started with --client-cert-auth. Set by
+  // ddp-rendezvous --etcd_cacert/--etcd_cert/--etcd_key, or by the launcher from --rdzv_conf
+  // cacert/cert/key.
   std::string ca_file;
   std::string cert_file;
   std::string key_file;
