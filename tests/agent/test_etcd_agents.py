@@ -32,12 +32,7 @@ LEADING = "rendezvous replica: etcd: leading"
 class EtcdAgents(MultiNodeTestCase):
     def setUp(self):
         super().setUp()
-        reason = EtcdCluster.unavailable_reason()
-        if reason:
-            self.skipTest(reason)
-        self.etcd = EtcdCluster(members=3)
-        self.etcd.__enter__()
-        self.addCleanup(self.etcd.__exit__, None, None, None)
+        self.etcd = EtcdCluster.started_for(self)
         self.prefix = "/ddp-test-%s" % uuid.uuid4().hex[:8]
 
     def etcd_node(self, name, backend, endpoint, nnodes, nproc, worker_args, max_restarts=0, conf=""):

@@ -39,12 +39,7 @@ class EtcdFailover(MultiNodeTestCase):
 
     def start_etcd(self):
         """A 3-member cluster stopped in cleanup, and a prefix of this test's own (skipped without etcd)."""
-        reason = EtcdCluster.unavailable_reason()
-        if reason:
-            self.skipTest(reason)
-        self.etcd = EtcdCluster(members=3)
-        self.etcd.__enter__()
-        self.addCleanup(self.etcd.__exit__, None, None, None)
+        self.etcd = EtcdCluster.started_for(self)
         self.prefix = "/ddp-test-%s/" % uuid.uuid4().hex[:8]
 
     def start_replicas(self, n=3, extra=(), ttl=TTL):

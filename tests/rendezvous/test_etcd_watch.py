@@ -130,12 +130,7 @@ class EtcdProxy:
 
 class EtcdWatch(unittest.TestCase):
     def setUp(self):
-        reason = EtcdCluster.unavailable_reason()
-        if reason:
-            self.skipTest(reason)
-        self.etcd = EtcdCluster(members=3)
-        self.etcd.__enter__()
-        self.addCleanup(self.etcd.__exit__, None, None, None)
+        self.etcd = EtcdCluster.started_for(self)
         self.prefix = "/ddp-watch-%s/" % uuid.uuid4().hex[:8]
 
     def replica(self, etcd_endpoints, ttl=TTL):

@@ -52,6 +52,18 @@ class EtcdCluster:
                 return "%s is not installed (apt-get install etcd-server etcd-client; scripts/setup)" % tool
         return None
 
+    @classmethod
+    def started_for(cls, test, members=3):
+        """A cluster started for `test` (a unittest.TestCase) and stopped in its cleanup; the test
+        is skipped with the reason when etcd is not installed."""
+        reason = cls.unavailable_reason()
+        if reason:
+            test.skipTest(reason)
+        cluster = cls(members=members)
+        cluster.__enter__()
+        test.addCleanup(cluster.__exit__, None, None, None)
+        return cluster
+
     @property
     def endpoints(self):
         return ["http://127.0.0.1:%d" % p for p in self.client_ports]
