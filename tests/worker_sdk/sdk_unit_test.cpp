@@ -18,6 +18,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
+#include <iterator>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -305,6 +307,41 @@ TEST_CASE("a checkpoint state round-trips tensors of every dtype, shape and layo
   ddp::write_checkpoint(path, state);
   fs::resize_file(path, size - 1);
   CHECK_THROWS_WITH_AS(ddp::read_checkpoint(path), doctest::Contains("truncated"),
+                       ddp::CheckpointError);
+}
+
+TEST_CASE("a state encoded in memory is the bytes of its file and decodes to the same entries") {
+  TempDir dir;
+  const std::string path = (dir.path / "m.ddpckpt").string();
+  ddp::CheckpointState state;
+  state.put("weights", torch::randn({4, 3}));
+  state.put("strided", torch::arange(12, torch::kLong).view({3, 4}).t());
+  state.put_int("ddp.step", 17);
+  state.put_double("lr", 0.5);
+  state.put_bytes("archive", std::string("x\0y", 3));
+  const torch::Tensor bytes = ddp::encode_checkpoint(state);
+  REQUIRE((bytes.scalar_type() == torch::kUInt8));
+  ddp::write_checkpoint(path, state);
+  REQUIRE(static_cast<uintmax_t>(bytes.numel()) == fs::file_size(path));
+  std::ifstream f(path, std::ios::binary);
+  const std::string file((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  CHECK(std::memcmp(file.data(), bytes.data_ptr(), file.size()) == 0);
+
+  const ddp::CheckpointState decoded = ddp::decode_checkpoint(bytes, "the state rank 0 sent");
+  CHECK((decoded.keys() == state.keys()));
+  CHECK(torch::equal(decoded.tensor("weights"), state.tensor("weights")));
+  CHECK(torch::equal(decoded.tensor("strided"), state.tensor("strided")));
+  CHECK(decoded.get_int("ddp.step") == 17);
+  CHECK(decoded.get_double("lr") == 0.5);
+  CHECK(decoded.get_bytes("archive") == std::string("x\0y", 3));
+
+  torch::Tensor damaged = bytes.clone();
+  damaged[damaged.numel() - 3] = static_cast<uint8_t>(damaged[damaged.numel() - 3].item<uint8_t>() ^ 0x40);
+  CHECK_THROWS_WITH_AS(ddp::decode_checkpoint(damaged, "the state rank 0 sent"),
+                       doctest::Contains("the state rank 0 sent: checksum mismatch"), ddp::CheckpointError);
+  CHECK_THROWS_WITH_AS(ddp::decode_checkpoint(bytes.narrow(0, 0, 10), "the state rank 0 sent"),
+                       doctest::Contains("truncated"), ddp::CheckpointError);
+  CHECK_THROWS_WITH_AS(ddp::decode_checkpoint(torch::zeros({8}), "x"), doctest::Contains("byte tensor"),
                        ddp::CheckpointError);
 }
 

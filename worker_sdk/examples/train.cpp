@@ -34,6 +34,8 @@ struct Flags {
   int keep_last = 3;
   uint64_t seed = 0;
   int64_t crash_at_step = -1;
+  int crash_rank = -1;
+  double step_sleep = 0;
   int64_t hang_at_step = -1;
   int hang_rank = 0;
   std::string data;
@@ -134,8 +136,14 @@ std::string round_path(std::string text, const ddp::WorkerEnv& env) {
 int run(const Flags& flags) {
   auto group = ddp::ProcessGroup::from_environment();
   const auto& env = group->env();
-  const bool rank0 = group->rank() == 0;
-  if (rank0) std::cout << "[train] " << env.describe() << ", backend " << group->backend_name() << std::endl;
+  // Each round's header (rank 0) and each worker's pid: the first round's here, the later ones'
+  // after an in-memory restart (Trainer::on_reassigned). `env` follows the group's round.
+  auto announce = [&] {
+    if (group->rank() == 0) std::cout << "[train] " << env.describe() << ", backend " << group->backend_name() << std::endl;
+    std::cout << "[train] rank " << env.rank << " pid " << ::getpid() << " generation " << env.generation.value_or(0)
+              << std::endl;
+  };
+  announce();
 
   torch::manual_seed(flags.seed);
   int64_t classes = flags.classes;
@@ -177,9 +185,11 @@ int run(const Flags& flags) {
                          return torch::nn::functional::cross_entropy(model->forward(x), y);
                        },
                        options);
-  if (flags.crash_at_step >= 0 && env.restart_count == 0) {
+  trainer.on_reassigned = [&](const ddp::WorkerEnv&) { announce(); };
+  if (flags.crash_at_step >= 0) {
     trainer.on_step_begin = [&](const ddp::StepInfo& info) {
-      if (info.step == flags.crash_at_step) {
+      if (info.step == flags.crash_at_step && env.restart_count == 0 &&
+          (flags.crash_rank < 0 || flags.crash_rank == info.rank)) {
         std::cout << "[train] rank " << info.rank << ": --crash-at-step " << info.step
                   << " on the first attempt: exiting with code 13" << std::endl;
         std::fflush(nullptr);
@@ -187,22 +197,39 @@ int run(const Flags& flags) {
       }
     };
   }
-  if (flags.hang_at_step >= 0 && env.restart_count == 0 && env.rank == flags.hang_rank) {
+  if (flags.hang_at_step >= 0) {
     auto previous = trainer.on_step_begin;
     trainer.on_step_begin = [&, previous](const ddp::StepInfo& info) {
       if (previous) previous(info);
-      if (info.step != flags.hang_at_step) return;
+      if (info.step != flags.hang_at_step || env.restart_count != 0 || info.rank != flags.hang_rank) return;
       std::cout << "[train] rank " << info.rank << ": --hang-at-step " << info.step
                 << " on the first attempt: blocking forever" << std::endl;
       ddp::Progress::instance().set_phase("--hang-at-step");
       for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
     };
   }
+  if (flags.step_sleep > 0) {
+    auto previous = trainer.on_step_end;
+    trainer.on_step_end = [&, previous](const ddp::StepInfo& info) {
+      if (previous) previous(info);
+      std::this_thread::sleep_for(std::chrono::duration<double>(flags.step_sleep));
+    };
+  }
   int log_fd = -1;
-  if (!flags.sample_log.empty()) {
+  std::string log_path;
+  // The file of the current round, opened when its first step starts (a worker that restarts in
+  // memory writes each round's records to that round's file).
+  auto sample_log = [&]() {
     const std::string path = round_path(flags.sample_log, env);
+    if (path == log_path) return log_fd;
+    if (log_fd >= 0) ::close(log_fd);
     log_fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (log_fd < 0) throw ddp::UsageError("--sample-log " + path + ": cannot open");
+    log_path = path;
+    return log_fd;
+  };
+  if (!flags.sample_log.empty()) {
+    sample_log();
     // Written when the step starts, not when it ends: once any rank has finished a step's
     // gradient all-reduce, every rank's samples are in the update, yet a rank may still be
     // blocked in that all-reduce or in the stop-flag one when its round is cut off (a cut link),
@@ -218,7 +245,7 @@ int run(const Flags& flags) {
            << " indices=";
       for (size_t i = 0; i < info.indices->size(); ++i) line << (i ? "," : "") << (*info.indices)[i];
       line << "\n";
-      append_line(log_fd, line.str());
+      append_line(sample_log(), line.str());
     };
   }
 
@@ -229,7 +256,7 @@ int run(const Flags& flags) {
   model->eval();
   auto predicted = model->forward(test_set.inputs.to(group->device())).argmax(1).cpu();
   const double accuracy = predicted.eq(test_set.targets).to(torch::kDouble).mean().item<double>();
-  if (rank0) {
+  if (group->rank() == 0) {
     if (result.resumed_from_step) {
       std::cout << "[train] resumed_from_step=" << *result.resumed_from_step << std::endl;
     }
@@ -265,7 +292,9 @@ int main(int argc, char** argv) {
   app.add_option("--checkpoint-every", flags.checkpoint_every, "steps between checkpoints (0: at the end and on SIGTERM)")->capture_default_str();
   app.add_option("--keep-last", flags.keep_last, "checkpoints to keep")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--seed", flags.seed, "seed of the model, the data and the shuffling")->capture_default_str();
-  app.add_option("--crash-at-step", flags.crash_at_step, "exit with code 13 before step N, on the first attempt only (TORCHELASTIC_RESTART_COUNT=0)");
+  app.add_option("--crash-at-step", flags.crash_at_step, "exit with code 13 before step N, on the first attempt only (TORCHELASTIC_RESTART_COUNT=0); every rank, or --crash-rank");
+  app.add_option("--crash-rank", flags.crash_rank, "the rank --crash-at-step exits (default: every rank)");
+  app.add_option("--step-sleep", flags.step_sleep, "seconds each worker sleeps after each step (tests pace a job with it)")->check(CLI::NonNegativeNumber);
   app.add_option("--hang-at-step", flags.hang_at_step, "rank --hang-rank blocks forever before step N, on the first attempt only (TORCHELASTIC_RESTART_COUNT=0)");
   app.add_option("--hang-rank", flags.hang_rank, "the rank --hang-at-step blocks")->capture_default_str();
   app.add_option("--data", flags.data, "CSV file: features..., integer label (default: synthetic data)");

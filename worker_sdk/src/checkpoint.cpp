@@ -342,7 +342,11 @@ std::vector<std::string> CheckpointState::keys(const std::string& prefix) const 
   return out;
 }
 
-void write_checkpoint(const std::string& path, const CheckpointState& state) {
+namespace {
+
+// Streams the payload of `state` (index, padding, every entry's bytes) into `sink`, the tensors'
+// bytes straight from their memory (contiguous CPU copies only where needed).
+void produce_payload(const CheckpointState& state, const std::function<void(const char*, size_t)>& sink) {
   // Contiguous CPU copies only where needed; everything else is written from its own memory.
   struct Blob {
     const char* data;
@@ -404,7 +408,7 @@ void write_checkpoint(const std::string& path, const CheckpointState& state) {
         break;
     }
   }
-  write_checkpoint_stream(path, [&](const std::function<void(const char*, size_t)>& sink) {
+  {
     static const char zeros[kAlign] = {};
     char length[8];
     put_u64(length, index.size());
@@ -419,11 +423,38 @@ void write_checkpoint(const std::string& path, const CheckpointState& state) {
       if (b.size > 0) sink(b.data, b.size);
       written = b.offset + b.size;
     }
+  }
+}
+
+}  // namespace
+
+void write_checkpoint(const std::string& path, const CheckpointState& state) {
+  write_checkpoint_stream(path, [&](const std::function<void(const char*, size_t)>& sink) {
+    produce_payload(state, sink);
   });
 }
 
-CheckpointState read_checkpoint(const std::string& path) {
-  auto buffer = read_whole_file(path);
+torch::Tensor encode_checkpoint(const CheckpointState& state) {
+  std::string payload;
+  produce_payload(state, [&](const char* data, size_t size) { payload.append(data, size); });
+  auto bytes = torch::empty({static_cast<int64_t>(kCheckpointHeaderSize + payload.size())}, torch::kUInt8);
+  auto* out = static_cast<char*>(bytes.data_ptr());
+  std::memcpy(out, kCheckpointMagic, 8);
+  put_u32(out + 8, kCheckpointVersion);
+  put_u32(out + 12, crc32c(payload.data(), payload.size()));
+  put_u64(out + 16, payload.size());
+  std::memcpy(out + kCheckpointHeaderSize, payload.data(), payload.size());
+  return bytes;
+}
+
+
+CheckpointState read_checkpoint(const std::string& path) { return decode_checkpoint(read_whole_file(path), path); }
+
+CheckpointState decode_checkpoint(torch::Tensor buffer, const std::string& path) {
+  if (buffer.scalar_type() != torch::kUInt8 || buffer.dim() != 1 || !buffer.device().is_cpu()) {
+    throw CheckpointError("checkpoint " + path + ": not a one-dimensional CPU byte tensor");
+  }
+  buffer = buffer.contiguous();
   auto* data = static_cast<char*>(buffer.data_ptr());
   const uint64_t payload = verify(path, data, static_cast<uint64_t>(buffer.numel()));
   const uint64_t file_size = kCheckpointHeaderSize + payload;

@@ -18,6 +18,7 @@
 
 #include "ddp/error.h"
 #include "ddp/progress.h"
+#include "standby.h"
 
 namespace ddp {
 namespace {
@@ -113,7 +114,12 @@ void PendingWork::wait() {
           return;
         }
       }
-      if (progress.round_abandoned()) die_of_abandoned_round(impl_->what);
+      if (progress.round_abandoned()) {
+        if (detail::parking_allowed()) {
+          throw RoundAbandoned(impl_->what + ": the agent abandoned the round (a peer failed)");
+        }
+        die_of_abandoned_round(impl_->what);
+      }
     }
   } catch (const ddp::Error&) {
     throw;
@@ -140,6 +146,25 @@ std::shared_ptr<ProcessGroup> ProcessGroup::from_environment(const ProcessGroupO
 std::shared_ptr<ProcessGroup> ProcessGroup::create(const WorkerEnv& env,
                                                    const ProcessGroupOptions& options) {
   std::shared_ptr<ProcessGroup> group(new ProcessGroup(env, options));
+  group->connect();
+  return group;
+}
+
+void ProcessGroup::reconnect(const WorkerEnv& env) {
+  // The old backend may hold a collective that never completes (its peer failed), and destroying
+  // it would join the threads that wait for it. It is kept instead, never destroyed: a few
+  // threads and buffers per in-memory restart, for the rest of the process.
+  static auto* kept = new std::vector<std::unique_ptr<Impl>>();
+  kept->push_back(std::move(impl_));
+  impl_ = std::make_unique<Impl>();
+  env_ = env;
+  device_ = torch::Device(torch::kCPU);
+  connect();
+}
+
+void ProcessGroup::connect() {
+  const WorkerEnv& env = env_;
+  const ProcessGroupOptions& options = options_;
   Backend backend = options.backend;
   bool gpu = false;
 #ifdef DDP_WITH_NCCL
@@ -155,8 +180,8 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const WorkerEnv& env,
                      "use Backend::kGloo");
 #endif
   }
-  if (backend == Backend::kNccl) group->device_ = torch::Device(torch::kCUDA, env.local_rank);
-  if (!env.distributed()) return group;
+  if (backend == Backend::kNccl) device_ = torch::Device(torch::kCUDA, env.local_rank);
+  if (!env.distributed()) return;
 
   try {
     c10d::TCPStoreOptions store_options;
@@ -172,8 +197,8 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const WorkerEnv& env,
     // agent store never reads the keys of the previous one (torchrun's convention).
     const std::string prefix =
         "/worker/attempt_" + std::to_string(env.generation ? *env.generation : env.restart_count);
-    group->impl_->store = c10::make_intrusive<c10d::PrefixStore>(prefix, tcp);
-    group->impl_->store->setTimeout(options.connect_timeout);
+    impl_->store = c10::make_intrusive<c10d::PrefixStore>(prefix, tcp);
+    impl_->store->setTimeout(options.connect_timeout);
   } catch (const std::exception& e) {
     throw CommError("process group: connecting to the store failed (" + where(env) + ", " +
                     std::to_string(options.connect_timeout.count() / 1000) + " s): " + e.what());
@@ -183,25 +208,24 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const WorkerEnv& env,
     if (backend == Backend::kGloo) {
       auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout);
       gloo_options->devices.push_back(gloo_device(env));
-      group->impl_->backend = c10::make_intrusive<c10d::ProcessGroupGloo>(
-          group->impl_->store, env.rank, env.world_size, gloo_options);
-      group->impl_->name = "gloo";
+      impl_->backend = c10::make_intrusive<c10d::ProcessGroupGloo>(
+          impl_->store, env.rank, env.world_size, gloo_options);
+      impl_->name = "gloo";
     } else {
 #ifdef DDP_WITH_NCCL
       auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
       nccl_options->timeout = options.timeout;
-      group->impl_->backend = c10::make_intrusive<c10d::ProcessGroupNCCL>(
-          group->impl_->store, env.rank, env.world_size, nccl_options);
-      group->impl_->name = "nccl";
+      impl_->backend = c10::make_intrusive<c10d::ProcessGroupNCCL>(
+          impl_->store, env.rank, env.world_size, nccl_options);
+      impl_->name = "nccl";
 #endif
     }
-    group->impl_->store->setTimeout(options.timeout);
+    impl_->store->setTimeout(options.timeout);
   } catch (const std::exception& e) {
     throw CommError("process group: creating the " +
                     std::string(backend == Backend::kGloo ? "gloo" : "nccl") +
                     " backend failed (" + where(env) + "): " + e.what());
   }
-  return group;
 }
 
 std::string ProcessGroup::backend_name() const { return impl_->name; }

@@ -5,7 +5,9 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -15,6 +17,7 @@
 #include <vector>
 
 #include "agent/standby.h"
+#include "agent/worker_channel.h"
 
 // The mark ddplaunch looks for before it starts a program as a standby (launcher/program.h,
 // has_standby_mark): an ELF section that exists only in programs that link this file, that is,
@@ -26,23 +29,29 @@ extern "C" __attribute__((used, retain, section(".ddplaunch_standby"))) const ch
 namespace ddp::detail {
 namespace {
 
+// Who waits for an assignment, in the lines that say why it gave up.
+const char* g_waiting = "standby";
+
 [[noreturn]] void give_up(const std::string& why) {
-  std::fprintf(stderr, "ddplaunch standby (pid %d): %s; this standby ends without running the program\n",
-               static_cast<int>(::getpid()), why.c_str());
+  std::fprintf(stderr, "ddplaunch %s (pid %d): %s; this %s ends without running the program further\n", g_waiting,
+               static_cast<int>(::getpid()), why.c_str(), g_waiting);
   std::fflush(stderr);
   ::_exit(1);  // nothing of the program's (atexit handlers, static destructors) runs
 }
 
-// The socket's descriptor from DDPLAUNCH_STANDBY_FD (digits only), checked to be a socket.
-int standby_socket(const char* text) {
+// The socket's descriptor from `variable` (digits only), checked to be a socket; -1 with
+// `error` saying why not.
+int socket_from(const char* variable, const char* text, std::string& error) {
   const std::string value = text;
   if (value.empty() || value.size() > 9 || value.find_first_not_of("0123456789") != std::string::npos) {
-    give_up(std::string(agent::kStandbyFdVariable) + "='" + value + "' is not a descriptor number");
+    error = std::string(variable) + "='" + value + "' is not a descriptor number";
+    return -1;
   }
   const int fd = std::atoi(value.c_str());
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) {
-    give_up(std::string(agent::kStandbyFdVariable) + "=" + value + " is not an open socket");
+    error = std::string(variable) + "=" + value + " is not an open socket";
+    return -1;
   }
   return fd;
 }
@@ -89,10 +98,9 @@ std::string receive(int fd, std::vector<int>& fds) {
   return message;
 }
 
-void take() {
-  const char* variable = std::getenv(agent::kStandbyFdVariable);
-  if (variable == nullptr) return;
-  const int fd = standby_socket(variable);
+// Receives an assignment on `fd` and applies it. The socket stays open when the assignment makes
+// it the worker's channel (its DDPLAUNCH_WORKER_FD names it), else it is closed.
+void take_from(int fd) {
   std::vector<int> fds;
   const std::string message = receive(fd, fds);
   std::string error;
@@ -113,9 +121,31 @@ void take() {
   for (int passed : fds) {
     if (passed > STDERR_FILENO) ::close(passed);
   }
-  ::close(fd);
+  const auto channel = assignment->env.find(agent::kWorkerFdVariable);
+  if (channel == assignment->env.end() || channel->second != std::to_string(fd)) ::close(fd);
   ::clearenv();
   for (const auto& [name, value] : assignment->env) ::setenv(name.c_str(), value.c_str(), 1);
+}
+
+void take() {
+  const char* variable = std::getenv(agent::kStandbyFdVariable);
+  if (variable == nullptr) return;
+  std::string error;
+  const int fd = socket_from(agent::kStandbyFdVariable, variable, error);
+  if (fd < 0) give_up(error);
+  take_from(fd);
+}
+
+// Writes the whole frame; false when the agent is gone.
+bool send_all(int fd, const std::string& frame) {
+  std::size_t sent = 0;
+  while (sent < frame.size()) {
+    const ssize_t n = ::send(fd, frame.data() + sent, frame.size() - sent, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    sent += static_cast<std::size_t>(n);
+  }
+  return true;
 }
 
 }  // namespace
@@ -123,6 +153,47 @@ void take() {
 void take_standby_assignment() {
   static std::once_flag once;
   std::call_once(once, take);
+}
+
+int worker_channel() {
+  take_standby_assignment();  // a standby's channel is named by its assignment
+  const char* variable = std::getenv(agent::kWorkerFdVariable);
+  if (variable == nullptr) return -1;
+  std::string error;
+  const int fd = socket_from(agent::kWorkerFdVariable, variable, error);
+  if (fd < 0) {
+    static std::once_flag said;
+    std::call_once(said, [&] {
+      std::fprintf(stderr, "[ddp] %s: this worker cannot restart in memory\n", error.c_str());
+    });
+  }
+  return fd;
+}
+
+bool tell_restartable(bool value) {
+  const int fd = worker_channel();
+  return fd >= 0 && send_all(fd, agent::encode_worker_message(agent::WorkerMessage::make_restartable(value)));
+}
+
+namespace {
+std::atomic<bool> g_parking_allowed{false};
+}  // namespace
+
+void allow_parking(bool on) { g_parking_allowed.store(on, std::memory_order_relaxed); }
+bool parking_allowed() { return g_parking_allowed.load(std::memory_order_relaxed); }
+
+void park(int64_t step) {
+  const int fd = worker_channel();
+  if (!send_all(fd, agent::encode_worker_message(agent::WorkerMessage::make_parked(step)))) ::_exit(0);  // agent gone
+  // The Trainer defers SIGTERM to the end of a step; a parked worker has none to finish.
+  struct sigaction dfl {}, previous {};
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  ::sigaction(SIGTERM, &dfl, &previous);
+  g_waiting = "parked worker";
+  take_from(fd);
+  g_waiting = "standby";
+  ::sigaction(SIGTERM, &previous, nullptr);
 }
 
 }  // namespace ddp::detail

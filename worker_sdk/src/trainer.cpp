@@ -10,10 +10,12 @@
 #include <iostream>
 #include <limits>
 #include <sstream>
+#include <thread>
 
 #include "ddp/checkpoint.h"
 #include "ddp/error.h"
 #include "ddp/progress.h"
+#include "standby.h"
 
 namespace ddp {
 namespace {
@@ -213,9 +215,25 @@ Trainer::Trainer(std::shared_ptr<ProcessGroup> group, std::shared_ptr<torch::nn:
   };
 }
 
-void Trainer::save(int64_t step, const SamplerPosition& position, TrainResult& result) {
-  if (options_.checkpoint_dir.empty()) return;
-  if (group_->rank() != 0) return;
+// What one fit() carries from round to round. `step` and `position` are the last completed step
+// and the sampler after it: an in-memory restart continues from them, whatever the abandoned
+// round had begun of the next step (the optimizer updates only after the step's collectives
+// completed, so the model and optimizer are at `step` too).
+struct Trainer::Run {
+  TrainResult result;
+  bool holds = false;  // the model, optimizer and fields below are a state to continue from
+  int64_t step = 0;
+  SamplerPosition position{0, 0};
+  int64_t last_saved = -1;
+  bool stop = false;
+  bool in_memory = false;
+  std::chrono::steady_clock::time_point start, steady_start, steady_end;
+  int64_t run_samples = 0;
+  double last_local_loss = std::numeric_limits<double>::quiet_NaN();
+  double previous_global_loss = std::numeric_limits<double>::quiet_NaN();
+};
+
+CheckpointState Trainer::capture(int64_t step, const SamplerPosition& position) const {
   CheckpointState state;
   state.put_int("ddp.format", 2);
   state.put_int("ddp.step", step);
@@ -227,9 +245,16 @@ void Trainer::save(int64_t step, const SamplerPosition& position, TrainResult& r
     std::lock_guard<std::mutex> lock(cpu_generator().mutex());
     state.put("ddp.rng_cpu", cpu_generator().get_state());
   }
-  PhaseScope phase("checkpoint");
   save_model(*model_, state);
   save_optimizer(*optimizer_, state);
+  return state;
+}
+
+void Trainer::save(int64_t step, const SamplerPosition& position, TrainResult& result) {
+  if (options_.checkpoint_dir.empty()) return;
+  if (group_->rank() != 0) return;
+  PhaseScope phase("checkpoint");
+  const CheckpointState state = capture(step, position);
   CheckpointManager manager({options_.checkpoint_dir, options_.keep_last}, group_->rank(), log);
   result.last_checkpoint = manager.save(step, state);
   Progress::instance().checkpoint(step);
@@ -238,84 +263,130 @@ void Trainer::save(int64_t step, const SamplerPosition& position, TrainResult& r
       std::to_string(position.consumed) + "/" + std::to_string(data_.size()) + ")");
 }
 
-TrainResult Trainer::fit() {
-  TrainResult result;
-  result.final_loss = std::numeric_limits<double>::quiet_NaN();
-  SigtermScope sigterm(options_.handle_sigterm);
+// Takes the model, optimizer, sampler position, step and RNG from `state` (a checkpoint, or a
+// survivor's state sent over the group); `from` names it in errors.
+void Trainer::restore(const CheckpointState& state, const std::string& from, Run& run) {
+  const int64_t size = read_int(state, "ddp.dataset_size", from);
+  if (size != data_.size()) {
+    throw MismatchError("Trainer: " + from + " was written for a data set of " + std::to_string(size) +
+                        " samples, this one has " + std::to_string(data_.size()));
+  }
+  const int64_t step = read_int(state, "ddp.step", from);
+  const SamplerPosition position{read_int(state, "ddp.epoch", from), read_int(state, "ddp.consumed", from)};
+  try {
+    load_model(*model_, state);
+    load_optimizer(*optimizer_, state);
+    const torch::Tensor rng = state.tensor("ddp.rng_cpu").clone();
+    std::lock_guard<std::mutex> lock(cpu_generator().mutex());
+    cpu_generator().set_state(rng);
+  } catch (const std::exception& e) {
+    throw CheckpointError("Trainer: " + from + " does not match this model/optimizer: " + e.what());
+  }
+  run.step = step;
+  run.position = position;
+}
+
+// Nobody holds a state: every rank reads the newest valid checkpoint, if any, and they check
+// that they agree.
+void Trainer::load_checkpoint(Run& run) {
+  run.holds = true;  // the checkpoint's state, or the initial one
+  if (options_.checkpoint_dir.empty()) return;
+  const int rank = group_->rank();
+  CheckpointManager manager({options_.checkpoint_dir, options_.keep_last}, rank,
+                            [this](const std::string& line) { log(line); });
+  auto loaded = manager.load_latest();
+  const int64_t mine = loaded ? loaded->step : -1;
+  auto agreed = torch::tensor({mine, -mine}, torch::kLong);
+  group_->allreduce_max(agreed);
+  const int64_t highest = agreed[0].item<int64_t>(), lowest = -agreed[1].item<int64_t>();
+  if (highest != lowest) {
+    throw MismatchError("Trainer: ranks found different newest checkpoints in " +
+                        options_.checkpoint_dir + " (steps " + std::to_string(lowest) +
+                        " to " + std::to_string(highest) + "; rank " + std::to_string(rank) +
+                        " has " + std::to_string(mine) +
+                        "); every rank must see the same checkpoint directory");
+  }
+  if (!loaded) return;
+  restore(loaded->state, "checkpoint " + loaded->path, run);
+  const int64_t saved_world = read_int(loaded->state, "ddp.world_size", loaded->path);
+  run.result.resumed_from_step = run.step;
+  run.result.resumed_from = loaded->path;
+  run.last_saved = run.step;
+  log("resumed from " + loaded->path + " (step " + std::to_string(run.step) + ", epoch " +
+      std::to_string(run.position.epoch) + ", position " + std::to_string(run.position.consumed) +
+      "/" + std::to_string(data_.size()) + ", written at world size " + std::to_string(saved_world) +
+      ", now " + std::to_string(group_->world_size()) + ")");
+}
+
+// Some ranks hold an older state than `newest`, or none (a replacement): the lowest rank that
+// holds `newest` sends its state, as the bytes of a checkpoint, to all.
+void Trainer::receive_state(Run& run, int64_t newest, int64_t held) {
+  const int rank = group_->rank();
+  auto lowest = torch::tensor({held == newest ? -static_cast<int64_t>(rank) : std::numeric_limits<int64_t>::min()},
+                              torch::kLong);
+  group_->allreduce_max(lowest);
+  const int root = static_cast<int>(-lowest.item<int64_t>());
+  PhaseScope phase("state transfer");
+  torch::Tensor bytes;
+  if (rank == root) bytes = encode_checkpoint(capture(run.step, run.position));
+  auto size = torch::tensor({rank == root ? bytes.numel() : int64_t{0}}, torch::kLong);
+  group_->broadcast(size, root);
+  if (rank != root) bytes = torch::empty({size.item<int64_t>()}, torch::kUInt8);
+  group_->broadcast(bytes, root);
+  const std::string from = "the state rank " + std::to_string(root) + " sent";
+  if (held != newest) {
+    restore(decode_checkpoint(bytes, from), from, run);
+    run.holds = true;
+    run.last_saved = -1;
+    std::cout << "[ddp] rank " << rank << ": received " << from << " (step " << run.step << ", "
+              << bytes.numel() << " bytes), no checkpoint read" << std::endl;
+  }
+}
+
+// The start of every round: the ranks agree on the newest step that any of them holds. Nobody:
+// the checkpoint path (a fresh job, or the whole job restarted). Everybody: continue. Else the
+// ranks without it receive it from one that has it.
+void Trainer::resume(Run& run) {
+  const int64_t held = run.holds ? run.step : -1;
+  auto range = torch::tensor({held, -held}, torch::kLong);
+  group_->allreduce_max(range);
+  const int64_t newest = range[0].item<int64_t>(), oldest = -range[1].item<int64_t>();
+  if (newest < 0) {
+    load_checkpoint(run);
+    return;
+  }
+  if (oldest != newest) receive_state(run, newest, held);
+  run.result.resumed_from_step = run.step;
+  run.result.resumed_from = "memory";
+  log("resumed from memory (step " + std::to_string(run.step) + ", epoch " + std::to_string(run.position.epoch) +
+      ", position " + std::to_string(run.position.consumed) + "/" + std::to_string(data_.size()) + ", world size " +
+      std::to_string(group_->world_size()) +
+      (oldest == newest ? std::string(", every rank held it)") : ", sent to the ranks that did not hold it)"));
+}
+
+void Trainer::train_round(Run& run) {
+  TrainResult& result = run.result;
   const int rank = group_->rank();
   const int world = group_->world_size();
-
-  // Resume: every rank reads the newest valid checkpoint, then they check that they agree.
-  int64_t step = 0;
-  SamplerPosition position{0, 0};
-  if (!options_.checkpoint_dir.empty()) {
-    CheckpointManager manager({options_.checkpoint_dir, options_.keep_last}, rank,
-                              [this](const std::string& line) { log(line); });
-    auto loaded = manager.load_latest();
-    const int64_t mine = loaded ? loaded->step : -1;
-    auto agreed = torch::tensor({mine, -mine}, torch::kLong);
-    group_->allreduce_max(agreed);
-    const int64_t highest = agreed[0].item<int64_t>(), lowest = -agreed[1].item<int64_t>();
-    if (highest != lowest) {
-      throw MismatchError("Trainer: ranks found different newest checkpoints in " +
-                          options_.checkpoint_dir + " (steps " + std::to_string(lowest) +
-                          " to " + std::to_string(highest) + "; rank " + std::to_string(rank) +
-                          " has " + std::to_string(mine) +
-                          "); every rank must see the same checkpoint directory");
-    }
-    if (loaded) {
-      const CheckpointState& state = loaded->state;
-      const int64_t size = read_int(state, "ddp.dataset_size", loaded->path);
-      if (size != data_.size()) {
-        throw MismatchError("Trainer: checkpoint " + loaded->path + " was written for a data set "
-                            "of " + std::to_string(size) + " samples, this one has " +
-                            std::to_string(data_.size()));
-      }
-      step = read_int(state, "ddp.step", loaded->path);
-      position.epoch = read_int(state, "ddp.epoch", loaded->path);
-      position.consumed = read_int(state, "ddp.consumed", loaded->path);
-      const int64_t saved_world = read_int(state, "ddp.world_size", loaded->path);
-      try {
-        load_model(*model_, state);
-        load_optimizer(*optimizer_, state);
-        const torch::Tensor rng = state.tensor("ddp.rng_cpu").clone();
-        std::lock_guard<std::mutex> lock(cpu_generator().mutex());
-        cpu_generator().set_state(rng);
-      } catch (const std::exception& e) {
-        throw CheckpointError("Trainer: checkpoint " + loaded->path +
-                              " does not match this model/optimizer: " + e.what());
-      }
-      result.resumed_from_step = step;
-      result.resumed_from = loaded->path;
-      log("resumed from " + loaded->path + " (step " + std::to_string(step) + ", epoch " +
-          std::to_string(position.epoch) + ", position " + std::to_string(position.consumed) +
-          "/" + std::to_string(data_.size()) + ", written at world size " +
-          std::to_string(saved_world) + ", now " + std::to_string(world) + ")");
-    }
-  }
+  resume(run);
 
   DistributedDataParallel ddp(model_, group_, options_.ddp);
   DistributedSampler sampler(data_.size(), rank, world, options_.sampler);
-  sampler.restore(position);
+  sampler.restore(run.position);
 
   const auto device = group_->device();
-  const auto start = std::chrono::steady_clock::now();
-  auto window_start = start;
-  std::chrono::steady_clock::time_point steady_start, steady_end;
-  int64_t window_samples = 0, run_samples = 0;
-  double last_local_loss = std::numeric_limits<double>::quiet_NaN();
-  double previous_global_loss = std::numeric_limits<double>::quiet_NaN();
-  bool stop = false;
-  int64_t last_saved = result.resumed_from_step.value_or(-1);
+  auto window_start = std::chrono::steady_clock::now();
+  int64_t window_samples = 0;
   auto flag = torch::zeros({2}, torch::kDouble);
   // Heartbeats to the agent (--hang_timeout, crash-loop detection): one per optimizer step.
   Progress& progress = Progress::instance();
+  int64_t step = run.step;
 
-  for (int64_t epoch = position.epoch; epoch < options_.epochs && !stop; ++epoch) {
+  for (int64_t epoch = run.position.epoch; epoch < options_.epochs && !run.stop; ++epoch) {
     if (epoch != sampler.epoch()) sampler.set_epoch(epoch);
     while (!sampler.epoch_done()) {
       if (options_.max_steps >= 0 && step >= options_.max_steps) {
-        stop = true;
+        run.stop = true;
         break;
       }
       std::vector<std::vector<int64_t>> micro;
@@ -331,7 +402,7 @@ TrainResult Trainer::fit() {
       // Agreement on stopping (and the previous step's mean loss) travels in one small
       // all-reduce that runs while this step computes.
       flag[0] = stop_requested() ? 1.0 : 0.0;
-      flag[1] = std::isnan(last_local_loss) ? 0.0 : last_local_loss;
+      flag[1] = std::isnan(run.last_local_loss) ? 0.0 : run.last_local_loss;
       PendingWork flag_work = group_->allreduce_sum_async(flag);
 
       optimizer_->zero_grad();
@@ -351,73 +422,153 @@ TrainResult Trainer::fit() {
           ddp.backward(scaled);
         }
       }
-      optimizer_->step();
-      ++step;
-      ++result.steps_this_run;
       progress.set_phase("step sync");
       flag_work.wait();
+      // Every collective of the step completed: only now the update, so that a round abandoned
+      // during the step leaves the model and optimizer at the last completed step.
+      optimizer_->step();
+      ++step;
+      run.step = step;
+      run.position = sampler.position();
+      ++result.steps_this_run;
       progress.step(step);
       progress.set_phase("between steps");
-      steady_end = std::chrono::steady_clock::now();
-      if (result.steps_this_run == kSteadyWarmupSteps) steady_start = steady_end;
-      stop = flag[0].item<double>() > 0;
-      if (!std::isnan(last_local_loss)) previous_global_loss = flag[1].item<double>() / world;
-      last_local_loss = loss_sum / static_cast<double>(micro.size());
+      run.steady_end = std::chrono::steady_clock::now();
+      if (result.steps_this_run == kSteadyWarmupSteps) run.steady_start = run.steady_end;
+      run.stop = flag[0].item<double>() > 0;
+      if (!std::isnan(run.last_local_loss)) run.previous_global_loss = flag[1].item<double>() / world;
+      run.last_local_loss = loss_sum / static_cast<double>(micro.size());
       const int64_t step_samples = static_cast<int64_t>(step_indices.size()) * world;
       window_samples += step_samples;
-      run_samples += step_samples;
+      run.run_samples += step_samples;
 
-      info.loss = last_local_loss;
+      info.loss = run.last_local_loss;
       if (on_step_end) on_step_end(info);
 
       if (options_.log_every > 0 && step % options_.log_every == 0) {
         const auto now = std::chrono::steady_clock::now();
         const double seconds = std::chrono::duration<double>(now - window_start).count();
         std::ostringstream line;
-        line << "epoch " << epoch << " step " << step << " loss " << previous_global_loss
+        line << "epoch " << epoch << " step " << step << " loss " << run.previous_global_loss
              << " samples/s " << (seconds > 0 ? window_samples / seconds : 0.0);
         log(line.str());
         window_start = now;
         window_samples = 0;
       }
-      if (stop) {
+      if (run.stop) {
         log("SIGTERM: stopping after step " + std::to_string(step));
         result.stopped_by_signal = true;
         break;
       }
       if (options_.checkpoint_every > 0 && step % options_.checkpoint_every == 0) {
         save(step, sampler.position(), result);
-        last_saved = step;
+        run.last_saved = step;
       }
     }
-    if (!stop) result.epochs_completed = epoch + 1;
+    if (!run.stop) result.epochs_completed = epoch + 1;
   }
   progress.done();  // the final checkpoint and evaluation below are not a hang
-  if (position.epoch >= options_.epochs) result.epochs_completed = options_.epochs;
+  if (run.position.epoch >= options_.epochs) result.epochs_completed = options_.epochs;
 
-  if (step != last_saved || result.stopped_by_signal) {
+  if (step != run.last_saved || result.stopped_by_signal) {
     SamplerPosition final_position = sampler.position();
     if (!result.stopped_by_signal && sampler.epoch_done() && final_position.epoch + 1 <= options_.epochs &&
         result.epochs_completed == options_.epochs) {
       final_position = SamplerPosition{options_.epochs, 0};
     }
-    if (step != last_saved) save(step, final_position, result);
+    if (step != run.last_saved) {
+      save(step, final_position, result);
+      run.last_saved = step;
+    }
   }
 
-  auto final_loss = torch::tensor({std::isnan(last_local_loss) ? 0.0 : last_local_loss},
+  auto final_loss = torch::tensor({std::isnan(run.last_local_loss) ? 0.0 : run.last_local_loss},
                                   torch::kDouble);
   group_->allreduce_sum(final_loss);
-  if (!std::isnan(last_local_loss)) result.final_loss = final_loss.item<double>() / world;
+  if (!std::isnan(run.last_local_loss)) result.final_loss = final_loss.item<double>() / world;
   result.steps = step;
-  result.exposed_sync_seconds = ddp.stats().exposed_sync_seconds;
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  result.samples_per_second = seconds > 0 ? run_samples / seconds : 0;
+  result.exposed_sync_seconds += ddp.stats().exposed_sync_seconds;
+}
+
+namespace {
+
+// How long a worker whose collective failed (a peer's connection reset) waits for its agent to
+// abandon the round before the failure is taken for its own: the agent hears of a lost peer
+// within a heartbeat timeout.
+constexpr auto kAbandonWait = std::chrono::seconds(60);
+
+bool abandoned_within(std::chrono::steady_clock::duration wait) {
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  Progress& progress = Progress::instance();
+  while (!progress.round_abandoned()) {
+    if (stop_requested() || std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
+
+// Tells the agent that this worker restarts in memory for as long as it lives, and lets
+// collectives throw RoundAbandoned meanwhile.
+class InMemoryScope {
+ public:
+  explicit InMemoryScope(bool on) : on_(on && detail::tell_restartable(true)) { detail::allow_parking(on_); }
+  ~InMemoryScope() {
+    if (!on_) return;
+    detail::allow_parking(false);
+    detail::tell_restartable(false);
+  }
+  bool on() const { return on_; }
+
+ private:
+  bool on_;
+};
+
+}  // namespace
+
+// The round was abandoned: wait for the next one with the state of the last completed step.
+void Trainer::park(Run& run) {
+  if (stop_requested()) {
+    // The agent stops this worker (the job ends): SIGTERM's default action, deferred so far.
+    ::signal(SIGTERM, SIG_DFL);
+    ::raise(SIGTERM);
+  }
+  const int64_t held = run.holds ? run.step : -1;
+  std::cerr << "[ddp] rank " << group_->rank() << ": the agent abandoned the round (a peer failed); "
+            << "waiting for the next one with the state of step " << held << std::endl;
+  Progress::instance().set_phase("parked");
+  detail::park(held);
+  group_->reconnect(WorkerEnv::from_environment());
+  ++run.result.in_memory_restarts;
+  if (on_reassigned) on_reassigned(group_->env());
+}
+
+TrainResult Trainer::fit() {
+  SigtermScope sigterm(options_.handle_sigterm);
+  Run run;
+  run.result.final_loss = std::numeric_limits<double>::quiet_NaN();
+  run.start = std::chrono::steady_clock::now();
+  // In-memory restart needs a channel from ddplaunch and waits that notice an abandoned round.
+  InMemoryScope in_memory(options_.in_memory_restart && group_->backend_name() == "gloo" &&
+                          detail::worker_channel() >= 0);
+  for (;;) {
+    try {
+      train_round(run);
+      break;
+    } catch (const RoundAbandoned&) {
+      if (!in_memory.on()) throw;
+    } catch (const CommError&) {
+      // A peer's connection reset before the agent said anything: wait for its word.
+      if (!in_memory.on() || !abandoned_within(kAbandonWait)) throw;
+    }
+    park(run);
+  }
+  TrainResult& result = run.result;
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - run.start).count();
+  result.samples_per_second = seconds > 0 ? run.run_samples / seconds : 0;
   if (result.steps_this_run > kSteadyWarmupSteps) {
-    const double steady = std::chrono::duration<double>(steady_end - steady_start).count();
+    const double steady = std::chrono::duration<double>(run.steady_end - run.steady_start).count();
     if (steady > 0) {
-      result.steady_steps_per_second =
-          static_cast<double>(result.steps_this_run - kSteadyWarmupSteps) / steady;
+      result.steady_steps_per_second = static_cast<double>(result.steps_this_run - kSteadyWarmupSteps) / steady;
     }
   }
   return result;

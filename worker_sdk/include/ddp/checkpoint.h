@@ -79,6 +79,14 @@ void write_checkpoint(const std::string& path, const CheckpointState& state);
 // Throws CheckpointError saying what is wrong.
 CheckpointState read_checkpoint(const std::string& path);
 
+// The bytes a checkpoint file of `state` holds (header and payload), in a CPU uint8 tensor: what
+// a survivor of an in-memory restart sends to the ranks that hold no state (Trainer).
+torch::Tensor encode_checkpoint(const CheckpointState& state);
+
+// Verifies and parses such bytes, as read_checkpoint does a file's; `name` stands for the path
+// in errors. Loaded tensors share `bytes`' memory.
+CheckpointState decode_checkpoint(torch::Tensor bytes, const std::string& name);
+
 struct CheckpointOptions {
   std::string directory;  // created when missing
   int keep_last = 3;      // default 3; older checkpoints are deleted after a successful save

@@ -24,6 +24,14 @@ class CommError : public Error {
   using Error::Error;
 };
 
+// The agent abandoned this worker's round (a peer failed) while a collective waited, and the
+// Trainer can restart in memory: it catches this, parks and continues in the next round. Thrown
+// only inside Trainer::fit(); code in its hooks that catches CommError must rethrow it.
+class RoundAbandoned : public CommError {
+ public:
+  using CommError::CommError;
+};
+
 // Ranks disagree on something that must be identical everywhere (parameter set, checkpoint).
 class MismatchError : public Error {
  public:

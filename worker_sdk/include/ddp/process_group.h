@@ -59,6 +59,12 @@ class ProcessGroup {
   // WorkerEnv::from_environment() + create().
   static std::shared_ptr<ProcessGroup> from_environment(const ProcessGroupOptions& options = {});
 
+  // Leaves this group and joins the one `env` describes, in place (every holder of this object
+  // sees the new rank, world size and backend): the Trainer's in-memory restart, after the
+  // agent's next assignment. The old group's collectives are abandoned, not completed. Throws
+  // as create() does.
+  void reconnect(const WorkerEnv& env);
+
   ~ProcessGroup();
   ProcessGroup(const ProcessGroup&) = delete;
   ProcessGroup& operator=(const ProcessGroup&) = delete;
@@ -83,6 +89,7 @@ class ProcessGroup {
 
  private:
   ProcessGroup(WorkerEnv env, ProcessGroupOptions options);
+  void connect();  // the store and the backend for env_ and options_
   WorkerEnv env_;
   ProcessGroupOptions options_;
   torch::Device device_{torch::kCPU};

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "ddp/checkpoint.h"
 #include "ddp/ddp.h"
 #include "ddp/process_group.h"
 #include "ddp/sampler.h"
@@ -34,6 +35,10 @@ struct TrainerOptions {
   int keep_last = 3;               // default 3
   int64_t log_every = 50;          // steps between rank-0 log lines; 0: none
   bool handle_sigterm = true;      // on SIGTERM: finish the step, save, return (default true)
+  // When ddplaunch offers it (docs/worker-sdk.md, "In-memory restart"): a peer's failure does not
+  // end this process; it parks with the model, optimizer and sampler of its last completed step
+  // and continues in the next round. Gloo only. Default true.
+  bool in_memory_restart = true;
   DistributedSampler::Options sampler;
   DdpOptions ddp;
 };
@@ -67,6 +72,7 @@ struct TrainResult {
   double steady_steps_per_second = 0;
   double exposed_sync_seconds = 0; // gradient-sync wait not hidden behind backward, this rank
   std::string last_checkpoint;   // path of the last checkpoint this run wrote ("" if none)
+  int in_memory_restarts = 0;    // rounds this fit() continued in after parking
 };
 
 // Runs the loop for one model/optimizer pair that the caller owns. Lives for one fit() (a
@@ -90,10 +96,21 @@ class Trainer {
   // Hooks for programs and tests (crash injection, sample accounting). Optional.
   std::function<void(const StepInfo&)> on_step_begin;
   std::function<void(const StepInfo&)> on_step_end;
+  // After an in-memory restart, with the new round's environment (the group has joined it
+  // already; the ranks have not yet agreed on their state).
+  std::function<void(const WorkerEnv&)> on_reassigned;
   // Rank-0 log sink; default: prints "[ddp] ..." lines to stdout.
   std::function<void(const std::string&)> log;
 
  private:
+  struct Run;  // what one fit() carries from round to round (trainer.cpp)
+  void resume(Run& run);
+  void load_checkpoint(Run& run);
+  void receive_state(Run& run, int64_t newest, int64_t held);
+  void restore(const CheckpointState& state, const std::string& from, Run& run);
+  CheckpointState capture(int64_t step, const SamplerPosition& position) const;
+  void train_round(Run& run);
+  void park(Run& run);
   void save(int64_t step, const SamplerPosition& position, TrainResult& result);
 
   std::shared_ptr<ProcessGroup> group_;
