@@ -67,6 +67,7 @@ class Round:
         self.world = None          # from rank 0's header line
         self.restart = None
         self.resumed_from_step = None   # None: no "resumed from" line (a fresh start)
+        self.resumed_from = None        # the checkpoint's path, or "memory" (an in-memory restart)
         self.fresh_start = False
         self.saved_steps = []      # checkpoints rank 0 saved in this round
         self.accuracy = None       # rank 0's test accuracy when the round ended (also when stopped)
@@ -187,6 +188,7 @@ class ElasticJob:
                     m = RESUMED_RE.match(line)
                     if m:
                         current.resumed_from_step = int(m.group("step"))
+                        current.resumed_from = m.group("path")
                     if FRESH_RE.match(line):
                         current.fresh_start = True
                     m = SAVED_RE.match(line)

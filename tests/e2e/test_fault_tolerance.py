@@ -109,19 +109,29 @@ class FaultToleranceTest(unittest.TestCase):
 
     # ---- assertions shared by the scenarios ---------------------------------------------------
 
-    def assert_resumed_from_newest(self, job, before, after):
-        """Round `after` resumed from the newest checkpoint that round `before` saved (both
-        given as rounds or generation numbers; read afresh from the job's output)."""
+    def assert_resumed(self, job, before, after):
+        """Round `after` continued where round `before` left off (both given as rounds or
+        generation numbers; read afresh from the job's output): from memory with in-memory
+        restart (the default for `train`), else from the newest checkpoint `before` saved."""
         rounds = {r.generation: r for r in job.rounds()}
         before = rounds[getattr(before, "generation", before)]
         after = rounds[getattr(after, "generation", after)]
-        self.assertTrue(before.saved_steps, "round %r saved no checkpoint\n%s" % (before, job.describe()))
-        newest = max(before.saved_steps)
-        self.assertEqual(after.resumed_from_step, newest,
-                         "round %r did not resume from the newest checkpoint (step %d) of %r\n%s"
-                         % (after, newest, before, job.describe()))
         self.assertTrue(after.steps, "round %r made no steps\n%s" % (after, job.describe()))
-        self.assertEqual(after.steps[0], newest, "the first step of %r is not the resume step" % after)
+        self.assertEqual(after.steps[0], after.resumed_from_step,
+                         "the first step of %r is not the resume step\n%s" % (after, job.describe()))
+        if "--in_memory_restart=off" in job.ddplaunch_flags:
+            self.assertTrue(before.saved_steps, "round %r saved no checkpoint\n%s" % (before, job.describe()))
+            newest = max(before.saved_steps)
+            self.assertEqual(after.resumed_from_step, newest,
+                             "round %r did not resume from the newest checkpoint (step %d) of %r\n%s"
+                             % (after, newest, before, job.describe()))
+            return
+        # The step `before` had reached, or the one before it: the step in flight when the round
+        # was lost may have completed on the ranks that kept their state, or not.
+        self.assertEqual(after.resumed_from, "memory", "round %r did not resume from memory\n%s"
+                         % (after, job.describe()))
+        self.assertIn(before.steps[-1] - after.resumed_from_step, (0, 1),
+                      "round %r did not continue where %r stopped\n%s" % (after, before, job.describe()))
 
     def assert_finished_well(self, job, epochs):
         rounds = job.rounds()
@@ -171,7 +181,7 @@ class FaultToleranceTest(unittest.TestCase):
         after = self.rounds_after(job, before.generation)
         self.assertEqual([r.world for r in after], [6], "expected one more round of 6 workers\n" + job.describe())
         self.assertEqual(after[0].restart, 1, "TORCHELASTIC_RESTART_COUNT after one failure\n" + job.describe())
-        self.assert_resumed_from_newest(job, before, after[0])
+        self.assert_resumed(job, before, after[0])
         self.assert_finished_well(job, epochs)
         self.assertIn("was killed by SIGKILL", job.agent(2).stderr(), job.describe())
 
@@ -214,7 +224,7 @@ class FaultToleranceTest(unittest.TestCase):
         after = self.rounds_after(job, before.generation)
         self.assertTrue(after, "no round after the crash\n" + job.describe())
         self.assertEqual({r.world for r in after}, {4}, "rounds after the crash\n" + job.describe())
-        self.assert_resumed_from_newest(job, before, after[0])
+        self.assert_resumed(job, before, after[0])
         self.assert_finished_well(job, epochs)
 
     def test_a_cut_node_is_dropped_after_the_heartbeat_timeout_and_rejoins_when_restored(self):
@@ -230,7 +240,7 @@ class FaultToleranceTest(unittest.TestCase):
         print("cut node%d: a round of 4 made %d steps %.1f s after the cut"
               % (victim, FAULT_AFTER_STEPS, time.monotonic() - cut_at), file=sys.stderr)
         self.assertGreater(smaller.generation, before.generation)
-        self.assert_resumed_from_newest(job, before, smaller)
+        self.assert_resumed(job, before, smaller)
         for n in survivors:
             self.assertIsNone(job.agent(n).poll(), "ddplaunch on node%d exited\n%s" % (n, job.describe()))
 
@@ -260,7 +270,7 @@ class FaultToleranceTest(unittest.TestCase):
         self.assertTrue(later, "no round after the node came back\n" + job.describe())
         self.assertEqual(later[-1].world, 6, "the job did not grow back to 6 workers\n" + job.describe())
         grown = next(r for r in later if r.world == 6)
-        self.assert_resumed_from_newest(job, [r for r in job.rounds() if r.world is not None
+        self.assert_resumed(job, [r for r in job.rounds() if r.world is not None
                                               and r.generation < grown.generation][-1], grown)
         self.assert_finished_well(job, epochs)
 
