@@ -1276,7 +1276,7 @@ struct Agent::Impl {
     if (local_rank < static_cast<int>(standbys.size()) && standbys[local_rank].pid != 0) {
       const Standby sb = standbys[local_rank];
       standbys[local_rank] = {};
-      if (options.in_memory_restart) req.env[kWorkerFdVariable] = std::to_string(sb.child_fd);
+      if (standby_keeps_channel()) req.env[kWorkerFdVariable] = std::to_string(sb.child_fd);
       if (assign(sb, local_rank, req, w)) {
         how = StartedAs::kStandby;
         return sb.pid;
@@ -1285,6 +1285,11 @@ struct Agent::Impl {
     }
     return spawn_cold(req, w);
   }
+
+  // Whether a worker made from a standby keeps the standby's socket as its channel: an SDK
+  // program's standby does; the Python bootstrap closes its socket once assigned, so a Python
+  // worker made from a standby has no channel (Python programs do not speak it anyway).
+  bool standby_keeps_channel() const { return options.in_memory_restart && options.command.no_python; }
 
   // A fresh process; with in-memory restart, with its channel (DDPLAUNCH_WORKER_FD).
   int spawn_cold(SpawnRequest& req, Worker& w) {
@@ -1363,7 +1368,7 @@ struct Agent::Impl {
       message = encode_assignment(a);
       const int out = req.stdout_fd >= 0 ? req.stdout_fd : STDOUT_FILENO;
       const int err = req.stderr_fd >= 0 ? req.stderr_fd : STDERR_FILENO;
-      if (options.in_memory_restart) {
+      if (standby_keeps_channel()) {
         link = std::make_shared<WorkerLink>(io, sb.fd, sb.child_fd);
         sent = link->send(message, out, err, why) ? 1 : -1;
       } else {

@@ -56,7 +56,8 @@ class InMemoryRestart(LaunchTestCase):
         wait_for(lambda: not any(pid_alive(p) for p in pids), 30, "every worker to be gone")
 
     def test_a_parked_worker_keeps_its_pid_and_takes_the_new_rounds_environment(self):
-        result = self.launch(self.args(), timeout=120, env=self.env())
+        events = os.path.join(self.tmp, "events.jsonl")
+        result = self.launch(self.args("--event_log=" + events), timeout=120, env=self.env())
         self.assertEqual(result.returncode, 0, result.describe())
         survivor0, survivor1 = self.record(0, 0), self.record(1, 0)
         self.assertEqual(survivor1["pid"], survivor0["pid"], "the healthy worker was restarted")
@@ -68,6 +69,14 @@ class InMemoryRestart(LaunchTestCase):
         self.assertEqual(failed1["how"], "cold")
         self.assertTrue(os.path.exists(os.path.join(self.out, "parked_%d" % survivor0["pid"])))
         self.assertNotIn("did not park", result.stderr)
+        with open(events) as f:
+            log = [json.loads(line) for line in f if line.strip()]
+        parked = [e for e in log if e["type"] == "worker_parked"]
+        self.assertEqual([(e["pid"], e["step"], e["local_rank"]) for e in parked], [(survivor0["pid"], 100, 0)], log)
+        started = [e for e in log if e["type"] == "worker_started"]
+        resumed = [e for e in started if e.get("in_memory")]
+        self.assertEqual([(e["pid"], e["step"], e["standby"]) for e in resumed], [(survivor0["pid"], 100, False)], log)
+        self.assertEqual(len(started), 4, log)
         self.assert_nothing_left()
 
     def test_a_worker_that_never_parks_is_stopped_after_the_park_deadline(self):
