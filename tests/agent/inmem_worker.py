@@ -11,7 +11,8 @@ round 0, by $INMEM_MODE_<rank> (default "park"; later rounds park):
   garbage     writes bytes that are no frame on its channel, then waits like park would
 Rank $INMEM_FAIL_RANK exits 1 in round 0 once every rank of that round is ready (after creating
 $INMEM_HOLD, when set). In round $INMEM_FINISH_AT (default 1) every rank exits 0 once all are
-ready. Every wait has a deadline (exit 3).
+ready, and so in any round of $INMEM_FINISH_WORLD workers or more. Every wait has a deadline
+(exit 3).
 """
 
 import json
@@ -78,7 +79,7 @@ def main():
         mode = os.environ.get("INMEM_MODE_%d" % rank, "park") if restart == 0 else "park"
         with open(os.path.join(OUT, "records.jsonl"), "a") as f:
             f.write(json.dumps({"pid": os.getpid(), "rank": rank, "restart": restart, "how": how,
-                                "worker_fd": os.environ.get("DDPLAUNCH_WORKER_FD"),
+                                "world": world, "worker_fd": os.environ.get("DDPLAUNCH_WORKER_FD"),
                                 "generation": os.environ.get("DDPLAUNCH_GENERATION")}) + "\n")
         sock.sendall(frame({"type": "restartable", "value": True}))
         if mode == "garbage":
@@ -93,7 +94,8 @@ def main():
             if os.environ.get("INMEM_HOLD"):
                 open(os.environ["INMEM_HOLD"], "w").close()
             sys.exit(1)
-        if restart >= int(os.environ.get("INMEM_FINISH_AT", "1")):
+        if restart >= int(os.environ.get("INMEM_FINISH_AT", "1")) or \
+                world >= int(os.environ.get("INMEM_FINISH_WORLD", "1000000")):
             wait(all_ready)
             sock.sendall(frame({"type": "restartable", "value": False}))
             return 0

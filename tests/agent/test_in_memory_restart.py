@@ -16,7 +16,8 @@ import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ddplaunch_helpers import PYTHON, LaunchTestCase, main, pid_alive, wait_for  # noqa: E402
+from ddplaunch_helpers import LaunchTestCase, main, pid_alive, wait_for  # noqa: E402
+from test_multinode import CONF  # noqa: E402
 
 SOURCE_DIR = os.environ.get("DDPLAUNCH_SOURCE_DIR",
                             os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
@@ -117,6 +118,34 @@ class InMemoryRestart(LaunchTestCase):
                 os.kill(proc.pid, signal.SIGKILL)
                 proc.wait(30)
                 self.assert_nothing_left()
+
+    def test_a_node_joining_makes_the_running_worker_park_and_take_the_larger_round(self):
+        # Not a failure: only the restartable worker's own abandoned word tells it to park.
+        port = self.start_rendezvous_daemon()
+        env = self.env(INMEM_FAIL_RANK="-1", INMEM_FINISH_WORLD="2")
+
+        def node():
+            return self.spawn_launch(["--in_memory_restart=on", "--nnodes=1:2", "--nproc_per_node=1",
+                                      "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:%d" % port,
+                                      "--rdzv_id=inmem-join", "--rdzv_conf", CONF, "--no_python", self.worker], env=env)
+
+        a = node()
+        wait_for(lambda: os.path.exists(os.path.join(self.out, "ready_0_0")) or a.poll() is not None, 60,
+                 "node a's worker alone")
+        self.assertIsNone(a.poll(), a.describe())
+        alone = self.record(0, 0)
+        self.assertEqual(alone["world"], 1)
+        b = node()
+        self.assertEqual(a.wait(60), 0, a.describe())
+        self.assertEqual(b.wait(60), 0, b.describe())
+        together = [r for r in self.records() if r["world"] == 2]
+        self.assertEqual(sorted(r["rank"] for r in together), [0, 1], self.records())
+        kept = [r for r in together if r["pid"] == alone["pid"]]
+        self.assertEqual(len(kept), 1, "node a's worker was not kept: %s" % self.records())
+        self.assertEqual(kept[0]["how"], "in_memory")
+        self.assertEqual(kept[0]["restart"], 0)  # a membership change is not a failure restart
+        self.assertNotIn("did not park", a.output())
+        self.assert_nothing_left()
 
 
 if __name__ == "__main__":
