@@ -1645,6 +1645,7 @@ struct Agent::Impl {
     health_timer.cancel();
     health_deadline.cancel();
     standby_timer.cancel();
+    park_timer.cancel();
     if (health_pid != 0) processes->signal_group(health_pid, SIGKILL);
     file_timer.reset();
     io.stop();
