@@ -5,8 +5,10 @@ ddplaunch --in_memory_restart=on --no_python with a fake worker SDK program (inm
 that speaks the worker channel without torch. One node, two workers, one restart: rank 1 exits 1
 in round 0. A healthy worker that parks keeps its pid and gets the new round's environment; one
 that says it is restartable but never parks is stopped after the park deadline; one that writes
-garbage on its channel is said, treated as not restartable, and stopped at the restart; an agent
-SIGKILLed while a worker is parked leaves no process. Every wait has a deadline.
+garbage on its channel is said, treated as not restartable, and stopped at the restart; a parked
+worker is stopped with SIGTERM when ddplaunch is signalled, and an agent SIGKILLed while a worker
+is parked leaves no process. Two nodes on a daemon: a node joining (a restart that is not a
+failure) makes the running worker park and take the larger round. Every wait has a deadline.
 """
 
 import json
@@ -118,6 +120,21 @@ class InMemoryRestart(LaunchTestCase):
                 os.kill(proc.pid, signal.SIGKILL)
                 proc.wait(30)
                 self.assert_nothing_left()
+
+    def test_a_signal_to_ddplaunch_stops_a_parked_worker_like_any_other(self):
+        hold = os.path.join(self.tmp, "hold")
+        proc = self.spawn_launch(self.args("--check_health", "test ! -e %s" % hold), env=self.env(INMEM_HOLD=hold))
+        wait_for(lambda: any(n.startswith("parked_") for n in os.listdir(self.out)) or proc.poll() is not None,
+                 60, "the survivor to park")
+        self.assertIsNone(proc.poll(), proc.describe())
+        wait_for(lambda: "health check failed" in proc.output() or proc.poll() is not None, 60,
+                 "the node to stay out of the next round")
+        survivor = self.record(0, 0)["pid"]
+        self.assertTrue(pid_alive(survivor))
+        proc.signal(signal.SIGTERM)
+        self.assertEqual(proc.wait(60), 128 + signal.SIGTERM, proc.describe())
+        self.assertNotIn("sending SIGKILL", proc.output())
+        self.assert_nothing_left()
 
     def test_a_node_joining_makes_the_running_worker_park_and_take_the_larger_round(self):
         # Not a failure: only the restartable worker's own abandoned word tells it to park.
