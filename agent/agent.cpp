@@ -23,12 +23,15 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/filesystem.hpp>
 
+#include "agent/containment.h"
 #include "agent/devices.h"
 #include "agent/exit_codes.h"
 #include "agent/failure.h"
 #include "agent/file_timer.h"
 #include "agent/logs.h"
 #include "agent/standby.h"
+#include "agent/worker_channel.h"
+#include "agent/worker_link.h"
 
 namespace asio = boost::asio;
 
@@ -191,7 +194,41 @@ struct Worker {
   bool hung = false;                      // declared hung: its exit is a failure, whatever its status
   bool recorded = false;                  // its failure is in `failures`
   std::string note;                       // why the agent stopped it; heads its failure message
+  // In-memory restart (docs/agent.md, "In-memory restart: the worker channel"): the agent's end
+  // of its channel (null without one), what it last said, and where it stands at a restart:
+  // kAsked to park (its abandoned word is set, the park deadline runs), kParked (waits for its
+  // next assignment; kept across the restart).
+  std::shared_ptr<WorkerLink> link;
+  bool restartable = false;
+  enum class Park { kNo, kAsked, kParked };
+  Park park = Park::kNo;
+  int64_t parked_step = -1;
+  std::string marker;  // its DDPLAUNCH_SUPERVISOR value, for the environment of its next assignment
 };
+
+// The value of `name` in the environment block /proc/<pid>/environ (what the process was
+// started with); empty when absent or unreadable.
+std::string environ_value(int pid, const std::string& name) {
+  const int fd = ::open(("/proc/" + std::to_string(pid) + "/environ").c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return {};
+  std::string block;
+  char buf[4096];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0 || block.size() > (4u << 20)) break;
+    block.append(buf, static_cast<std::size_t>(n));
+  }
+  ::close(fd);
+  const std::string prefix = name + "=";
+  for (std::size_t at = 0; at < block.size();) {
+    std::size_t end = block.find('\0', at);
+    if (end == std::string::npos) end = block.size();
+    if (block.compare(at, prefix.size(), prefix) == 0) return block.substr(at + prefix.size(), end - at - prefix.size());
+    at = end + 1;
+  }
+  return {};
+}
 
 // The agent's working directory, which its workers inherit; empty when it cannot be named (it
 // was removed): a standby then cannot be told it, and its worker starts cold.
@@ -227,6 +264,7 @@ struct Agent::Impl {
         health_timer(io),
         health_deadline(io),
         standby_timer(io),
+        park_timer(io),
         inherited(current_environment()),
         standbys(static_cast<std::size_t>(std::max(0, this->options.node.local_world_size))),
         board(this->options.node.local_world_size),
@@ -244,6 +282,7 @@ struct Agent::Impl {
   asio::steady_timer health_timer;    // the next --check_health (retry before a join, or periodic)
   asio::steady_timer health_deadline; // kills a check that runs too long
   asio::steady_timer standby_timer;   // starts the next standbys, standby_delay after a round began
+  asio::steady_timer park_timer;      // stops the workers asked to park that did not (park_timeout)
   // Tee'd output into log files: its own queue and thread, so a stalled console does not
   // hold up the files, nor a hung file system the console. 64 MiB before bytes are dropped.
   std::shared_ptr<OutputQueue> files = std::make_shared<OutputQueue>("the log file system", 64 << 20);
@@ -256,10 +295,14 @@ struct Agent::Impl {
   struct Standby {
     int pid = 0;
     int fd = -1;
+    int child_fd = -1;  // the number of the standby's end in the standby (DDPLAUNCH_STANDBY_FD)
   };
   std::vector<Standby> standbys;
   std::string cwd = working_directory();  // the workers' (empty when unknown: standbys cannot be used)
   std::vector<Worker> workers;
+  // In-memory restart: the parked workers of the last round, by local rank, between the moment a
+  // round completes and their assignment (on_round).
+  std::map<int, Worker> parked_workers;
   std::vector<LocalFailure> failures;  // of the current round, in the order observed
   std::vector<LocalFailure> last_failures;  // of the round that ended with a failure
   std::function<void()> after_stop;
@@ -431,8 +474,9 @@ struct Agent::Impl {
 
   void on_round(const rdzv::Assignment& a) {
     if (state != State::kJoining) return;
-    // A standby that died meanwhile is heard of before it would be given a worker to become.
-    if (options.standby) processes->reap_exited();
+    // A standby or a parked worker that died meanwhile is heard of before it would be given a
+    // worker to become.
+    if (options.standby || options.in_memory_restart) processes->reap_exited();
     if (state != State::kJoining) return;
     if (!stop_reason.empty()) {
       // A round after this node's fatal report: the rendezvous did not take it (a daemon that
@@ -466,7 +510,15 @@ struct Agent::Impl {
     if (options.announce_rounds) say(describe_round(a));
     failures.clear();
     previous_pids.clear();
-    for (const auto& w : workers) previous_pids.push_back(w.pid);
+    parked_workers.clear();
+    for (auto& w : workers) {
+      if (w.alive && w.park == Worker::Park::kParked && w.link && w.link->is_open()) {
+        parked_workers.emplace(w.local_rank, std::move(w));  // keeps its GPU memory: not a previous pid
+        continue;
+      }
+      previous_pids.push_back(w.pid);
+      if (w.link) w.link->close();
+    }
     workers.clear();
     reported_this_round.reset();
     round_restart_count = a.restart_count;
@@ -485,8 +537,10 @@ struct Agent::Impl {
     const auto argv = worker_argv(options.command);
     try {
       for (int lr = 0; lr < round.local_world_size; ++lr) start_worker(round, lr, argv);
+      drop_parked();
       processes->confirm_spawned();  // every worker forked: now wait for their execs
     } catch (const std::exception& e) {
+      drop_parked();
       say(e.what());
       forget_unstarted(e);
       exit_code = static_cast<int>(ExitCode::kUsage);
@@ -563,7 +617,7 @@ struct Agent::Impl {
         line_prefix(options.line_prefix_template, options.role, w.rank, local_rank, options.node.host);
     const int attempt = round.assignment.restart_count;
 
-    bool from_standby = false;
+    StartedAs how = StartedAs::kCold;
     auto setup_stream = [&](int bit, const char* name, int console_fd, int& child_fd) {
       if (redirect & bit) {
         std::string path = dir + "/" + name;
@@ -597,7 +651,7 @@ struct Agent::Impl {
     try {
       setup_stream(kStdOut, "stdout.log", STDOUT_FILENO, req.stdout_fd);
       setup_stream(kStdErr, "stderr.log", STDERR_FILENO, req.stderr_fd);
-      w.pid = start_process(req, local_rank, from_standby);
+      w.pid = start_process(req, w, how);
     } catch (...) {
       for (int fd : close_after_spawn) ::close(fd);
       throw;
@@ -605,8 +659,15 @@ struct Agent::Impl {
     for (int fd : close_after_spawn) ::close(fd);
     w.alive = true;
     for (auto& p : w.pipes) p->start();
-    record_event("worker_started", "", {w.rank},
-                 {{"local_rank", w.local_rank}, {"pid", w.pid}, {"standby", from_standby}});
+    nlohmann::json fields = {{"local_rank", w.local_rank}, {"pid", w.pid}, {"standby", how == StartedAs::kStandby}};
+    if (how == StartedAs::kInMemory) {
+      fields["in_memory"] = true;
+      fields["step"] = w.parked_step;
+      w.parked_step = -1;
+    } else if (w.link) {
+      start_link(w);
+    }
+    record_event("worker_started", "", {w.rank}, std::move(fields));
     workers.push_back(std::move(w));
   }
 
@@ -628,6 +689,7 @@ struct Agent::Impl {
     if (it == workers.end()) return;  // not ours (or from an earlier round)
     it->alive = false;
     it->status = st;
+    if (it->link) it->link->close();
     // A failure is recorded with what the summary shows (record_failure); every other exit here.
     if (state != State::kRunning || st.success()) {
       record_event("worker_exited", state == State::kRunning ? "success" : "stopped", {it->rank}, exit_fields(*it));
@@ -657,7 +719,7 @@ struct Agent::Impl {
             report_failure();
             if (state == State::kRunning) {
               board.abandon_round();  // the other ranks wait in collectives for the failed one
-              stop_workers(SIGTERM, nullptr);
+              stop_workers(SIGTERM, nullptr, /*park=*/true);
             }
           });
         }
@@ -668,7 +730,7 @@ struct Agent::Impl {
         state = State::kIdle;
         rendezvous->report_success();
       }
-    } else if (state == State::kStopping && all_exited) {
+    } else if (state == State::kStopping && settled()) {
       stop_done();
     }
   }
@@ -762,40 +824,107 @@ struct Agent::Impl {
   // Runs `then` once every worker has exited: stops them with SIGTERM, or, when they are being
   // stopped already (after a local failure), waits for that stop instead of signalling again
   // (a second SIGTERM could cut a checkpoint short, and would restart the kill deadline).
-  void when_stopped(std::function<void()> then) {
+  // With `park` (a restart), restartable workers park instead (stop_workers); without it (the job
+  // ends), parked and parking workers are stopped too.
+  void when_stopped(std::function<void()> then, bool park = false) {
     // A worker that died before this decision arrived is a failure of its round, not a worker
     // we stopped: hear of it first (it is recorded and reported like any failure).
     if (state == State::kRunning) processes->reap_exited();
     if (state == State::kStopping) {
       after_stop = std::move(then);
+      if (!park) stop_kept_workers("the job ends");
       return;
     }
-    stop_workers(SIGTERM, std::move(then));
+    stop_workers(SIGTERM, std::move(then), park);
+  }
+
+  // Whether `w` is kept across the stop in progress (in-memory restart): asked to park, or parked.
+  static bool kept(const Worker& w) { return w.alive && w.park != Worker::Park::kNo; }
+
+  // Every worker has exited or parked: the stop is over.
+  bool settled() const {
+    return std::all_of(workers.begin(), workers.end(),
+                       [](const Worker& w) { return !w.alive || w.park == Worker::Park::kParked; });
   }
 
   // Sends `signo` to every live worker's process group; SIGKILL after --shutdown_timeout.
-  // `then` runs once every worker has exited.
-  void stop_workers(int signo, std::function<void()> then) {
+  // With `park` and in-memory restart, a worker that said it is restartable is asked to park
+  // instead (its abandoned word), and stopped like the others only when it has not parked
+  // within the park deadline. `then` runs once every worker has exited or parked.
+  void stop_workers(int signo, std::function<void()> then, bool park = false) {
     after_stop = std::move(then);
     state = State::kStopping;
-    bool any_alive = false;
+    bool signalled = false, asked = false;
     for (auto& w : workers) {
       if (!w.alive) continue;
-      any_alive = true;
+      if (park && options.in_memory_restart && w.restartable && !w.hung && w.link && w.link->is_open()) {
+        if (w.park == Worker::Park::kNo) {
+          w.park = Worker::Park::kAsked;
+          board.abandon_slot(w.local_rank);
+        }
+        asked = asked || w.park == Worker::Park::kAsked;
+        continue;
+      }
+      w.park = Worker::Park::kNo;
+      signalled = true;
       processes->signal_group(w.pid, signo);
     }
-    if (!any_alive) {
+    if (asked) {
+      park_timer.expires_after(to_duration(options.park_timeout));
+      park_timer.async_wait([this](const boost::system::error_code& ec) {
+        if (!ec && state == State::kStopping) stop_kept_workers("");
+      });
+    }
+    if (settled()) {
       asio::post(io, [this] {
-        if (state == State::kStopping) stop_done();
+        if (state == State::kStopping && settled()) stop_done();
       });
       return;
     }
+    if (signalled) arm_kill_timer();
+  }
+
+  // Stops the workers that were kept (asked to park, or parked) like any other: the job ends
+  // (`why`), or, with an empty `why`, the park deadline passed for those that did not park.
+  void stop_kept_workers(const std::string& why) {
+    bool signalled = false;
+    for (auto& w : workers) {
+      if (!kept(w)) continue;
+      if (why.empty() && w.park == Worker::Park::kParked) continue;
+      if (why.empty()) {
+        say("worker " + std::to_string(w.rank) + " (pid " + std::to_string(w.pid) + ") did not park within " +
+            seconds_text(options.park_timeout) + " s of the restart (in-memory restart); stopping it");
+      }
+      w.park = Worker::Park::kNo;
+      signalled = true;
+      processes->signal_group(w.pid, SIGTERM);
+    }
+    park_timer.cancel();
+    if (signalled) arm_kill_timer();
+  }
+
+  // A worker kept across a restart that cannot be kept any more (`why`): stopped like any other
+  // while a stop runs; between rounds, killed (it waits on a channel that is gone).
+  void stop_kept_worker(Worker& w, const std::string& why) {
+    if (!kept(w)) return;
+    say("worker " + std::to_string(w.rank) + " (pid " + std::to_string(w.pid) + ") " + why + "; stopping it");
+    w.park = Worker::Park::kNo;
+    if (state == State::kStopping) {
+      processes->signal_group(w.pid, SIGTERM);
+      arm_kill_timer();
+    } else {
+      processes->signal_group(w.pid, SIGKILL);
+    }
+  }
+
+  // SIGKILL, --shutdown_timeout from now, to the workers still running then (kept ones aside).
+  void arm_kill_timer() {
     kill_timer.expires_after(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
         std::chrono::duration<double>(options.shutdown_timeout)));
     kill_timer.async_wait([this](const boost::system::error_code& ec) {
       if (ec) return;  // cancelled: every worker exited in time
       for (auto& w : workers) {
-        if (!w.alive) continue;
+        if (!w.alive || kept(w)) continue;
         say("worker " + std::to_string(w.rank) + " (pid " + std::to_string(w.pid) + ") still runs " +
             seconds_text(options.shutdown_timeout) + " s after it was asked to stop; sending SIGKILL");
       }
@@ -808,14 +937,14 @@ struct Agent::Impl {
   // not hang the agent (and with it the job) forever.
   void kill_now() {
     for (auto& w : workers) {
-      if (w.alive) processes->signal_group(w.pid, SIGKILL);
+      if (w.alive && !kept(w)) processes->signal_group(w.pid, SIGKILL);
     }
     give_up_timer.expires_after(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
         std::chrono::duration<double>(options.kill_timeout)));
     give_up_timer.async_wait([this](const boost::system::error_code& ec) {
       if (ec || state != State::kStopping) return;
       for (auto& w : workers) {
-        if (!w.alive) continue;
+        if (!w.alive || kept(w)) continue;
         say("worker " + std::to_string(w.rank) + " (pid " + std::to_string(w.pid) + ") has not exited " +
             seconds_text(options.kill_timeout) +
             " s after SIGKILL; it is probably stuck in the kernel (see /proc/" + std::to_string(w.pid) +
@@ -825,7 +954,7 @@ struct Agent::Impl {
         w.given_up = true;
         record_event("worker_exited", "given_up", {w.rank}, exit_fields(w), "did not exit after SIGKILL");
       }
-      stop_done();
+      if (settled()) stop_done();
     });
   }
 
@@ -833,12 +962,20 @@ struct Agent::Impl {
     kill_timer.cancel();
     give_up_timer.cancel();
     dump_timer.cancel();
+    park_timer.cancel();
     // Leftovers in the workers' process groups (their own children) go with them, and with a
-    // cgroup, also those that left their group (setsid).
+    // cgroup, also those that left their group (setsid). Parked workers stay, and with them the
+    // cgroup's (or the marker's) leftovers until the next full stop: the containment cannot
+    // spare some of its members (docs/agent.md).
+    bool any_kept = false;
     for (auto& w : workers) {
-      if (!w.given_up) processes->signal_group(w.pid, SIGKILL);
+      if (kept(w)) {
+        any_kept = true;
+      } else if (!w.given_up) {
+        processes->signal_group(w.pid, SIGKILL);
+      }
     }
-    processes->kill_leftovers();
+    if (!any_kept) processes->kill_leftovers();
     drain_pipes();
     state = State::kIdle;
     auto then = std::move(after_stop);
@@ -846,8 +983,11 @@ struct Agent::Impl {
     if (then) then();
   }
 
+  // A parked worker's pipes stay open: it may still write before its next assignment gives it new
+  // streams (a closed pipe would kill it with SIGPIPE); they end when it lets go of them.
   void drain_pipes() {
     for (auto& w : workers) {
+      if (kept(w)) continue;
       for (auto& p : w.pipes) p->drain_and_close();
       w.pipes.clear();
     }
@@ -866,7 +1006,7 @@ struct Agent::Impl {
     say((failing ? "stopping the workers: " : "restarting the workers: ") + reason);
     record_event("restart", failing ? "job_failing" : counted ? "worker_failure" : "membership", {}, {{"counted", counted}},
                  reason);
-    when_stopped([this] { join_round(); });
+    when_stopped([this] { join_round(); }, /*park=*/!failing);
   }
 
   void on_job_failed(const rdzv::WorkerFailure& first, const std::string& summary) {
@@ -1102,7 +1242,7 @@ struct Agent::Impl {
       ::close(sv[0]);
       return;
     }
-    standbys[local_rank] = {pid, sv[0]};
+    standbys[local_rank] = {pid, sv[0], sv[1]};
   }
 
   void schedule_standbys() {
@@ -1113,24 +1253,108 @@ struct Agent::Impl {
     });
   }
 
-  // Starts the worker `req` describes: its local rank's standby becomes it when one waits and
-  // takes the assignment, else a fresh process does. Throws SpawnError (a fresh process).
-  int start_process(SpawnRequest& req, int local_rank, bool& from_standby) {
-    from_standby = false;
+  enum class StartedAs { kCold, kStandby, kInMemory };
+
+  // Starts the worker `req` describes into `w` and returns its pid: its local rank's parked worker
+  // takes it when one waits (in-memory restart), else its standby when one waits, else a fresh
+  // process. Throws SpawnError (a fresh process).
+  int start_process(SpawnRequest& req, Worker& w, StartedAs& how) {
+    const int local_rank = w.local_rank;
+    how = StartedAs::kCold;
+    if (auto it = parked_workers.find(local_rank); it != parked_workers.end()) {
+      Worker parked = std::move(it->second);
+      parked_workers.erase(it);
+      if (resume(parked, req)) {
+        how = StartedAs::kInMemory;
+        w.link = parked.link;
+        w.restartable = parked.restartable;
+        w.marker = parked.marker;
+        w.parked_step = parked.parked_step;
+        return parked.pid;
+      }
+    }
     if (local_rank < static_cast<int>(standbys.size()) && standbys[local_rank].pid != 0) {
       const Standby sb = standbys[local_rank];
       standbys[local_rank] = {};
-      if (assign(sb, local_rank, req)) {
-        from_standby = true;
+      if (standby_keeps_channel()) req.env[kWorkerFdVariable] = std::to_string(sb.child_fd);
+      if (assign(sb, local_rank, req, w)) {
+        how = StartedAs::kStandby;
         return sb.pid;
       }
+      req.env.erase(kWorkerFdVariable);
     }
-    return processes->spawn(req);
+    return spawn_cold(req, w);
+  }
+
+  // Whether a worker made from a standby keeps the standby's socket as its channel: an SDK
+  // program's standby does; the Python bootstrap closes its socket once assigned, so a Python
+  // worker made from a standby has no channel (Python programs do not speak it anyway).
+  bool standby_keeps_channel() const { return options.in_memory_restart && options.command.no_python; }
+
+  // A fresh process; with in-memory restart, with its channel (DDPLAUNCH_WORKER_FD).
+  int spawn_cold(SpawnRequest& req, Worker& w) {
+    if (!options.in_memory_restart) return processes->spawn(req);
+    int sv[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+      say("worker " + std::to_string(w.rank) + ": socketpair: " + std::strerror(errno) +
+          "; it runs without in-memory restart");
+      return processes->spawn(req);
+    }
+    req.env[kWorkerFdVariable] = std::to_string(sv[1]);
+    req.pass_fd = sv[1];
+    int pid = 0;
+    try {
+      pid = processes->spawn(req);
+    } catch (...) {
+      ::close(sv[0]);
+      ::close(sv[1]);
+      throw;
+    }
+    ::close(sv[1]);
+    w.link = std::make_shared<WorkerLink>(io, sv[0], sv[1]);
+    return pid;
+  }
+
+  // Sends the parked worker `parked` its next assignment, `req`'s environment (with its channel's
+  // number and its containment marker), on its channel. False (it is killed) when it cannot take it.
+  bool resume(Worker& parked, SpawnRequest& req) {
+    req.env[kWorkerFdVariable] = std::to_string(parked.link->worker_fd());
+    if (!parked.marker.empty()) req.env[Containment::kMarkerVariable] = parked.marker;
+    StandbyAssignment a;
+    a.env = req.env;
+    a.cwd = cwd;
+    std::string why;
+    bool sent = false;
+    try {
+      sent = parked.link->send(encode_assignment(a), req.stdout_fd >= 0 ? req.stdout_fd : STDOUT_FILENO,
+                               req.stderr_fd >= 0 ? req.stderr_fd : STDERR_FILENO, why);
+    } catch (const std::invalid_argument& e) {
+      why = e.what();
+    }
+    if (sent) return true;
+    say("parked worker of local rank " + std::to_string(parked.local_rank) + " (pid " + std::to_string(parked.pid) +
+        ") cannot take its next assignment: " + why + "; starting that rank fresh");
+    parked.link->close();
+    processes->signal_group(parked.pid, SIGKILL);
+    req.env.erase(kWorkerFdVariable);
+    req.env.erase(Containment::kMarkerVariable);
+    return false;
+  }
+
+  // Parked workers no rank of the new round took (none can be left: nproc is fixed), or all of
+  // them when the round could not start: killed, they wait on a channel nobody will write.
+  void drop_parked() {
+    for (auto& [lr, w] : parked_workers) {
+      if (w.link) w.link->close();
+      processes->signal_group(w.pid, SIGKILL);
+    }
+    parked_workers.clear();
   }
 
   // Sends `req` (its environment, the agent's working directory, its stdout and stderr) to the
-  // standby `sb`, which becomes the worker. False (the standby is killed) when it cannot take it.
-  bool assign(const Standby& sb, int local_rank, SpawnRequest& req) {
+  // standby `sb`, which becomes the worker `w`. False (the standby is killed) when it cannot take
+  // it. With in-memory restart the standby's socket stays open: it is the worker's channel.
+  bool assign(const Standby& sb, int local_rank, SpawnRequest& req, Worker& w) {
     const std::string who = "standby for local rank " + std::to_string(local_rank) + " (pid " + std::to_string(sb.pid) + ")";
     StandbyAssignment a;
     a.env = req.env;
@@ -1139,19 +1363,36 @@ struct Agent::Impl {
     std::string message;
     long sent = -1;
     std::string why;
+    std::shared_ptr<WorkerLink> link;
     try {
       message = encode_assignment(a);
-      sent = send_assignment(sb.fd, message, req.stdout_fd >= 0 ? req.stdout_fd : STDOUT_FILENO,
-                             req.stderr_fd >= 0 ? req.stderr_fd : STDERR_FILENO);
-      if (sent < 0) why = errno == EPIPE || errno == ECONNRESET ? "it has exited" : std::strerror(errno);
+      const int out = req.stdout_fd >= 0 ? req.stdout_fd : STDOUT_FILENO;
+      const int err = req.stderr_fd >= 0 ? req.stderr_fd : STDERR_FILENO;
+      if (standby_keeps_channel()) {
+        link = std::make_shared<WorkerLink>(io, sb.fd, sb.child_fd);
+        sent = link->send(message, out, err, why) ? 1 : -1;
+      } else {
+        sent = send_assignment(sb.fd, message, out, err);
+        if (sent < 0) why = errno == EPIPE || errno == ECONNRESET ? "it has exited" : std::strerror(errno);
+      }
     } catch (const std::invalid_argument& e) {
       why = e.what();
     }
     if (sent < 0) {
       say(who + " cannot take its worker: " + why + "; starting that worker cold");
       processes->signal_group(sb.pid, SIGKILL);
-      ::close(sb.fd);
+      if (link) {
+        link->close();  // closes sb.fd
+      } else {
+        ::close(sb.fd);
+      }
       return false;
+    }
+    if (link) {
+      w.link = link;
+      auto marker = a.env.find(Containment::kMarkerVariable);
+      if (marker != a.env.end()) w.marker = marker->second;
+      return true;
     }
     if (static_cast<std::size_t>(sent) == message.size()) {
       ::close(sb.fd);  // the standby reads to the end, then sees it closed
@@ -1165,6 +1406,60 @@ struct Agent::Impl {
       socket->close(ignored);
     });
     return true;
+  }
+
+  // ---- in-memory restart: what workers say on their channel (agent/worker_channel.h) -------
+
+  Worker* live_worker(int pid) {
+    auto it = std::find_if(workers.begin(), workers.end(), [pid](const Worker& w) { return w.alive && w.pid == pid; });
+    return it == workers.end() ? nullptr : &*it;
+  }
+
+  // Handlers find the worker by pid: its Worker moves between rounds, its pid does not.
+  void start_link(Worker& w) {
+    const int pid = w.pid;
+    WorkerLink::Handlers h;
+    h.on_message = [this, pid](const WorkerMessage& m) { on_worker_message(pid, m); };
+    h.on_error = [this, pid](const std::string& problem) { on_link_lost(pid, problem); };
+    h.on_closed = [this, pid] { on_link_lost(pid, ""); };
+    w.link->start(std::move(h));
+  }
+
+  void on_worker_message(int pid, const WorkerMessage& m) {
+    Worker* w = live_worker(pid);
+    if (w == nullptr) return;
+    if (m.type == WorkerMessage::Type::kRestartable) {
+      w->restartable = m.restartable;
+      if (!m.restartable && w->park == Worker::Park::kAsked) stop_kept_worker(*w, "said it is no longer restartable");
+      return;
+    }
+    if (!w->restartable) {
+      w->link->close();
+      on_link_lost(pid, "it said it parked without having said it is restartable");
+      return;
+    }
+    if (w->park == Worker::Park::kParked) return;
+    // A worker being stopped (signalled) dies of it, parked or not.
+    if (state == State::kStopping && w->park == Worker::Park::kNo) return;
+    w->park = Worker::Park::kParked;
+    w->parked_step = m.step;
+    if (w->marker.empty()) w->marker = environ_value(pid, Containment::kMarkerVariable);
+    record_event("worker_parked", "", {w->rank}, {{"local_rank", w->local_rank}, {"pid", pid}, {"step", m.step}});
+    if (state == State::kStopping && settled()) stop_done();
+  }
+
+  // The channel broke (`problem`) or was closed by the worker (empty): it is no longer
+  // restartable; kept across a restart, it is stopped.
+  void on_link_lost(int pid, const std::string& problem) {
+    Worker* w = live_worker(pid);
+    if (w == nullptr) return;
+    w->restartable = false;
+    if (!problem.empty()) {
+      say("worker " + std::to_string(w->rank) + " (local rank " + std::to_string(w->local_rank) + ", pid " +
+          std::to_string(pid) + "): its channel to the agent: " + problem +
+          "; closed it, the worker is not restartable (it is stopped at a restart like any worker)");
+    }
+    stop_kept_worker(*w, problem.empty() ? "closed its channel" : "broke its channel");
   }
 
   // A standby ended before it was given a worker (killed, out of memory, a broken interpreter):
@@ -1350,6 +1645,7 @@ struct Agent::Impl {
     health_timer.cancel();
     health_deadline.cancel();
     standby_timer.cancel();
+    park_timer.cancel();
     if (health_pid != 0) processes->signal_group(health_pid, SIGKILL);
     file_timer.reset();
     io.stop();

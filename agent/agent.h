@@ -68,6 +68,15 @@ struct AgentOptions {
   // those; the launcher decides (--standby). Default off: every worker starts cold.
   bool standby = false;
   std::vector<std::string> preload;  // --preload: modules a standby imports besides torch
+  // Issue 13, part 2: in-memory restart (agent/worker_channel.h, docs/agent.md). Every worker gets
+  // a channel to the agent (DDPLAUNCH_WORKER_FD); at a restart, a worker that said it is
+  // restartable is asked to park (its slot's abandoned word) instead of being stopped, and is sent
+  // the next round's assignment on its channel. Default off; the launcher decides
+  // (--in_memory_restart).
+  bool in_memory_restart = false;
+  // Seconds a restartable worker has to park after a restart began; past them it is stopped like
+  // any worker (SIGTERM, SIGKILL after shutdown_timeout). Default 10.
+  double park_timeout = 10.0;
   // Seconds after a round's workers started before the next standbys start: their imports
   // compete for CPU with the new workers' start. Default 1.
   double standby_delay = 1.0;

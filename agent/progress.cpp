@@ -61,6 +61,10 @@ void ProgressBoard::abandon_round() {
   for (int s = 0; s < slots_; ++s) store_u64(base_ + kSlotSize * static_cast<std::size_t>(s) + kAbandonedOffset, 1);
 }
 
+void ProgressBoard::abandon_slot(int slot) {
+  store_u64(base_ + kSlotSize * static_cast<std::size_t>(slot) + kAbandonedOffset, 1);
+}
+
 bool ProgressBoard::abandoned(int slot) const {
   return load_u64(base_ + kSlotSize * static_cast<std::size_t>(slot) + kAbandonedOffset) != 0;
 }

@@ -59,6 +59,9 @@ class ProgressBoard {
   // with a failed peer never completes, so a worker blocked in one must not wait to finish its
   // step on SIGTERM (the worker SDK then dies of the signal at once).
   void abandon_round();
+  // The same for one slot: the worker there is asked to park (in-memory restart, agent.cpp),
+  // whatever ended the round. REQUIRES: 0 <= slot < slots().
+  void abandon_slot(int slot);
   bool abandoned(int slot) const;
   // REQUIRES: 0 <= slot < slots().
   ProgressSample read(int slot) const;

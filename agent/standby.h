@@ -4,7 +4,9 @@
 // message (its codec, shared with python/ddplaunch_standby.py) and the sending side; the agent
 // decides when standbys start and which one a worker becomes (agent.cpp).
 //
-// The message, on a SOCK_STREAM Unix socket, sent once, after which the agent closes its end:
+// The message, on a SOCK_STREAM Unix socket, sent once, after which the agent closes its end
+// (with in-memory restart, an SDK standby's socket stays open as its worker's channel, and a
+// parked worker gets the same message there for each later round: agent/worker_channel.h):
 //   bytes 0-3   magic "DDPS"
 //   bytes 4-7   version, unsigned 32-bit little endian (kStandbyVersion)
 //   bytes 8-11  payload length N, unsigned 32-bit little endian, 2 <= N <= kMaxStandbyPayload

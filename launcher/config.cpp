@@ -343,6 +343,14 @@ void resolve_workers(const RawValues& raw, LaunchConfig& config) {
         *g, {{"off", LaunchConfig::Standby::kOff}, {"on", LaunchConfig::Standby::kOn}, {"auto", LaunchConfig::Standby::kAuto}},
         "off, on, auto");
   }
+  if (auto g = raw.find("in_memory_restart")) {
+    config.in_memory_restart = parse_choice<LaunchConfig::InMemoryRestart>(
+        *g,
+        {{"off", LaunchConfig::InMemoryRestart::kOff},
+         {"on", LaunchConfig::InMemoryRestart::kOn},
+         {"auto", LaunchConfig::InMemoryRestart::kAuto}},
+        "off, on, auto");
+  }
   if (auto g = raw.find("preload")) {
     for (const auto& item : split(g->value, ',')) {
       const std::string name = trim(item);

@@ -100,6 +100,8 @@ struct LaunchConfig {
   enum class Standby { kOff, kOn, kAuto };
   Standby standby = Standby::kOff;     // --standby (issue 13); default off (docs/agent.md)
   std::vector<std::string> preload;    // --preload: module names; default none
+  enum class InMemoryRestart { kOff, kOn, kAuto };
+  InMemoryRestart in_memory_restart = InMemoryRestart::kAuto;  // --in_memory_restart; default auto
   std::string log_dir;                 // --log_dir; empty = a temporary directory when needed
   StdSpec redirects;                   // -r/--redirects
   StdSpec tee;                         // -t/--tee

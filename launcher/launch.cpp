@@ -428,6 +428,23 @@ void resolve_standby(const LaunchConfig& config, agent::AgentOptions& o) {
   }
 }
 
+// --in_memory_restart (issue 13): 'auto' is on for programs that link the worker SDK (the ELF
+// mark --standby uses), which speak the worker channel; Python programs do not. 'on' gives every
+// worker the channel: a program that never says it is restartable is stopped as without it.
+void resolve_in_memory_restart(const LaunchConfig& config, agent::AgentOptions& o) {
+  switch (config.in_memory_restart) {
+    case LaunchConfig::InMemoryRestart::kOff:
+      o.in_memory_restart = false;
+      break;
+    case LaunchConfig::InMemoryRestart::kOn:
+      o.in_memory_restart = true;
+      break;
+    case LaunchConfig::InMemoryRestart::kAuto:
+      o.in_memory_restart = o.command.no_python && has_elf_section(o.command.program, kStandbyMarkSection);
+      break;
+  }
+}
+
 agent::AgentOptions make_agent_options(const LaunchConfig& config, const ResolvedProgram& program,
                                        const std::string& log_dir, const std::string& run_id) {
   agent::AgentOptions o;
@@ -464,6 +481,7 @@ agent::AgentOptions make_agent_options(const LaunchConfig& config, const Resolve
   o.no_restart_exit_codes = config.no_restart_exit_codes;
   o.python_helper_dir = python_helper_dir();
   resolve_standby(config, o);
+  resolve_in_memory_restart(config, o);
   o.health_check = config.health_check;
   o.health_check_interval = config.health_check_interval;
   o.file_timer_path = file_timer_path(log_dir);

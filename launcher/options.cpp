@@ -48,6 +48,10 @@ const std::vector<OptionSpec> kOptions = {
    "libtorch for a worker SDK program) while the job runs, that becomes the next round's worker in "
    "place of a cold start. 'auto': on for Python programs and worker SDK programs. Other programs "
    "always start cold (docs/agent.md)."},
+  {"in_memory_restart", 0, false, "off|on|auto", "auto",
+   Group::kWorkers, "At a restart, keep healthy workers that can wait (worker SDK programs) instead of "
+   "stopping them: they park with their state and take the next round's assignment. 'auto': on for "
+   "worker SDK programs, off for the others (docs/agent.md)."},
   {"preload", 0, false, "MODULE,MODULE,...", "none",
    Group::kWorkers, "Modules a standby imports besides torch before its assignment (with "
    "--standby)."},
@@ -224,7 +228,7 @@ std::string option_names(const OptionSpec& spec) {
 
 // Options that yield a shared prefix to the option it also starts (see find_long_option): added
 // after users' command lines came to rely on such a prefix meaning the older option.
-const char* const kPrefixYielding[] = {"standby", "preload"};
+const char* const kPrefixYielding[] = {"standby", "preload", "in_memory_restart"};
 
 }  // namespace
 

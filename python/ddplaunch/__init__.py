@@ -20,11 +20,12 @@ import mmap
 import os
 import struct
 
-__all__ = ["step", "phase", "checkpoint", "done", "enabled"]
+__all__ = ["step", "phase", "checkpoint", "done", "enabled", "abandoned"]
 
 _SLOT_SIZE = 64
 _PHASE_OFFSET = 24
 _PHASE_SIZE = 32
+_ABANDONED_OFFSET = 56
 
 _words = None   # memoryview of the slot as 3 unsigned 64-bit words: beats, step, checkpoint
 _bytes = None   # memoryview of the slot's bytes
@@ -78,6 +79,15 @@ def step(n=None):
     words[1] = _step
     _beats += 1
     words[0] = _beats  # last: the agent sees the step with the beat
+
+
+def abandoned():
+    """True once the agent marked this worker's round as lost (a peer failed; with in-memory
+    restart, the worker is asked to park): a step that needs the other ranks will not complete.
+    False under another launcher, or none."""
+    if _bytes is None:
+        return False
+    return struct.unpack_from("<Q", _bytes, _ABANDONED_OFFSET)[0] != 0
 
 
 def done():

@@ -60,6 +60,16 @@ TEST_SUITE("progress heartbeats decide when a rank hangs") {
     CHECK_FALSE(board.abandoned(1));
   }
 
+  TEST_CASE("one slot can be abandoned alone (a worker asked to park), until the round ends") {
+    ProgressBoard board(3);
+    board.abandon_slot(1);
+    CHECK_FALSE(board.abandoned(0));
+    CHECK(board.abandoned(1));
+    CHECK_FALSE(board.abandoned(2));
+    board.reset();
+    CHECK_FALSE(board.abandoned(1));
+  }
+
   TEST_CASE("a phase with bytes a terminal would interpret is shown with question marks") {
     ProgressBoard board(1);
     board.write(0, beat(1, 1, std::string("a\x1b[2Jb")));

@@ -36,7 +36,7 @@ const char* const kAllVariables[] = {
     "PET_LOCAL_RANKS_FILTER", "PET_ENV_CHECK", "PET_ENV_LOCK", "PET_CHECK_ENV", "PYTHON_EXEC",
     "CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "PET_VIRTUAL_LOCAL_RANK", "PET_NUMA_BINDING",
     "PET_DUPLICATE_STDOUT_FILTERS", "PET_DUPLICATE_STDERR_FILTERS", "PET_LOGS_SPECS",
-    "PET_EVENT_LOG_HANDLER", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT",
+    "PET_EVENT_LOG_HANDLER", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "PET_IN_MEMORY_RESTART",
     // Inside a Slurm allocation Slurm's variables are a source too (launcher/slurm.h).
     "SLURM_JOB_ID"};
 
@@ -906,6 +906,23 @@ TEST_SUITE("help reads like a man page and exits 0") {
     CHECK(r.out.empty());
     CHECK(r.config.program_args == std::vector<std::string>{"--help"});
   }
+}
+
+// Issue 13: --in_memory_restart, from the command line or PET_IN_MEMORY_RESTART.
+TEST_CASE("--in_memory_restart is off, on or auto (the default); anything else is refused with the accepted values") {
+  ScopedEnv env;
+  CHECK(parse({"t.py"}).config.in_memory_restart == LaunchConfig::InMemoryRestart::kAuto);
+  CHECK(parse({"--in_memory_restart=off", "t.py"}).config.in_memory_restart == LaunchConfig::InMemoryRestart::kOff);
+  CHECK(parse({"--in-memory-restart", "on", "t.py"}).config.in_memory_restart == LaunchConfig::InMemoryRestart::kOn);
+  const UsageError e = refusal({"--in_memory_restart=yes", "t.py"});
+  CHECK(e.code() == ddp::ExitCode::kUsage);
+  CHECK(contains(e.what(), "--in_memory_restart"));
+  CHECK(contains(e.what(), "off, on, auto"));
+  env.set("PET_IN_MEMORY_RESTART", "off");
+  CHECK(parse({"t.py"}).config.in_memory_restart == LaunchConfig::InMemoryRestart::kOff);
+  CHECK(parse({"--in_memory_restart=on", "t.py"}).config.in_memory_restart == LaunchConfig::InMemoryRestart::kOn);
+  env.set("PET_IN_MEMORY_RESTART", "sometimes");
+  CHECK(contains(refusal({"t.py"}).what(), "sometimes"));
 }
 
 // Issue 10: a list of rendezvous endpoints (standby daemons) and reconnect_timeout.
