@@ -618,11 +618,31 @@ class SdkStandby(LaunchTestCase):
                 self.assertIn(words, err)
 
     def test_under_standby_on_the_next_rounds_workers_are_the_train_standbys(self):
+        gen2, standbys, _, out = self.kill_rank_1_once_standbys_loaded(in_memory=False)
+        self.assertEqual(sorted(e["pid"] for e in gen2), standbys, "the standbys did not become the workers")
+        self.assertTrue(all(e["standby"] for e in gen2), gen2)
+        self.assertIn("resumed from", out)
+
+    def test_with_in_memory_restart_the_survivor_parks_and_the_standby_replaces_only_the_killed_rank(self):
+        gen2, standbys, gen1, out = self.kill_rank_1_once_standbys_loaded(in_memory=True)
+        by_rank = {e["local_rank"]: e for e in gen2}
+        first = {e["local_rank"]: e["pid"] for e in gen1}
+        self.assertEqual(by_rank[0]["pid"], first[0], "rank 0 kept its process: %s" % gen2)
+        self.assertTrue(by_rank[0].get("in_memory"), gen2)
+        self.assertIn(by_rank[1]["pid"], standbys, "a standby became rank 1: %s" % gen2)
+        self.assertTrue(by_rank[1]["standby"], gen2)
+        self.assertIn("rank 1: received the state rank 0 sent", out)
+
+    def kill_rank_1_once_standbys_loaded(self, in_memory):
+        """Runs `train` under --standby=on, SIGKILLs rank 1 once both standbys have loaded
+        libtorch, waits for the job's exit 0; returns (the next round's worker_started events,
+        the standbys' pids, the first round's events, ddplaunch's output)."""
         events = os.path.join(self.tmp, "events.jsonl")
         ckpt = os.path.join(self.tmp, "ckpt")
         # Rank 1 blocks before step 6 on the first attempt, so the round lasts until the test
         # kills it, once both standbys have loaded libtorch.
-        proc = self.spawn_launch(["--standby=on", "--nproc_per_node=2", "--max_restarts=1", "--event_log=" + events,
+        proc = self.spawn_launch(["--standby=on", "--in_memory_restart=" + ("on" if in_memory else "off"),
+                                  "--nproc_per_node=2", "--max_restarts=1", "--event_log=" + events,
                                   TRAIN] + TRAIN_ARGS + ["--checkpoint-dir", ckpt, "--hang-at-step", "6",
                                                           "--hang-rank", "1"])
 
@@ -654,10 +674,7 @@ class SdkStandby(LaunchTestCase):
         self.assertIsNone(proc.poll(), proc.describe())
         os.kill(next(e["pid"] for e in gen1 if e["local_rank"] == 1), signal.SIGKILL)
         self.assertEqual(proc.wait(LOAD_DEADLINE), 0, proc.describe())
-        gen2 = started(2)
-        self.assertEqual(sorted(e["pid"] for e in gen2), standbys, "the standbys did not become the workers")
-        self.assertTrue(all(e["standby"] for e in gen2), gen2)
-        self.assertIn("resumed from", proc.output())
+        return started(2), standbys, gen1, proc.output()
 
 
 if __name__ == "__main__":

@@ -209,9 +209,9 @@ Trainer::Trainer(std::shared_ptr<ProcessGroup> group, std::shared_ptr<torch::nn:
     throw UsageError("Trainer: accumulation_steps must be at least 1");
   }
   if (options_.epochs < 0) throw UsageError("Trainer: epochs must not be negative");
-  const int rank = group_->rank();
-  log = [rank](const std::string& line) {
-    if (rank == 0) std::cout << "[ddp] " << line << std::endl;
+  // Rank 0 of the current round: an in-memory restart can give this process another rank.
+  log = [group = group_](const std::string& line) {
+    if (group->rank() == 0) std::cout << "[ddp] " << line << std::endl;
   };
 }
 
@@ -395,6 +395,11 @@ void Trainer::train_round(Run& run) {
         micro.push_back(sampler.next_batch(options_.batch_size));
         step_indices.insert(step_indices.end(), micro.back().begin(), micro.back().end());
       }
+      // A restart that no collective of this rank waits through (a node joined, world size 1)
+      // is seen here, before the step begins.
+      if (run.in_memory && progress.round_abandoned()) {
+        throw RoundAbandoned("step " + std::to_string(step) + ": the agent abandoned the round");
+      }
       StepInfo info{step, epoch, rank, world, &step_indices, 0};
       if (on_step_begin) on_step_begin(info);
       progress.set_phase("forward/backward");
@@ -533,7 +538,7 @@ void Trainer::park(Run& run) {
     ::raise(SIGTERM);
   }
   const int64_t held = run.holds ? run.step : -1;
-  std::cerr << "[ddp] rank " << group_->rank() << ": the agent abandoned the round (a peer failed); "
+  std::cerr << "[ddp] rank " << group_->rank() << ": the agent ended the round (a restart); "
             << "waiting for the next one with the state of step " << held << std::endl;
   Progress::instance().set_phase("parked");
   detail::park(held);
@@ -547,9 +552,12 @@ TrainResult Trainer::fit() {
   Run run;
   run.result.final_loss = std::numeric_limits<double>::quiet_NaN();
   run.start = std::chrono::steady_clock::now();
-  // In-memory restart needs a channel from ddplaunch and waits that notice an abandoned round.
-  InMemoryScope in_memory(options_.in_memory_restart && group_->backend_name() == "gloo" &&
+  // In-memory restart needs a channel from ddplaunch and waits that notice an abandoned round
+  // (Gloo's; a single process has none to wait in).
+  const std::string backend = group_->backend_name();
+  InMemoryScope in_memory(options_.in_memory_restart && (backend == "gloo" || backend == "none") &&
                           detail::worker_channel() >= 0);
+  run.in_memory = in_memory.on();
   for (;;) {
     try {
       train_round(run);
