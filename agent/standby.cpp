@@ -9,21 +9,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "agent/frame_header.h"
 #include "rendezvous/json_depth.h"
 
 namespace ddp::agent {
 
 namespace {
-
-void put_u32(std::string& out, std::uint32_t v) {
-  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-}
-
-std::uint32_t get_u32(std::string_view in, std::size_t at) {
-  std::uint32_t v = 0;
-  for (int i = 0; i < 4; ++i) v |= static_cast<std::uint32_t>(static_cast<unsigned char>(in[at + i])) << (8 * i);
-  return v;
-}
 
 // Why `name=value` cannot be an environment entry; empty when it can.
 std::string entry_problem(const std::string& name, const std::string& value) {
@@ -57,9 +48,7 @@ std::string encode_assignment(const StandbyAssignment& a) {
     throw std::invalid_argument("standby assignment: " + std::to_string(payload.size()) + " bytes, over the limit of " +
                                 std::to_string(kMaxStandbyPayload));
   }
-  std::string out = "DDPS";
-  put_u32(out, kStandbyVersion);
-  put_u32(out, static_cast<std::uint32_t>(payload.size()));
+  std::string out = frame_header("DDPS", kStandbyVersion, static_cast<std::uint32_t>(payload.size()));
   return out + payload;
 }
 
@@ -72,12 +61,12 @@ std::optional<StandbyAssignment> decode_assignment(std::string_view message, std
     error = "bad magic (not a ddplaunch standby assignment)";
     return std::nullopt;
   }
-  if (const std::uint32_t version = get_u32(message, 4); version != kStandbyVersion) {
+  if (const std::uint32_t version = get_u32_le(message, 4); version != kStandbyVersion) {
     error = "version " + std::to_string(version) + ", expected " + std::to_string(kStandbyVersion) +
             " (ddplaunch and its Python bootstrap come from different installs)";
     return std::nullopt;
   }
-  const std::uint32_t length = get_u32(message, 8);
+  const std::uint32_t length = get_u32_le(message, 8);
   if (length < 2 || length > kMaxStandbyPayload) {
     error = "payload length " + std::to_string(length) + " outside 2.." + std::to_string(kMaxStandbyPayload);
     return std::nullopt;
@@ -134,7 +123,7 @@ std::optional<StandbyAssignment> decode_assignment(std::string_view message, std
 
 std::optional<std::uint32_t> announced_length(std::string_view header) {
   if (header.size() < kStandbyHeaderSize || header.substr(0, 4) != "DDPS") return std::nullopt;
-  return get_u32(header, 8);
+  return get_u32_le(header, 8);
 }
 
 long send_assignment(int socket_fd, const std::string& message, int stdout_fd, int stderr_fd) {

@@ -4,21 +4,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "agent/frame_header.h"
 #include "rendezvous/json_depth.h"
 
 namespace ddp::agent {
 
 namespace {
-
-void put_u32(std::string& out, std::uint32_t v) {
-  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-}
-
-std::uint32_t get_u32(std::string_view in, std::size_t at) {
-  std::uint32_t v = 0;
-  for (int i = 0; i < 4; ++i) v |= static_cast<std::uint32_t>(static_cast<unsigned char>(in[at + i])) << (8 * i);
-  return v;
-}
 
 bool step_in_range(std::int64_t step) { return step >= -1 && step < kMaxParkedStep; }
 
@@ -35,9 +26,7 @@ std::string encode_worker_message(const WorkerMessage& m) {
     doc = {{"type", "parked"}, {"step", m.step}};
   }
   const std::string payload = doc.dump();
-  std::string out = "DDPW";
-  put_u32(out, kWorkerChannelVersion);
-  put_u32(out, static_cast<std::uint32_t>(payload.size()));
+  std::string out = frame_header("DDPW", kWorkerChannelVersion, static_cast<std::uint32_t>(payload.size()));
   return out + payload;
 }
 
@@ -114,24 +103,24 @@ bool WorkerChannelDecoder::feed(std::string_view bytes, std::vector<WorkerMessag
     // Take the header first, check it, then at most the announced payload: the buffer never
     // holds more than one bounded frame.
     std::size_t want = kWorkerHeaderSize;
-    if (buffer_.size() >= kWorkerHeaderSize) want += get_u32(buffer_, 8);
+    if (buffer_.size() >= kWorkerHeaderSize) want += get_u32_le(buffer_, 8);
     const std::size_t take = std::min(bytes.size(), want - buffer_.size());
     buffer_.append(bytes.substr(0, take));
     bytes.remove_prefix(take);
     if (buffer_.size() < kWorkerHeaderSize) break;
     if (buffer_.size() == kWorkerHeaderSize) {
       if (buffer_.compare(0, 4, "DDPW") != 0) return fail("bad magic (not a ddplaunch worker channel frame)");
-      if (const std::uint32_t version = get_u32(buffer_, 4); version != kWorkerChannelVersion) {
+      if (const std::uint32_t version = get_u32_le(buffer_, 4); version != kWorkerChannelVersion) {
         return fail("version " + std::to_string(version) + ", expected " + std::to_string(kWorkerChannelVersion) +
                     " (the worker SDK and ddplaunch come from different installs)");
       }
-      const std::uint32_t length = get_u32(buffer_, 8);
+      const std::uint32_t length = get_u32_le(buffer_, 8);
       if (length < 2 || length > kMaxWorkerPayload) {
         return fail("payload length " + std::to_string(length) + " outside 2.." + std::to_string(kMaxWorkerPayload));
       }
       continue;
     }
-    if (buffer_.size() < kWorkerHeaderSize + get_u32(buffer_, 8)) break;
+    if (buffer_.size() < kWorkerHeaderSize + get_u32_le(buffer_, 8)) break;
     WorkerMessage m;
     std::string error;
     if (!decode_worker_payload(std::string_view(buffer_).substr(kWorkerHeaderSize), m, error)) return fail(error);

@@ -8,16 +8,14 @@
 
 #include "agent/worker_channel.h"
 
+#include "agent/frame_header.h"
+
 using namespace ddp::agent;
 
 namespace {
 
 std::string header(const char* magic, std::uint32_t version, std::uint32_t length) {
-  std::string out(magic, 4);
-  for (std::uint32_t v : {version, length}) {
-    for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-  }
-  return out;
+  return frame_header(magic, version, length);
 }
 
 std::string frame(const std::string& payload) { return header("DDPW", 1, static_cast<std::uint32_t>(payload.size())) + payload; }
