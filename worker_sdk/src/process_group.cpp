@@ -8,13 +8,21 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cerrno>
+#include <cstdint>
 #include <cstdlib>
+#include <memory>
 #include <sstream>
+#include <thread>
 
 #include "ddp/error.h"
 #include "ddp/progress.h"
@@ -47,6 +55,43 @@ std::shared_ptr<::gloo::transport::Device> gloo_device(const WorkerEnv& env) {
     return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
   }
   return c10d::ProcessGroupGloo::createDefaultDevice();
+}
+
+// Waits, at most until `deadline`, for host:port to accept a TCP connection; true once it does.
+//
+// A client rank usually gets its assignment before rank 0 has made the store's listening socket
+// (they start together). libtorch's TCPStore client takes the refused connection for a server
+// not yet up and sleeps before it tries again: about 0.5-1 s in libtorch 1.13, measured in the
+// namespace cluster, which was most of a restart. Probing every few milliseconds first makes the
+// store's own connect succeed at once. Nothing is sent on the probe's connection.
+bool wait_until_listening(const std::string& host, int port, std::chrono::steady_clock::time_point deadline) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0) return false;
+  std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> addresses(found, &::freeaddrinfo);
+  constexpr auto kPause = std::chrono::milliseconds(5);
+  while (std::chrono::steady_clock::now() < deadline) {
+    for (const addrinfo* a = addresses.get(); a != nullptr; a = a->ai_next) {
+      const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
+      if (fd < 0) return false;
+      bool up = ::connect(fd, a->ai_addr, a->ai_addrlen) == 0;
+      if (!up && errno == EINPROGRESS) {
+        pollfd p{fd, POLLOUT, 0};
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+        if (::poll(&p, 1, static_cast<int>(std::clamp<std::int64_t>(left.count(), 0, 1000))) == 1) {
+          int error = 0;
+          socklen_t length = sizeof error;
+          up = ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length) == 0 && error == 0;
+        }
+      }
+      ::close(fd);
+      if (up) return true;
+    }
+    std::this_thread::sleep_for(kPause);
+  }
+  return false;
 }
 
 }  // namespace
@@ -183,10 +228,16 @@ void ProcessGroup::connect() {
   if (backend == Backend::kNccl) device_ = torch::Device(torch::kCUDA, env.local_rank);
   if (!env.distributed()) return;
 
+  const bool store_server = env.rank == 0 && !env.use_agent_store;
+  if (!store_server) {
+    // On a timeout, TCPStore below tries once more and reports the failure in its own words.
+    wait_until_listening(env.master_addr, env.master_port,
+                         std::chrono::steady_clock::now() + options.connect_timeout);
+  }
   try {
     c10d::TCPStoreOptions store_options;
     store_options.port = static_cast<uint16_t>(env.master_port);
-    store_options.isServer = env.rank == 0 && !env.use_agent_store;
+    store_options.isServer = store_server;
     store_options.numWorkers = env.use_agent_store ? c10::nullopt
                                                    : c10::optional<std::size_t>(env.world_size);
     store_options.waitWorkers = false;  // the backend's own rendezvous waits for every rank
