@@ -264,6 +264,7 @@ struct Agent::Impl {
         health_timer(io),
         health_deadline(io),
         standby_timer(io),
+        standby_ready_timer(io),
         park_timer(io),
         inherited(current_environment()),
         standbys(static_cast<std::size_t>(std::max(0, this->options.node.local_world_size))),
@@ -282,6 +283,7 @@ struct Agent::Impl {
   asio::steady_timer health_timer;    // the next --check_health (retry before a join, or periodic)
   asio::steady_timer health_deadline; // kills a check that runs too long
   asio::steady_timer standby_timer;   // starts the next standbys, standby_delay after a round began
+  asio::steady_timer standby_ready_timer;  // joins without the standbys' word (standby_ready_timeout)
   asio::steady_timer park_timer;      // stops the workers asked to park that did not (park_timeout)
   // Tee'd output into log files: its own queue and thread, so a stalled console does not
   // hold up the files, nor a hung file system the console. 64 MiB before bytes are dropped.
@@ -296,6 +298,9 @@ struct Agent::Impl {
     int pid = 0;
     int fd = -1;
     int child_fd = -1;  // the number of the standby's end in the standby (DDPLAUNCH_STANDBY_FD)
+    // While the agent waits to join: watches `fd` for the standby's standby_ready frame.
+    std::shared_ptr<asio::posix::stream_descriptor> watch;
+    WorkerChannelDecoder ready_decoder;
   };
   std::vector<Standby> standbys;
   std::string cwd = working_directory();  // the workers' (empty when unknown: standbys cannot be used)
@@ -308,6 +313,7 @@ struct Agent::Impl {
   std::function<void()> after_stop;
   bool failure_report_pending = false;  // a failure was seen; its report is posted, not yet sent
   State state = State::kIdle;
+  bool awaiting_standbys = false;  // the first join waits for the standbys (join_when_standbys_ready)
   int exit_code = static_cast<int>(ExitCode::kSuccess);
   int handled_signal = 0;
   bool omp_warned = false;
@@ -381,7 +387,7 @@ struct Agent::Impl {
     }
     wait_for_signal();
     start_standbys();
-    join_round();
+    join_when_standbys_ready();
     io.run();
     flush_output();
     return exit_code;
@@ -1242,7 +1248,88 @@ struct Agent::Impl {
       ::close(sv[0]);
       return;
     }
-    standbys[local_rank] = {pid, sv[0], sv[1]};
+    standbys[local_rank] = Standby{};
+    standbys[local_rank].pid = pid;
+    standbys[local_rank].fd = sv[0];
+    standbys[local_rank].child_fd = sv[1];
+  }
+
+  // Joins once every standby started with the agent has said it is ready (or has ended), at most
+  // standby_ready_timeout later. Joining first would make a node that comes back into a running
+  // job stop every other node's workers for as long as its own take to load.
+  void join_when_standbys_ready() {
+    bool waiting = false;
+    for (int lr = 0; lr < static_cast<int>(standbys.size()); ++lr) {
+      Standby& sb = standbys[lr];
+      if (sb.pid == 0) continue;
+      sb.watch = std::make_shared<asio::posix::stream_descriptor>(io, sb.fd);
+      watch_standby(lr);
+      waiting = true;
+    }
+    if (!waiting) {
+      join_round();
+      return;
+    }
+    awaiting_standbys = true;
+    standby_ready_timer.expires_after(to_duration(options.standby_ready_timeout));
+    standby_ready_timer.async_wait([this](const boost::system::error_code& ec) {
+      if (ec || !awaiting_standbys || state == State::kDone) return;
+      awaiting_standbys = false;
+      say("standbys: not all of them said they are ready within " + seconds_text(options.standby_ready_timeout) +
+          " s (DDPLAUNCH_STANDBY_READY_TIMEOUT); joining the job without waiting for them");
+      for (auto& sb : standbys) unwatch(sb);
+      join_round();
+    });
+  }
+
+  void watch_standby(int local_rank) {
+    Standby& sb = standbys[local_rank];
+    const int pid = sb.pid;
+    sb.watch->async_wait(asio::posix::stream_descriptor::wait_read,
+                         [this, local_rank, pid](const boost::system::error_code& ec) {
+                           if (ec || !awaiting_standbys || standbys[local_rank].pid != pid) return;
+                           on_standby_readable(local_rank);
+                         });
+  }
+
+  // The standby's first words: standby_ready, read whole (it is all a standby sends before its
+  // assignment). Anything else (end of file, an error, a bad frame) ends the wait for it too: its
+  // exit, if it exits, is handled as any standby's.
+  void on_standby_readable(int local_rank) {
+    Standby& sb = standbys[local_rank];
+    char buffer[kWorkerHeaderSize + 64];
+    const ssize_t n = ::recv(sb.fd, buffer, sizeof buffer, MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+      watch_standby(local_rank);
+      return;
+    }
+    std::vector<WorkerMessage> messages;
+    if (n > 0 && sb.ready_decoder.feed(std::string_view(buffer, static_cast<std::size_t>(n)), messages) &&
+        messages.empty()) {
+      watch_standby(local_rank);  // the rest of the frame is still on its way
+      return;
+    }
+    unwatch(sb);
+    join_if_standbys_ready();
+  }
+
+  // Stops watching the standby's socket; `fd` stays open and is the standby's again.
+  void unwatch(Standby& sb) {
+    if (!sb.watch) return;
+    boost::system::error_code ignored;
+    sb.watch->cancel(ignored);
+    sb.watch->release();
+    sb.watch.reset();
+  }
+
+  void join_if_standbys_ready() {
+    if (!awaiting_standbys || state == State::kDone) return;
+    for (const auto& sb : standbys) {
+      if (sb.watch) return;
+    }
+    awaiting_standbys = false;
+    standby_ready_timer.cancel();
+    join_round();
   }
 
   void schedule_standbys() {
@@ -1427,7 +1514,7 @@ struct Agent::Impl {
 
   void on_worker_message(int pid, const WorkerMessage& m) {
     Worker* w = live_worker(pid);
-    if (w == nullptr) return;
+    if (w == nullptr || m.type == WorkerMessage::Type::kStandbyReady) return;  // a standby's word, read late
     if (m.type == WorkerMessage::Type::kRestartable) {
       w->restartable = m.restartable;
       if (!m.restartable && w->park == Worker::Park::kAsked) stop_kept_worker(*w, "said it is no longer restartable");
@@ -1469,14 +1556,17 @@ struct Agent::Impl {
     say("standby for local rank " + std::to_string(local_rank) + " (pid " + std::to_string(sb.pid) + ") " +
         (st.signal ? "was killed by " + signal_name(st.signal) : "exited with code " + std::to_string(st.exit_code)) +
         " before it was needed; the next worker of that rank starts cold");
+    unwatch(sb);
     ::close(sb.fd);
     sb = {};
+    join_if_standbys_ready();
   }
 
   void stop_standbys() {
     for (auto& sb : standbys) {
       if (sb.pid == 0) continue;
       processes->signal_group(sb.pid, SIGKILL);
+      unwatch(sb);
       ::close(sb.fd);
       sb = {};
     }
@@ -1645,6 +1735,7 @@ struct Agent::Impl {
     health_timer.cancel();
     health_deadline.cancel();
     standby_timer.cancel();
+    standby_ready_timer.cancel();
     park_timer.cancel();
     if (health_pid != 0) processes->signal_group(health_pid, SIGKILL);
     file_timer.reset();

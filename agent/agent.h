@@ -80,6 +80,12 @@ struct AgentOptions {
   // Seconds after a round's workers started before the next standbys start: their imports
   // compete for CPU with the new workers' start. Default 1.
   double standby_delay = 1.0;
+  // Seconds an agent that starts with standbys waits for each to say it has loaded
+  // ({"type": "standby_ready"}) before it joins the job; past them it joins anyway. A node that
+  // comes back into a running job then costs the others a restart of ~0.2 s instead of the whole
+  // load of its workers (docs/agent.md, "Standby workers"). Default 30
+  // (DDPLAUNCH_STANDBY_READY_TIMEOUT).
+  double standby_ready_timeout = 30.0;
   // A directory holding the `ddplaunch` Python helper, appended to PYTHONPATH of Python
   // workers so that `import ddplaunch` works. Empty (default): PYTHONPATH is left alone.
   std::string python_helper_dir;

@@ -19,6 +19,8 @@ std::string encode_worker_message(const WorkerMessage& m) {
   nlohmann::json doc;
   if (m.type == WorkerMessage::Type::kRestartable) {
     doc = {{"type", "restartable"}, {"value", m.restartable}};
+  } else if (m.type == WorkerMessage::Type::kStandbyReady) {
+    doc = {{"type", "standby_ready"}};
   } else {
     if (!step_in_range(m.step)) {
       throw std::invalid_argument("worker channel: parked step " + std::to_string(m.step) + " outside -1..2^53-1");
@@ -85,6 +87,14 @@ bool decode_worker_payload(std::string_view payload, WorkerMessage& out, std::st
       return false;
     }
     out = WorkerMessage::make_parked(v);
+    return true;
+  }
+  if (name == "standby_ready") {
+    if (doc.size() != 1) {
+      error = "a standby_ready message must hold exactly the key type";
+      return false;
+    }
+    out = WorkerMessage::make_standby_ready();
     return true;
   }
   error = "unknown message type '" + name.substr(0, 64) + "'";

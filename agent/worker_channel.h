@@ -16,6 +16,11 @@
 //                     the worker tore down its process group after its round was abandoned,
 //                     holds its training state at step N (-1: none) and waits for its next
 //                     assignment on this socket
+//                 {"type": "standby_ready"}
+//                     sent once by a standby (on its DDPLAUNCH_STANDBY_FD socket, which may
+//                     become this channel) when it has loaded and waits for its assignment; an
+//                     agent that starts defers its join until its standbys said it (docs/agent.md,
+//                     "Standby workers"); on a worker's channel it means nothing
 // Anything else is an error: the agent closes the channel, treats the worker as not restartable,
 // and says so (docs/agent.md, "In-memory restart: the worker channel").
 //
@@ -41,15 +46,18 @@ constexpr const char* kWorkerFdVariable = "DDPLAUNCH_WORKER_FD";
 constexpr std::int64_t kMaxParkedStep = std::int64_t{1} << 53;
 
 struct WorkerMessage {
-  enum class Type { kRestartable, kParked };
+  enum class Type { kRestartable, kParked, kStandbyReady };
   Type type = Type::kRestartable;
   bool restartable = false;  // kRestartable: the value
   std::int64_t step = -1;    // kParked: the step whose state the worker holds, -1 = none
 
   static WorkerMessage make_restartable(bool value) { return {Type::kRestartable, value, -1}; }
   static WorkerMessage make_parked(std::int64_t step) { return {Type::kParked, false, step}; }
+  static WorkerMessage make_standby_ready() { return {Type::kStandbyReady, false, -1}; }
   bool operator==(const WorkerMessage& o) const {
-    return type == o.type && (type == Type::kRestartable ? restartable == o.restartable : step == o.step);
+    if (type != o.type) return false;
+    if (type == Type::kRestartable) return restartable == o.restartable;
+    return type == Type::kStandbyReady || step == o.step;
   }
 };
 

@@ -481,6 +481,9 @@ agent::AgentOptions make_agent_options(const LaunchConfig& config, const Resolve
   o.no_restart_exit_codes = config.no_restart_exit_codes;
   o.python_helper_dir = python_helper_dir();
   resolve_standby(config, o);
+  if (const char* t = std::getenv("DDPLAUNCH_STANDBY_READY_TIMEOUT"); t != nullptr && *t != '\0') {
+    o.standby_ready_timeout = parse_seconds({t, "DDPLAUNCH_STANDBY_READY_TIMEOUT"});
+  }
   resolve_in_memory_restart(config, o);
   o.health_check = config.health_check;
   o.health_check_interval = config.health_check_interval;

@@ -106,6 +106,17 @@ def decode(message):
     return env, cwd
 
 
+def _say_ready(fd):
+    """Tells the agent this standby has imported what it preloads (a `standby_ready` frame of the
+    worker channel, agent/worker_channel.h): an agent that starts joins its job only then. An agent
+    that has gone shows when the assignment is read."""
+    payload = b'{"type":"standby_ready"}'
+    try:
+        os.write(fd, b"DDPW" + struct.pack("<II", 1, len(payload)) + payload)
+    except OSError:
+        pass
+
+
 def _close_fds(fds):
     for fd in fds:
         try:
@@ -127,7 +138,14 @@ def receive(fd):
             raise BadAssignment("descriptor %d is not a Unix stream socket" % fd)
         data = b""
         while len(data) < _HEADER.size:
-            chunk, got, _, _ = socket.recv_fds(sock, _HEADER.size - len(data), 4)
+            try:
+                chunk, got, _, _ = socket.recv_fds(sock, _HEADER.size - len(data), 4)
+            except ConnectionResetError:
+                # The agent closed its end without reading our standby_ready frame: a reset
+                # where an end of file would be.
+                if not data and not fds:
+                    raise NoAssignment()
+                raise BadAssignment("the socket was reset after %d of %d header bytes" % (len(data), _HEADER.size))
             fds.extend(got)
             if not chunk:
                 if not data and not fds:
@@ -140,7 +158,10 @@ def receive(fd):
         parts = [data]
         left = length
         while left > 0:
-            chunk = sock.recv(min(left, 1 << 20))
+            try:
+                chunk = sock.recv(min(left, 1 << 20))
+            except ConnectionResetError:
+                chunk = b""  # reported below as a payload cut short
             if not chunk:
                 raise BadAssignment("the payload ends after %d of %d bytes" % (length - left, length))
             parts.append(chunk)
@@ -253,6 +274,7 @@ def main():
                          "not running %s\n" % (fd_text, program))
         return 1
     caught, problems = _preload([m for m in preload.split(",") if m])
+    _say_ready(int(fd_text))
     try:
         env, cwd, out_fd, err_fd = receive(int(fd_text))
     except NoAssignment:

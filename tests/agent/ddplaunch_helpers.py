@@ -45,6 +45,7 @@ class LaunchTestCase(unittest.TestCase):
         port = free_port()
         daemon = spawn([rendezvous, "--host", "127.0.0.1", "--port", str(port)], name="ddp-rendezvous")
         self.addCleanup(daemon.kill)
+        self.daemon = daemon  # its log: daemon.output()
         wait_for(lambda: port_open(port) or daemon.poll() is not None, 15, "the daemon to listen")
         self.assertIsNone(daemon.poll(), daemon.describe())
         return port

@@ -213,6 +213,26 @@ class Bootstrap(LaunchTestCase):
         self.assertNotIn("Traceback", err)
         self.assertFalse(os.path.exists(os.path.join(self.out, "ran")), "the program ran")
 
+    def test_the_standby_says_it_is_ready_once_preloaded_and_before_any_assignment(self):
+        proc, ours = self.start(preload="json")
+        ours.settimeout(60)
+        data = b""
+        while len(data) < 12:
+            chunk = ours.recv(64)
+            self.assertTrue(chunk, "the standby closed its socket without a word")
+            data += chunk
+        magic, version, length = struct.unpack("<4sII", data[:12])
+        while len(data) < 12 + length:
+            data += ours.recv(64)
+        self.assertEqual((magic, version), (b"DDPW", 1))
+        self.assertEqual(json.loads(data[12:12 + length]), {"type": "standby_ready"})
+        # Said after the preload (torch's stub left its mark), and nothing of the program ran.
+        self.assertTrue(os.path.exists(os.path.join(self.out, "torch_imported_by_%d" % proc.pid)))
+        self.assertFalse(os.path.exists(os.path.join(self.out, "ran")))
+        out, err = self.assign(ours, self.assigned_env())
+        returncode, _, stderr = self.finish(proc)
+        self.assertEqual(returncode, 0, stderr + err.read())
+
     def test_a_good_assignment_runs_the_script_as_python_would(self):
         proc, ours = self.start()
         self.wait_preloaded(proc)
@@ -675,6 +695,97 @@ class SdkStandby(LaunchTestCase):
         os.kill(next(e["pid"] for e in gen1 if e["local_rank"] == 1), signal.SIGKILL)
         self.assertEqual(proc.wait(LOAD_DEADLINE), 0, proc.describe())
         return started(2), standbys, gen1, proc.output()
+
+
+# ---- an agent that starts joins once its standbys are ready -----------------------------------------
+
+# A --preload module that blocks its standby's import until the test lets it go.
+SLOW_MODULE = r"""
+import os, time
+out = os.environ["OUT_DIR"]
+with open(os.path.join(out, "importing_%d" % os.getpid()), "w") as f:
+    f.write("1")
+deadline = time.monotonic() + 120
+while not os.path.exists(os.path.join(out, "go")) and time.monotonic() < deadline:
+    time.sleep(0.02)
+"""
+
+
+# The same, but it first writes garbage where the standby_ready frame belongs (user code runs in
+# a standby's preload: the agent must take anything on that socket).
+GARBAGE_MODULE = "import os\nos.write(int(os.environ['DDPLAUNCH_STANDBY_FD']), b'GARBAGE!' * 4)\n" + SLOW_MODULE
+
+
+class JoinWhenReady(LaunchTestCase):
+    """--standby: the agent joins its job only once its standbys have loaded (docs/agent.md,
+    "Standby workers"), so a node coming back into a running job does not hold the others up
+    while its workers load; at most DDPLAUNCH_STANDBY_READY_TIMEOUT seconds."""
+
+    def start_job(self, env=None, module=SLOW_MODULE):
+        port = self.start_rendezvous_daemon()
+        self.script("slowmod.py", module)
+        worker = self.script("worker.py", WORKER)
+        full_env = {"OUT_DIR": self.out, "EXIT_AT_ONCE": "1",
+                    "PYTHONPATH": self.tmp + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        full_env.update(env or {})
+        return self.spawn_launch(["--standby=on", "--preload=slowmod", "--nnodes=1", "--nproc_per_node=1",
+                                  "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:%d" % port,
+                                  "--rdzv_id=ready", "--python", PYTHON, worker], env=full_env)
+
+    def importing(self):
+        return [n for n in os.listdir(self.out) if n.startswith("importing_")]
+
+    def joined(self):
+        return "job ready: join" in self.daemon.output()
+
+    def finish(self, proc):
+        with open(os.path.join(self.out, "go"), "w") as f:
+            f.write("1")
+        self.assertEqual(proc.wait(LOAD_DEADLINE), 0, proc.describe())
+        self.assertIsNotNone(self.run_record(), proc.describe())
+
+    def run_record(self):
+        path = os.path.join(self.out, "run_1_0.json")
+        return json.loads(read(path)) if os.path.exists(path) else None
+
+    def test_the_agent_joins_only_after_its_standby_said_it_is_ready(self):
+        proc = self.start_job()
+        wait_for(lambda: self.importing() or proc.poll() is not None, LOAD_DEADLINE, "the standby to import")
+        self.assertIsNone(proc.poll(), proc.describe())
+        # The standby is held in its preload: its agent has not joined (it joins at once without
+        # standbys, before their interpreter has even started).
+        self.assertFalse(self.joined(), self.daemon.output())
+        self.finish(proc)
+        self.assertTrue(self.joined(), self.daemon.output())
+        self.assertNotIn("said they are ready", proc.stderr())
+
+    def test_past_the_timeout_the_agent_joins_and_the_late_standby_still_becomes_the_worker(self):
+        proc = self.start_job(env={"DDPLAUNCH_STANDBY_READY_TIMEOUT": "0.5"})
+        wait_for(lambda: "said they are ready within 0.5 s" in proc.stderr() or proc.poll() is not None,
+                 LOAD_DEADLINE, "the agent to give up waiting for its standby")
+        wait_for(lambda: self.joined() or proc.poll() is not None, 60, "the join")
+        # The standby (still importing torch, or held in slowmod) has its assignment waiting.
+        wait_for(lambda: self.importing() or proc.poll() is not None, LOAD_DEADLINE, "the standby to import")
+        self.assertIsNone(proc.poll(), proc.describe())
+        self.assertIsNone(self.run_record(), "the worker ran before its standby had loaded")
+        self.finish(proc)
+        # The worker is the standby that was held (it ran with slowmod imported), not a cold start.
+        self.assertEqual(["importing_%d" % self.run_record()["pid"]], self.importing())
+
+    def test_garbage_instead_of_the_ready_frame_ends_the_wait_and_harms_nothing(self):
+        proc = self.start_job(module=GARBAGE_MODULE)
+        wait_for(lambda: self.joined() or proc.poll() is not None, LOAD_DEADLINE, "the join")
+        wait_for(lambda: self.importing() or proc.poll() is not None, LOAD_DEADLINE, "the standby to import")
+        self.assertIsNone(proc.poll(), proc.describe())
+        self.assertIsNone(self.run_record(), "the worker ran before its standby had loaded")
+        self.finish(proc)
+        self.assertEqual(["importing_%d" % self.run_record()["pid"]], self.importing())
+
+    def test_a_bad_timeout_is_refused_with_exit_code_2(self):
+        result = self.launch(["--standby=on", "--nproc_per_node=1", "--python", PYTHON, self.script("w.py", "")],
+                             env={"DDPLAUNCH_STANDBY_READY_TIMEOUT": "soon"})
+        self.assertEqual(result.returncode, 2, result.describe())
+        self.assertIn("DDPLAUNCH_STANDBY_READY_TIMEOUT=soon: not a number", result.stderr)
 
 
 if __name__ == "__main__":

@@ -33,10 +33,11 @@ std::string error_of(const std::string& bytes) {
 }  // namespace
 
 TEST_SUITE("worker channel frames are validated before they touch the agent") {
-  TEST_CASE("both messages come back from their encoding unchanged") {
+  TEST_CASE("every message comes back from its encoding unchanged") {
     for (const WorkerMessage& m : {WorkerMessage::make_restartable(true), WorkerMessage::make_restartable(false),
                                    WorkerMessage::make_parked(-1), WorkerMessage::make_parked(0),
-                                   WorkerMessage::make_parked(kMaxParkedStep - 1)}) {
+                                   WorkerMessage::make_parked(kMaxParkedStep - 1),
+                                   WorkerMessage::make_standby_ready()}) {
       const std::string bytes = encode_worker_message(m);
       WorkerChannelDecoder d;
       std::vector<WorkerMessage> out;
@@ -52,6 +53,7 @@ TEST_SUITE("worker channel frames are validated before they touch the agent") {
     const std::string payload = R"({"step":7,"type":"parked"})";
     CHECK(bytes == header("DDPW", 1, static_cast<std::uint32_t>(payload.size())) + payload);
     CHECK(encode_worker_message(WorkerMessage::make_restartable(true)) == frame(R"({"type":"restartable","value":true})"));
+    CHECK(encode_worker_message(WorkerMessage::make_standby_ready()) == frame(R"({"type":"standby_ready"})"));
   }
 
   TEST_CASE("a step outside -1..2^53-1 cannot be encoded") {
@@ -131,6 +133,8 @@ TEST_SUITE("worker channel frames are validated before they touch the agent") {
           std::string::npos);
     CHECK(error_of(frame(R"({"type":"parked","value":5})")).find("exactly the keys type and step") != std::string::npos);
     CHECK(error_of(frame(R"({"type":"parked","step":"5"})")).find("not an integer") != std::string::npos);
+    CHECK(error_of(frame(R"({"type":"standby_ready","step":1})")).find("exactly the key type") != std::string::npos);
+    CHECK(error_of(frame(R"({"type":"standby_ready","value":true})")).find("exactly the key type") != std::string::npos);
     CHECK(error_of(frame(R"({"type":"parked","step":5.5})")).find("not an integer") != std::string::npos);
     CHECK(error_of(frame(R"({"type":"parked","step":null})")).find("not an integer") != std::string::npos);
   }

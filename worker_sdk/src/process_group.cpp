@@ -113,7 +113,7 @@ namespace {
 
 // The slice of a Gloo wait between looks at the agent's word (docs/worker-sdk.md, "An abandoned
 // round"): short against a restart, long against the cost of a look (one atomic load).
-constexpr std::chrono::milliseconds kWaitSlice{100};
+constexpr std::chrono::milliseconds kWaitSlice{20};
 
 // The round was abandoned by the agent while this worker waits for `what`: the collective has a
 // failed peer and will not complete, so the step cannot be finished. SIGTERM's default action,

@@ -72,6 +72,8 @@ std::string receive(int fd, std::vector<int>& fds) {
     msg.msg_controllen = sizeof control;
     const ssize_t n = ::recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
     if (n < 0 && errno == EINTR) continue;
+    // The agent closed its end without reading our standby_ready frame: a reset, not an EOF.
+    if (n < 0 && errno == ECONNRESET && message.empty()) ::_exit(0);
     if (n < 0) give_up(std::string("reading the assignment: ") + std::strerror(errno));
     for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
       if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
@@ -127,15 +129,6 @@ void take_from(int fd) {
   for (const auto& [name, value] : assignment->env) ::setenv(name.c_str(), value.c_str(), 1);
 }
 
-void take() {
-  const char* variable = std::getenv(agent::kStandbyFdVariable);
-  if (variable == nullptr) return;
-  std::string error;
-  const int fd = socket_from(agent::kStandbyFdVariable, variable, error);
-  if (fd < 0) give_up(error);
-  take_from(fd);
-}
-
 // Writes the whole frame; false when the agent is gone.
 bool send_all(int fd, const std::string& frame) {
   std::size_t sent = 0;
@@ -146,6 +139,18 @@ bool send_all(int fd, const std::string& frame) {
     sent += static_cast<std::size_t>(n);
   }
   return true;
+}
+
+void take() {
+  const char* variable = std::getenv(agent::kStandbyFdVariable);
+  if (variable == nullptr) return;
+  std::string error;
+  const int fd = socket_from(agent::kStandbyFdVariable, variable, error);
+  if (fd < 0) give_up(error);
+  // Loaded: the agent may join now (agent/worker_channel.h). An agent that has gone shows in
+  // take_from.
+  send_all(fd, agent::encode_worker_message(agent::WorkerMessage::make_standby_ready()));
+  take_from(fd);
 }
 
 }  // namespace
