@@ -691,8 +691,8 @@ struct Agent::Impl {
         return;
       }
     }
-    auto it = std::find_if(workers.begin(), workers.end(), [pid](const Worker& w) { return w.alive && w.pid == pid; });
-    if (it == workers.end()) return;  // not ours (or from an earlier round)
+    Worker* it = live_worker(pid);
+    if (it == nullptr) return;  // not ours (or from an earlier round)
     it->alive = false;
     it->status = st;
     if (it->link) it->link->close();
@@ -821,8 +821,15 @@ struct Agent::Impl {
         std::to_string(first->failure.local_rank) + ", pid " + std::to_string(first->failure.pid) + ") " +
         (first->failure.signal ? "was killed by " + signal_name(first->failure.signal)
                                : "exited with code " + std::to_string(first->failure.exit_code)) +
-        "; stopped the other workers");
+        (parking_others() ? "; the other workers park, to go on from memory (in-memory restart)"
+                          : "; stopped the other workers"));
     rendezvous->report_failure(*reported_this_round);
+  }
+
+  // Whether a restart now keeps some live worker (it said it is restartable): it parks, not stops.
+  bool parking_others() const {
+    return options.in_memory_restart &&
+           std::any_of(workers.begin(), workers.end(), [](const Worker& w) { return w.alive && w.restartable; });
   }
 
   // ---- stopping ----------------------------------------------------------------------------

@@ -435,15 +435,24 @@ void write_checkpoint(const std::string& path, const CheckpointState& state) {
 }
 
 torch::Tensor encode_checkpoint(const CheckpointState& state) {
-  std::string payload;
-  produce_payload(state, [&](const char* data, size_t size) { payload.append(data, size); });
-  auto bytes = torch::empty({static_cast<int64_t>(kCheckpointHeaderSize + payload.size())}, torch::kUInt8);
+  // Two passes over the state: one to size the tensor, one to write into it (no staging copy).
+  uint64_t size = 0;
+  produce_payload(state, [&](const char*, size_t n) { size += n; });
+  auto bytes = torch::empty({static_cast<int64_t>(kCheckpointHeaderSize + size)}, torch::kUInt8);
   auto* out = static_cast<char*>(bytes.data_ptr());
+  uint64_t written = 0;
+  uint32_t crc = 0;
+  produce_payload(state, [&](const char* data, size_t n) {
+    if (n > size - written) throw CheckpointError("encode_checkpoint: the state changed while it was encoded");
+    std::memcpy(out + kCheckpointHeaderSize + written, data, n);
+    crc = crc32c(data, n, crc);
+    written += n;
+  });
+  if (written != size) throw CheckpointError("encode_checkpoint: the state changed while it was encoded");
   std::memcpy(out, kCheckpointMagic, 8);
   put_u32(out + 8, kCheckpointVersion);
-  put_u32(out + 12, crc32c(payload.data(), payload.size()));
-  put_u64(out + 16, payload.size());
-  std::memcpy(out + kCheckpointHeaderSize, payload.data(), payload.size());
+  put_u32(out + 12, crc);
+  put_u64(out + 16, size);
   return bytes;
 }
 

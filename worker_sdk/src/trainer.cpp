@@ -171,11 +171,12 @@ void load_optimizer(torch::optim::Optimizer& optimizer, const CheckpointState& s
   }
 }
 
-int64_t read_int(const CheckpointState& state, const std::string& key, const std::string& path) {
+// `from` names the state in errors: "checkpoint PATH", or the state a survivor sent.
+int64_t read_int(const CheckpointState& state, const std::string& key, const std::string& from) {
   try {
     return state.get_int(key);
   } catch (const CheckpointError& e) {
-    throw CheckpointError("Trainer: checkpoint " + path + ": " + e.what());
+    throw CheckpointError("Trainer: " + from + ": " + e.what());
   }
 }
 
@@ -308,7 +309,7 @@ void Trainer::load_checkpoint(Run& run) {
   }
   if (!loaded) return;
   restore(loaded->state, "checkpoint " + loaded->path, run);
-  const int64_t saved_world = read_int(loaded->state, "ddp.world_size", loaded->path);
+  const int64_t saved_world = read_int(loaded->state, "ddp.world_size", "checkpoint " + loaded->path);
   run.result.resumed_from_step = run.step;
   run.result.resumed_from = loaded->path;
   run.last_saved = run.step;
