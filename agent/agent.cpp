@@ -826,10 +826,15 @@ struct Agent::Impl {
     rendezvous->report_failure(*reported_this_round);
   }
 
-  // Whether a restart now keeps some live worker (it said it is restartable): it parks, not stops.
+  // Whether a restart asks this live worker to park instead of stopping it: it said it is
+  // restartable, is not hung, and its channel is open (stop_workers).
+  bool can_park(const Worker& w) const {
+    return options.in_memory_restart && w.restartable && !w.hung && w.link && w.link->is_open();
+  }
+
+  // Whether the restart now under way keeps some live worker (it parks, not stops).
   bool parking_others() const {
-    return options.in_memory_restart &&
-           std::any_of(workers.begin(), workers.end(), [](const Worker& w) { return w.alive && w.restartable; });
+    return std::any_of(workers.begin(), workers.end(), [this](const Worker& w) { return w.alive && can_park(w); });
   }
 
   // ---- stopping ----------------------------------------------------------------------------
@@ -870,7 +875,7 @@ struct Agent::Impl {
     bool signalled = false, asked = false;
     for (auto& w : workers) {
       if (!w.alive) continue;
-      if (park && options.in_memory_restart && w.restartable && !w.hung && w.link && w.link->is_open()) {
+      if (park && can_park(w)) {
         if (w.park == Worker::Park::kNo) {
           w.park = Worker::Park::kAsked;
           board.abandon_slot(w.local_rank);

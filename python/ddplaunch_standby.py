@@ -112,7 +112,7 @@ def _say_ready(fd):
     that has gone shows when the assignment is read."""
     payload = b'{"type":"standby_ready"}'
     try:
-        os.write(fd, b"DDPW" + struct.pack("<II", 1, len(payload)) + payload)
+        os.write(fd, _HEADER.pack(b"DDPW", 1, len(payload)) + payload)  # the same 12-byte header shape
     except OSError:
         pass
 

@@ -763,17 +763,15 @@ class JoinWhenReady(LaunchTestCase):
         proc = self.start_job(env={"DDPLAUNCH_STANDBY_READY_TIMEOUT": "0.5"})
         wait_for(lambda: "said they are ready within 0.5 s" in proc.stderr() or proc.poll() is not None,
                  LOAD_DEADLINE, "the agent to give up waiting for its standby")
-        wait_for(lambda: self.joined() or proc.poll() is not None, 60, "the join")
-        # The standby (still importing torch, or held in slowmod) has its assignment waiting.
-        wait_for(lambda: self.importing() or proc.poll() is not None, LOAD_DEADLINE, "the standby to import")
-        self.assertIsNone(proc.poll(), proc.describe())
-        self.assertIsNone(self.run_record(), "the worker ran before its standby had loaded")
-        self.finish(proc)
-        # The worker is the standby that was held (it ran with slowmod imported), not a cold start.
-        self.assertEqual(["importing_%d" % self.run_record()["pid"]], self.importing())
+        self.assert_joined_and_the_held_standby_becomes_the_worker(proc)
 
     def test_garbage_instead_of_the_ready_frame_ends_the_wait_and_harms_nothing(self):
         proc = self.start_job(module=GARBAGE_MODULE)
+        self.assert_joined_and_the_held_standby_becomes_the_worker(proc)
+
+    def assert_joined_and_the_held_standby_becomes_the_worker(self, proc):
+        """The agent joins without the standby's word; the standby, still importing torch or held
+        in slowmod, has its assignment waiting and, once let go, is the worker (not a cold start)."""
         wait_for(lambda: self.joined() or proc.poll() is not None, LOAD_DEADLINE, "the join")
         wait_for(lambda: self.importing() or proc.poll() is not None, LOAD_DEADLINE, "the standby to import")
         self.assertIsNone(proc.poll(), proc.describe())
