@@ -348,8 +348,13 @@ void Client::handle(Message& m) {
     }
     case MessageType::error: {
       const ErrorMessage& e = std::get<ErrorMessage>(m.body);
-      fail("rendezvous " + endpoint_text_ + " refused: " + (e.message.empty() ? "(no message)" : e.message) + " [" +
-           (e.code.empty() ? "?" : e.code) + "]");
+      // Dropped for silence while alive (the machine stalled, or its beats were delayed past
+      // heartbeat_timeout): not a refusal. Like a lost connection, the owner reconnects and
+      // resumes; the server answers that the round ended, and the node rejoins.
+      const bool dropped_for_silence = e.code == "heartbeat_timeout";
+      fail("rendezvous " + endpoint_text_ + (dropped_for_silence ? " dropped this node: " : " refused: ") +
+               (e.message.empty() ? "(no message)" : e.message) + " [" + (e.code.empty() ? "?" : e.code) + "]",
+           dropped_for_silence);
       return;
     }
     default:

@@ -194,6 +194,34 @@ class LostNode(MultiNodeTestCase):
         self.assertEqual(self.wait_exit(survivors), [0, 0], self.describe_nodes())
         self.assertIn("restarting the workers", survivors[0].stderr())
 
+    def test_a_live_agent_dropped_for_silence_rejoins_when_it_wakes(self):
+        # An agent that stalls past heartbeat_timeout (SIGSTOP here; a starved machine in real
+        # life) is dropped by the daemon, which restarts the others without it. When it runs
+        # again it hears the drop: it must rejoin like a node that lost its connection, not end
+        # the job as if it had been refused (it used to exit 3 "refused: dropped by the ...").
+        self.start_daemon()
+        worker = ["--loop", "--no-gloo"]
+        self.nodes = [self.start_node("n%d" % i, "1:2", nproc=1, worker_args=worker, max_restarts=1)
+                      for i in range(2)]
+        gen, rs = self.wait_round(2)
+        survivor, sleeper = self.nodes
+        sleeper_worker = next(r["pid"] for r in rs if r["env"]["MN_NODE"] == sleeper.node)
+        os.kill(sleeper.pid, signal.SIGSTOP)
+        try:
+            gen2, rs2 = self.wait_round(1, kind="start", after_gen=gen)
+            self.assertEqual([r["env"]["MN_NODE"] for r in rs2], [survivor.node])
+            self.assertIn("no heartbeat", self.daemon.output())
+        finally:
+            os.kill(sleeper.pid, signal.SIGCONT)
+        gen3, rs3 = self.wait_round(2, kind="start", after_gen=gen2)
+        self.check_round(rs3, 2, 1)
+        self.assertFalse(pid_alive(sleeper_worker), "the woken agent stopped its old worker first")
+        self.assertIn("dropped this node", sleeper.stderr(), sleeper.describe())
+        # Neither a lost node nor a newcomer is a counted restart.
+        self.assertEqual({r["env"]["TORCHELASTIC_RESTART_COUNT"] for r in rs3}, {"0"})
+        self.stop_workers()
+        self.assertEqual(self.wait_exit(self.nodes), [0, 0], self.describe_nodes())
+
     def test_survivors_below_min_nodes_wait_until_join_timeout_then_exit_3(self):
         self.start_daemon()
         conf = "heartbeat_interval=0.5,heartbeat_timeout=2,last_call_timeout=1,join_timeout=3"
