@@ -39,6 +39,10 @@ namespace ddp::agent {
 
 namespace {
 
+// How often the agent looks whether a new round's workers have reported a step, to start the
+// next standbys (schedule_standbys).
+constexpr double kStandbyStepPoll = 0.1;
+
 double monotonic_seconds() {
   using namespace std::chrono;
   return duration<double>(steady_clock::now().time_since_epoch()).count();
@@ -282,7 +286,8 @@ struct Agent::Impl {
   asio::steady_timer dump_timer;      // SIGKILLs hung workers that did not die of their dump signal
   asio::steady_timer health_timer;    // the next --check_health (retry before a join, or periodic)
   asio::steady_timer health_deadline; // kills a check that runs too long
-  asio::steady_timer standby_timer;   // starts the next standbys, standby_delay after a round began
+  asio::steady_timer standby_timer;   // starts the next standbys once the round is up (schedule_standbys)
+  double standbys_wait_since = 0;      // when the round began, for standby_delay_max
   asio::steady_timer standby_ready_timer;  // joins without the standbys' word (standby_ready_timeout)
   asio::steady_timer park_timer;      // stops the workers asked to park that did not (park_timeout)
   // Tee'd output into log files: its own queue and thread, so a stalled console does not
@@ -1344,12 +1349,38 @@ struct Agent::Impl {
     join_round();
   }
 
+  // The next standbys start once every worker of the round has reported a step on the progress
+  // board (the round is up: its imports, process group and checkpoint load are done), at the
+  // earliest standby_delay and at the latest standby_delay_max after the round began (a program
+  // that reports no steps). Started at once, their imports (a Python standby's `import torch`
+  // is 1.5-2 s of CPU) would compete with the new round's start on a small machine.
   void schedule_standbys() {
     if (!options.standby) return;
-    standby_timer.expires_after(to_duration(options.standby_delay));
+    standbys_wait_since = monotonic_seconds();
+    wait_for_standby_start(options.standby_delay);
+  }
+
+  void wait_for_standby_start(double seconds) {
+    standby_timer.expires_after(to_duration(seconds));
     standby_timer.async_wait([this](const boost::system::error_code& ec) {
-      if (!ec) start_standbys();
+      if (ec || state == State::kDone) return;
+      const double waited = monotonic_seconds() - standbys_wait_since;
+      if (waited < options.standby_delay_max && !round_has_stepped()) {
+        wait_for_standby_start(std::min(kStandbyStepPoll, options.standby_delay_max - waited));
+        return;
+      }
+      start_standbys();
     });
+  }
+
+  // Whether every running worker of the round has reported at least one step (the board is reset
+  // when a round starts). Workers that ended are not waited for.
+  bool round_has_stepped() const {
+    for (const Worker& w : workers) {
+      if (!w.alive || w.local_rank >= board.slots()) continue;
+      if (board.read(w.local_rank).beats == 0) return false;
+    }
+    return true;
   }
 
   enum class StartedAs { kCold, kStandby, kInMemory };

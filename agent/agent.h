@@ -77,9 +77,12 @@ struct AgentOptions {
   // Seconds a restartable worker has to park after a restart began; past them it is stopped like
   // any worker (SIGTERM, SIGKILL after shutdown_timeout). Default 10.
   double park_timeout = 10.0;
-  // Seconds after a round's workers started before the next standbys start: their imports
-  // compete for CPU with the new workers' start. Default 1.
+  // When the next standbys start after a round's workers started: once every worker reported a
+  // step on the progress board, but not before standby_delay and at the latest standby_delay_max
+  // (programs that report no steps). Their imports compete for CPU with the new workers' start.
+  // Defaults 1 and 10 s.
   double standby_delay = 1.0;
+  double standby_delay_max = 10.0;
   // Seconds an agent that starts with standbys waits for each to say it has loaded
   // ({"type": "standby_ready"}) before it joins the job; past them it joins anyway. A node that
   // comes back into a running job then costs the others a restart of ~0.2 s instead of the whole

@@ -484,6 +484,9 @@ agent::AgentOptions make_agent_options(const LaunchConfig& config, const Resolve
   if (const char* t = std::getenv("DDPLAUNCH_STANDBY_READY_TIMEOUT"); t != nullptr && *t != '\0') {
     o.standby_ready_timeout = parse_seconds({t, "DDPLAUNCH_STANDBY_READY_TIMEOUT"});
   }
+  if (const char* t = std::getenv("DDPLAUNCH_STANDBY_DELAY_MAX"); t != nullptr && *t != '\0') {
+    o.standby_delay_max = parse_seconds({t, "DDPLAUNCH_STANDBY_DELAY_MAX"});
+  }
   resolve_in_memory_restart(config, o);
   o.health_check = config.health_check;
   o.health_check_interval = config.health_check_interval;

@@ -42,6 +42,11 @@ except ImportError:  # pragma: no cover - older torch
     def record(fn):
         return fn
 
+try:  # progress heartbeats under ddplaunch (hang detection; the next standbys start once the round is up)
+    import ddplaunch
+except ImportError:  # another launcher: nothing to report to
+    ddplaunch = None
+
 SNAPSHOT_RE = re.compile(r"^snapshot-(\d{9})\.pt$")
 
 
@@ -179,6 +184,8 @@ def main():
                 time.sleep(args.step_delay)
             step += 1
             steps_this_run += 1
+            if ddplaunch is not None:
+                ddplaunch.step(step)
             consumed = min(args.samples, consumed + len(index) * world)
             if step % args.log_every == 0:
                 log(rank, "epoch %d step %d loss %.4f" % (epoch, step, loss.item()))

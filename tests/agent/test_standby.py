@@ -18,6 +18,7 @@ import socket
 import struct
 import subprocess
 import sys
+import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -382,7 +383,14 @@ with open(os.path.join(out, "tmp_%s_%s" % (gen, rank)), "w") as f:
 os.rename(os.path.join(out, "tmp_%s_%s" % (gen, rank)), os.path.join(out, "run_%s_%s.json" % (gen, rank)))
 if os.environ.get("EXIT_AT_ONCE"):
     sys.exit(0)
+# One progress step (the round is up: the agent starts the next standbys), at once or once the
+# file STEP_WHEN names exists; none with NO_STEP.
+stepped = bool(os.environ.get("NO_STEP"))
 while True:
+    if not stepped and os.path.exists(os.path.join(out, os.environ.get("STEP_WHEN", ""))):
+        import ddplaunch
+        ddplaunch.step()
+        stepped = True
     if os.path.exists(os.path.join(out, "fail_" + gen)) and rank == "1":
         sys.exit(3)
     if os.path.exists(os.path.join(out, "finish")):
@@ -394,12 +402,17 @@ LOAD_DEADLINE = 240  # seconds for a standby to import torch on a loaded 2-core 
 
 
 class StandbyWorkers(LaunchTestCase):
-    def start_job(self, nproc=2, extra=()):
+    def start_job(self, nproc=2, extra=(), env=None):
         self.worker = self.script("worker.py", WORKER)
         proc = self.spawn_launch(["--standby=on", "--nproc_per_node=%d" % nproc, "--max_restarts=3",
                                   "--python", PYTHON] + list(extra) + [self.worker, "a1", "a two"],
-                                 env={"OUT_DIR": self.out})
+                                 env=dict(env or {}, OUT_DIR=self.out))
         return proc
+
+    def standby_pids(self, proc, workers):
+        worker_pids = {w["pid"] for w in workers}
+        return [p for p in children(proc.pid) if p not in worker_pids and
+                any(a.endswith("ddplaunch_standby.py") for a in cmdline(p))]
 
     def run_record(self, gen, rank):
         path = os.path.join(self.out, "run_%s_%s.json" % (gen, rank))
@@ -417,8 +430,7 @@ class StandbyWorkers(LaunchTestCase):
         worker_pids = {w["pid"] for w in workers}
 
         def loaded():
-            pids = [p for p in children(proc.pid) if p not in worker_pids and
-                    any(a.endswith("ddplaunch_standby.py") for a in cmdline(p))]
+            pids = self.standby_pids(proc, workers)
             if len(pids) != nproc:
                 return None
             for p in pids:
@@ -462,6 +474,26 @@ class StandbyWorkers(LaunchTestCase):
             self.assertNotIn("DDPLAUNCH_STANDBY_FD", w["env"])
             # The same variables as the last round's workers (values of the round aside).
             self.assertEqual(sorted(w["env"]), sorted(gen1[rank]["env"]))
+        open(os.path.join(self.out, "finish"), "w").close()
+        self.assertEqual(proc.wait(LOAD_DEADLINE), 0, proc.describe())
+
+    def test_the_next_standbys_start_once_the_rounds_workers_report_a_step(self):
+        # Started at once, their imports would compete with the new round's own start.
+        proc = self.start_job(env={"STEP_WHEN": "step", "DDPLAUNCH_STANDBY_DELAY_MAX": "600"})
+        gen1 = self.wait_round(proc, 1)
+        # standby_delay (1 s) passes with no step reported: still no standby. (A check of
+        # absence: on a slow machine it may pass without proving much, never fail wrongly.)
+        time.sleep(2)
+        self.assertEqual(self.standby_pids(proc, gen1), [], "standbys started before any step")
+        open(os.path.join(self.out, "step"), "w").close()
+        self.assertIsInstance(self.waiting_standbys(proc, gen1), list, proc.describe())
+        open(os.path.join(self.out, "finish"), "w").close()
+        self.assertEqual(proc.wait(LOAD_DEADLINE), 0, proc.describe())
+
+    def test_workers_that_report_no_step_get_their_next_standbys_after_standby_delay_max(self):
+        proc = self.start_job(env={"NO_STEP": "1", "DDPLAUNCH_STANDBY_DELAY_MAX": "2"})
+        gen1 = self.wait_round(proc, 1)
+        self.assertIsInstance(self.waiting_standbys(proc, gen1), list, proc.describe())
         open(os.path.join(self.out, "finish"), "w").close()
         self.assertEqual(proc.wait(LOAD_DEADLINE), 0, proc.describe())
 
@@ -784,6 +816,10 @@ class JoinWhenReady(LaunchTestCase):
                              env={"DDPLAUNCH_STANDBY_READY_TIMEOUT": "soon"})
         self.assertEqual(result.returncode, 2, result.describe())
         self.assertIn("DDPLAUNCH_STANDBY_READY_TIMEOUT=soon: not a number", result.stderr)
+        result = self.launch(["--standby=on", "--nproc_per_node=1", "--python", PYTHON, self.script("w.py", "")],
+                             env={"DDPLAUNCH_STANDBY_DELAY_MAX": "-1"})
+        self.assertEqual(result.returncode, 2, result.describe())
+        self.assertIn("DDPLAUNCH_STANDBY_DELAY_MAX=-1", result.stderr)
 
 
 if __name__ == "__main__":
