@@ -26,7 +26,6 @@ Exit codes: 0 trained; 1 error; 2 bad arguments.
 """
 
 import argparse
-import glob
 import os
 import re
 import sys

@@ -427,7 +427,6 @@ class StandbyWorkers(LaunchTestCase):
     def waiting_standbys(self, proc, workers, nproc=2):
         """The standbys of `proc` (children running the bootstrap that are not workers), once
         `nproc` of them have loaded torch; {local rank from none: pid} as a sorted pid list."""
-        worker_pids = {w["pid"] for w in workers}
 
         def loaded():
             pids = self.standby_pids(proc, workers)
