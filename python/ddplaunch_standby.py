@@ -177,20 +177,33 @@ def receive(fd):
         sock.close()
 
 
+# What a torch 2.x training script imports lazily on its way to its first step, loaded with torch
+# so that a worker made from a standby does not pay for it either: every optimizer's constructor
+# imports torch._dynamo (1.8 s of the 1.9 s scripts/elastic_ddp.py spends between `import torch`
+# and its first step on a 2-core machine; ~80 MiB of the standby's memory), init_process_group
+# and DDP torch.distributed and torch.nn.parallel. Failures are silent, as for torch: torch 1.x
+# has no _dynamo.
+WARM_MODULES = ["torch.distributed", "torch.nn.parallel", "torch._dynamo"]
+
+
 def _preload(modules):
-    """Imports torch and `modules`. Returns the warnings they raised (shown once the worker has
-    its stderr, as they would have been in a cold worker's) and what could not be imported, as
-    lines for the worker (torch missing is not worth one: the script says so if it needs it)."""
+    """Imports torch, WARM_MODULES and `modules`. Returns the warnings they raised (shown once the
+    worker has its stderr, as they would have been in a cold worker's) and what of `modules`
+    could not be imported, as lines for the worker (torch or a warm module missing is not worth
+    one: the script says so if it needs it)."""
     import importlib
     import warnings
 
     problems = []
     with warnings.catch_warnings(record=True) as caught:
-        for name in ["torch"] + modules:
+        warm = [m for m in WARM_MODULES if m not in modules]
+        for name in ["torch"] + warm + modules:
+            if name in warm and "torch" not in sys.modules:
+                continue  # no torch here: nothing of it to warm
             try:
                 importlib.import_module(name)
             except BaseException as e:  # noqa: B902 (a module may raise anything, SystemExit included)
-                if name != "torch":
+                if name in modules:
                     problems.append("ddplaunch standby: --preload: cannot import %s: %s: %s" %
                                     (name, type(e).__name__, e))
     return list(caught), problems

@@ -377,7 +377,8 @@ with open(os.path.join(out, "ran_%d" % os.getpid()), "w") as f:
     f.write(gen)
 record = {"pid": os.getpid(), "argv": sys.argv, "file": __file__, "path0": sys.path[0], "cwd": os.getcwd(),
           "name": __name__, "env": dict(os.environ), "torch": "torch" in sys.modules,
-          "preloaded": "fractions" in sys.modules}
+          "preloaded": "fractions" in sys.modules,
+          "warm": [m for m in ("torch.distributed", "torch.nn.parallel", "torch._dynamo") if m in sys.modules]}
 with open(os.path.join(out, "tmp_%s_%s" % (gen, rank)), "w") as f:
     json.dump(record, f)
 os.rename(os.path.join(out, "tmp_%s_%s" % (gen, rank)), os.path.join(out, "run_%s_%s.json" % (gen, rank)))
@@ -397,6 +398,16 @@ while True:
         sys.exit(0)
     time.sleep(0.05)
 """
+
+
+def warm_modules_of_torch():
+    """The standby's warm modules that the workers' torch has (asked of PYTHON, their interpreter)."""
+    found = json.loads(subprocess.run(
+        [PYTHON, "-c", "import importlib.util, json, sys; print(json.dumps([m for m in sys.argv[1:] "
+         "if importlib.util.find_spec(m) is not None]))"] + ddplaunch_standby.WARM_MODULES,
+        capture_output=True, text=True, check=True).stdout)
+    return found
+
 
 LOAD_DEADLINE = 240  # seconds for a standby to import torch on a loaded 2-core machine
 
@@ -458,6 +469,7 @@ class StandbyWorkers(LaunchTestCase):
 
         open(os.path.join(self.out, "fail_1"), "w").close()  # rank 1 exits 3: a restart
         gen2 = self.wait_round(proc, 2)
+        warm = warm_modules_of_torch()
         self.assertEqual(sorted(w["pid"] for w in gen2), standbys, "the standbys did not become the workers")
         for rank, w in enumerate(gen2):
             self.assertEqual(w["argv"], [self.worker, "a1", "a two"])
@@ -467,6 +479,9 @@ class StandbyWorkers(LaunchTestCase):
             self.assertEqual(w["cwd"], self.tmp)
             self.assertTrue(w["torch"], "torch was not preloaded")
             self.assertTrue(w["preloaded"], "--preload=fractions was not imported")
+            # What torch 2.x imports lazily on the way to a first step (an optimizer imports
+            # torch._dynamo) came with the standby too; torch 1.x has no _dynamo.
+            self.assertEqual(w["warm"], warm)
             self.assertEqual(w["env"]["RANK"], str(rank))
             self.assertEqual(w["env"]["DDPLAUNCH_GENERATION"], "2")
             self.assertEqual(w["env"]["TORCHELASTIC_RESTART_COUNT"], "1")

@@ -151,7 +151,7 @@ class FaultToleranceTest(unittest.TestCase):
         if self.events:
             # Every agent starts its standbys before the first round forms, so all workers of
             # the first round are `train` standbys that waited inside the SDK; later rounds use
-            # one where a standby was ready (1 s after a round began).
+            # one where a standby was started (once every worker of the last round made a step).
             with open(self.events) as f:
                 started = [e for e in map(json.loads, f) if e["type"] == "worker_started"]
             first = min(e["generation"] for e in started)
