@@ -209,6 +209,54 @@ def _preload(modules):
     return list(caught), problems
 
 
+def _master_store_listening(addr, port, deadline):
+    """Probes ADDR:PORT every 5 ms until it accepts a connection (closed at once, nothing sent) or
+    `deadline` (time.monotonic()) passes."""
+    import time
+
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        try:
+            socket.create_connection((addr, port), timeout=min(left, 1.0)).close()
+            return True
+        except OSError:
+            time.sleep(0.005)
+
+
+def _probe_before_env_rendezvous():
+    """A worker made from a standby starts the moment its round does, so a rank other than 0 asks
+    rank 0's TCPStore for a connection before rank 0 listens; torch's client then sleeps ~0.4 s
+    (torch 2.15) before it tries again, on every restart. Wrapped here, the env:// rendezvous that
+    init_process_group uses by default first waits for MASTER_ADDR:MASTER_PORT to accept (5 ms
+    probes, at most the process group's timeout), then goes on as torch's own. Nothing changes
+    for rank 0, another init method, or a torch without this handler table."""
+    rendezvous = sys.modules.get("torch.distributed.rendezvous")
+    handlers = getattr(rendezvous, "_rendezvous_handlers", None)
+    original = handlers.get("env") if isinstance(handlers, dict) else None
+    if original is None:
+        return
+
+    def env_rendezvous(url, **kwargs):
+        import time
+        from urllib.parse import parse_qs, urlparse
+
+        try:
+            query = parse_qs(urlparse(url).query)
+            rank = int(query["rank"][0] if "rank" in query else os.environ.get("RANK", "0"))
+            addr, port = os.environ.get("MASTER_ADDR", ""), int(os.environ.get("MASTER_PORT", "0"))
+            timeout = kwargs.get("timeout")
+            seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else 1800.0
+        except (ValueError, TypeError, IndexError):
+            rank, addr, port, seconds = 0, "", 0, 0  # torch's own handler says what is wrong
+        if rank != 0 and addr and 0 < port < 65536 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+            _master_store_listening(addr, port, time.monotonic() + seconds)
+        yield from original(url, **kwargs)
+
+    handlers["env"] = env_rendezvous
+
+
 def _show_warnings(caught):
     import warnings
 
@@ -316,6 +364,7 @@ def main():
     _show_warnings(caught)
     for line in problems:
         sys.stderr.write(line + "\n")
+    _probe_before_env_rendezvous()
     try:
         _run(mode, program, args)
     except (SystemExit, KeyboardInterrupt):

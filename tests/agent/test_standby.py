@@ -11,6 +11,7 @@ Two halves:
   cold start.
 """
 
+import datetime
 import json
 import os
 import signal
@@ -18,12 +19,14 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
+import types
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ddplaunch_helpers import BUILD_DIR, PYTHON, LaunchTestCase, main, wait_for  # noqa: E402
-from processes import children  # noqa: E402
+from processes import children, free_port  # noqa: E402
 
 SOURCE_DIR = os.environ.get("DDPLAUNCH_SOURCE_DIR",
                             os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
@@ -139,6 +142,109 @@ if how == "sigterm":
     import signal
     os.kill(os.getpid(), signal.SIGTERM)
 """
+
+
+class EnvRendezvousProbe(unittest.TestCase):
+    """The env:// rendezvous of a standby-made worker waits for rank 0's store to listen before
+    torch connects (ddplaunch_standby._probe_before_env_rendezvous); torch's handler is faked."""
+
+    def setUp(self):
+        self.calls = []
+        probe = self
+
+        def torch_env_handler(url, **kwargs):
+            probe.calls.append((url, kwargs, None))
+            probe.listened_before_torch = probe.listen_called.is_set()
+            yield ("store", 1, 2)
+            raise RuntimeError("no re-rendezvous")
+
+        self.fake = types.ModuleType("torch.distributed.rendezvous")
+        self.fake._rendezvous_handlers = {"env": torch_env_handler}
+        saved = sys.modules.get("torch.distributed.rendezvous")
+        sys.modules["torch.distributed.rendezvous"] = self.fake
+        self.addCleanup(lambda: sys.modules.__setitem__("torch.distributed.rendezvous", saved) if saved
+                        else sys.modules.pop("torch.distributed.rendezvous", None))
+        self.accepted = []  # bytes each connection to the master port carried, in order
+        self.port = free_port()
+        saved_env = dict(os.environ)
+        self.addCleanup(lambda: (os.environ.clear(), os.environ.update(saved_env)))
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(self.port), RANK="1", WORLD_SIZE="2")
+        os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
+
+    def listen(self, delay=0.0):
+        """Rank 0's store, listening `delay` seconds from now: records what each connection
+        carried, in order, until one carries bytes (the test's own, which ends it)."""
+        self.listen_called = threading.Event()
+
+        def serve():
+            threading.Event().wait(delay)
+            with socket.socket() as srv:
+                srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                srv.bind(("127.0.0.1", self.port))
+                self.listen_called.set()  # before listen(): nothing can connect earlier
+                srv.listen(8)
+                srv.settimeout(60)
+                while True:
+                    conn, _ = srv.accept()
+                    with conn:
+                        conn.settimeout(30)
+                        data = b""
+                        while True:
+                            chunk = conn.recv(64)
+                            if not chunk:
+                                break
+                            data += chunk
+                    self.accepted.append(data)
+                    if data:
+                        return
+        t = threading.Thread(target=serve, daemon=True)
+        t.start()
+        return t
+
+    def end_store(self, server):
+        """Connects with bytes (ends the store) and returns what every connection carried."""
+        wait_for(self.listen_called.is_set, 30, "the store to listen")
+        with socket.create_connection(("127.0.0.1", self.port), timeout=30) as c:
+            c.sendall(b"end")
+        server.join(30)
+        return self.accepted
+
+    def rendezvous(self, url="env://"):
+        ddplaunch_standby._probe_before_env_rendezvous()
+        handler = self.fake._rendezvous_handlers["env"]
+        return next(handler(url, timeout=datetime.timedelta(seconds=60)))
+
+    def test_a_rank_other_than_0_connects_only_once_the_store_listens(self):
+        server = self.listen(delay=0.1)
+        self.assertEqual(self.rendezvous(), ("store", 1, 2))
+        # torch's handler ran only once the store listened, after one probe that carried nothing.
+        (url, kwargs, _), = self.calls
+        self.assertEqual(url, "env://")
+        self.assertEqual(kwargs["timeout"], datetime.timedelta(seconds=60))
+        self.assertTrue(self.listened_before_torch)
+        self.assertEqual(self.end_store(server), [b"", b"end"])
+
+    def test_rank_0_and_the_agent_store_are_not_probed(self):
+        for env, url in (({"RANK": "0"}, "env://"), ({"RANK": "1"}, "env://?rank=0&world_size=2"),
+                         ({"TORCHELASTIC_USE_AGENT_STORE": "True"}, "env://")):
+            with self.subTest(env=env, url=url):
+                os.environ.update(env)
+                self.calls.clear()
+                self.accepted.clear()
+                server = self.listen()
+                self.assertEqual(self.rendezvous(url), ("store", 1, 2))
+                self.assertEqual(len(self.calls), 1)
+                self.assertEqual(self.end_store(server), [b"end"], "a probe connected")
+                os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
+                os.environ["RANK"] = "1"
+
+    def test_without_torchs_handler_table_nothing_is_wrapped(self):
+        del self.fake._rendezvous_handlers
+        ddplaunch_standby._probe_before_env_rendezvous()  # no error, nothing to wrap
+        self.assertFalse(hasattr(self.fake, "_rendezvous_handlers"))
+
+    def test_the_probe_gives_up_at_its_deadline(self):
+        self.assertFalse(ddplaunch_standby._master_store_listening("127.0.0.1", self.port, 0))
 
 
 class Bootstrap(LaunchTestCase):
