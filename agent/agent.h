@@ -80,8 +80,9 @@ struct AgentOptions {
   // When the next standbys start after a round's workers started: once every worker reported a
   // step on the progress board, but not before standby_delay and at the latest standby_delay_max
   // (programs that report no steps). Their imports compete for CPU with the new workers' start.
-  // Defaults 1 and 10 s.
-  double standby_delay = 1.0;
+  // Defaults 0 and 10 s: a step is the sign that the round is up, and a failure soon after it
+  // (tests crash a node 10 steps in) should still find a standby, loaded or loading.
+  double standby_delay = 0.0;
   double standby_delay_max = 10.0;
   // Seconds an agent that starts with standbys waits for each to say it has loaded
   // ({"type": "standby_ready"}) before it joins the job; past them it joins anyway. A node that

@@ -601,7 +601,7 @@ class StandbyWorkers(LaunchTestCase):
         # Started at once, their imports would compete with the new round's own start.
         proc = self.start_job(env={"STEP_WHEN": "step", "DDPLAUNCH_STANDBY_DELAY_MAX": "600"})
         gen1 = self.wait_round(proc, 1)
-        # standby_delay (1 s) passes with no step reported: still no standby. (A check of
+        # Two seconds with no step reported (the agent looks every 0.1 s): still no standby. (A check of
         # absence: on a slow machine it may pass without proving much, never fail wrongly.)
         time.sleep(2)
         self.assertEqual(self.standby_pids(proc, gen1), [], "standbys started before any step")
