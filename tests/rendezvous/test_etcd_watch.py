@@ -138,9 +138,18 @@ class EtcdWatch(unittest.TestCase):
         p = spawn([RENDEZVOUS, "--host", "127.0.0.1", "--port", str(port), "--etcd", ",".join(etcd_endpoints),
                    "--etcd_lease_ttl", str(ttl), "--etcd_prefix", self.prefix], name="replica-%d" % port)
         self.addCleanup(p.kill)
+        self.__dict__.setdefault("replicas", []).append(p)
         wait_for(lambda: port_open(port) or p.poll() is not None, 15, "replica %d to listen" % port)
         self.assertIsNone(p.poll(), p.describe())
         return p
+
+    def wait(self, condition, timeout, what):
+        """wait_for, with every replica's output in the failure (what each said about its watch,
+        its lease and its campaigns is the only record of a race between them)."""
+        try:
+            return wait_for(condition, timeout, what)
+        except TimeoutError as e:
+            raise AssertionError("%s\n%s" % (e, "\n".join(p.describe() for p in getattr(self, "replicas", []))))
 
     def leader_and_follower(self, a, b):
         def one_leads():
@@ -149,7 +158,7 @@ class EtcdWatch(unittest.TestCase):
                 return None
             follower = b if leading[0] is a else a
             return (leading[0], follower) if "etcd: following: the leader is" in follower.stdout() else None
-        return wait_for(one_leads, 30, "one replica to lead and the other to follow it")
+        return self.wait(one_leads, 30, "one replica to lead and the other to follow it")
 
     def test_a_follower_campaigns_on_the_watched_deletion_of_the_leader_key(self):
         # TTL 30 s: while its watch lives the follower reads the key only every TTL, so a
@@ -157,10 +166,10 @@ class EtcdWatch(unittest.TestCase):
         # leader is stopped with SIGTERM: it revokes its lease, and etcd deletes the key at once.
         a, b = self.replica(self.etcd.endpoints, ttl=LONG_TTL), self.replica(self.etcd.endpoints, ttl=LONG_TTL)
         leader, follower = self.leader_and_follower(a, b)
-        wait_for(lambda: "etcd: watching the leader key" in follower.stdout(), 15, "the follower's watch")
+        self.wait(lambda: "etcd: watching the leader key" in follower.stdout(), 15, "the follower's watch")
         leader.signal(signal.SIGTERM)
-        wait_for(lambda: "etcd: leading" in follower.stdout() or follower.poll() is not None, LONG_TTL / 2,
-                 "the follower to take over on the watched deletion (a read would come only after the TTL)")
+        self.wait(lambda: "etcd: leading" in follower.stdout() or follower.poll() is not None, LONG_TTL / 2,
+                  "the follower to take over on the watched deletion (a read would come only after the TTL)")
         out = follower.stdout()
         # The deletion came through the watch, before the campaign that won.
         deleted = out.find("etcd: the leader key was deleted (watch, revision ")
@@ -173,13 +182,13 @@ class EtcdWatch(unittest.TestCase):
         proxy.refuse_watches = True
         a, b = self.replica([proxy.endpoint]), self.replica([proxy.endpoint])
         leader, follower = self.leader_and_follower(a, b)
-        wait_for(lambda: "etcd: the watch on the leader key ended" in follower.stdout(), 15,
-                 "the follower to say the watch is unavailable")
+        self.wait(lambda: "etcd: the watch on the leader key ended" in follower.stdout(), 15,
+                  "the follower to say the watch is unavailable")
         self.assertIn("HTTP 503", follower.stdout())
         self.assertIn("reading the key every 0.5 s", follower.stdout())
         leader.signal(signal.SIGKILL)
-        wait_for(lambda: "etcd: leading" in follower.stdout() or follower.poll() is not None, 30,
-                 "the follower to take over without a watch")
+        self.wait(lambda: "etcd: leading" in follower.stdout() or follower.poll() is not None, 30,
+                  "the follower to take over without a watch")
         self.assertNotIn("the leader key was deleted (watch", follower.stdout())
 
     def test_a_watch_cut_in_the_middle_is_opened_again_and_still_reports_the_deletion(self):
@@ -187,16 +196,19 @@ class EtcdWatch(unittest.TestCase):
         self.addCleanup(proxy.close)
         a, b = self.replica([proxy.endpoint], ttl=LONG_TTL), self.replica([proxy.endpoint], ttl=LONG_TTL)
         leader, follower = self.leader_and_follower(a, b)
-        wait_for(lambda: "etcd: watching the leader key" in follower.stdout(), 15, "the follower's watch")
-        wait_for(lambda: proxy.cut() > 0, 10, "a watch connection to cut")
-        wait_for(lambda: "etcd: the watch on the leader key ended" in follower.stdout(), 15,
-                 "the follower to see its watch cut")
-        ended = follower.stdout().find("etcd: the watch on the leader key ended")
-        wait_for(lambda: follower.stdout().find("etcd: watching the leader key", ended) > 0, 15,
-                 "the watch to be opened again")
+        self.wait(lambda: "etcd: watching the leader key" in follower.stdout(), 15, "the follower's watch")
+        # Only what the follower says after the cut counts: a watch that could not be set up at
+        # the start (a loaded machine) also says "ended" before it says "watching".
+        before = len(follower.stdout())
+        self.wait(lambda: proxy.cut() > 0, 10, "a watch connection to cut")
+        self.wait(lambda: follower.stdout().find("etcd: the watch on the leader key ended", before) >= 0, 15,
+                  "the follower to see its watch cut")
+        ended = follower.stdout().find("etcd: the watch on the leader key ended", before)
+        self.wait(lambda: follower.stdout().find("etcd: watching the leader key", ended) > 0, 15,
+                  "the watch to be opened again")
         leader.signal(signal.SIGTERM)  # revokes its lease: the key is deleted at once
-        wait_for(lambda: "etcd: leading" in follower.stdout() or follower.poll() is not None, LONG_TTL / 2,
-                 "the follower to take over on the watched deletion (a read would come only after the TTL)")
+        self.wait(lambda: "etcd: leading" in follower.stdout() or follower.poll() is not None, LONG_TTL / 2,
+                  "the follower to take over on the watched deletion (a read would come only after the TTL)")
         out = follower.stdout()
         deleted = out.find("etcd: the leader key was deleted (watch, revision ", ended)
         self.assertGreater(deleted, 0, out)
