@@ -153,8 +153,7 @@ class EnvRendezvousProbe(unittest.TestCase):
         probe = self
 
         def torch_env_handler(url, **kwargs):
-            probe.calls.append((url, kwargs, None))
-            probe.listened_before_torch = probe.listen_called.is_set()
+            probe.calls.append((url, kwargs, probe.listen_called.is_set()))
             yield ("store", 1, 2)
             raise RuntimeError("no re-rendezvous")
 
@@ -218,10 +217,10 @@ class EnvRendezvousProbe(unittest.TestCase):
         server = self.listen(delay=0.1)
         self.assertEqual(self.rendezvous(), ("store", 1, 2))
         # torch's handler ran only once the store listened, after one probe that carried nothing.
-        (url, kwargs, _), = self.calls
+        (url, kwargs, listened_before_torch), = self.calls
         self.assertEqual(url, "env://")
         self.assertEqual(kwargs["timeout"], datetime.timedelta(seconds=60))
-        self.assertTrue(self.listened_before_torch)
+        self.assertTrue(listened_before_torch)
         self.assertEqual(self.end_store(server), [b"", b"end"])
 
     def test_rank_0_and_the_agent_store_are_not_probed(self):
@@ -508,11 +507,10 @@ while True:
 
 def warm_modules_of_torch():
     """The standby's warm modules that the workers' torch has (asked of PYTHON, their interpreter)."""
-    found = json.loads(subprocess.run(
+    return json.loads(subprocess.run(
         [PYTHON, "-c", "import importlib.util, json, sys; print(json.dumps([m for m in sys.argv[1:] "
          "if importlib.util.find_spec(m) is not None]))"] + ddplaunch_standby.WARM_MODULES,
         capture_output=True, text=True, check=True).stdout)
-    return found
 
 
 LOAD_DEADLINE = 240  # seconds for a standby to import torch on a loaded 2-core machine
