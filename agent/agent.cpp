@@ -1416,10 +1416,10 @@ struct Agent::Impl {
     return spawn_cold(req, w);
   }
 
-  // Whether a worker made from a standby keeps the standby's socket as its channel: an SDK
-  // program's standby does; the Python bootstrap closes its socket once assigned, so a Python
-  // worker made from a standby has no channel (Python programs do not speak it anyway).
-  bool standby_keeps_channel() const { return options.in_memory_restart && options.command.no_python; }
+  // Whether a worker made from a standby keeps the standby's socket as its channel: with
+  // in-memory restart, an SDK program's standby and the Python bootstrap both do (the bootstrap
+  // keeps it when the assignment names it as DDPLAUNCH_WORKER_FD).
+  bool standby_keeps_channel() const { return options.in_memory_restart; }
 
   // A fresh process; with in-memory restart, with its channel (DDPLAUNCH_WORKER_FD).
   int spawn_cold(SpawnRequest& req, Worker& w) {

@@ -440,7 +440,15 @@ void resolve_in_memory_restart(const LaunchConfig& config, agent::AgentOptions& 
       o.in_memory_restart = true;
       break;
     case LaunchConfig::InMemoryRestart::kAuto:
-      o.in_memory_restart = o.command.no_python && has_elf_section(o.command.program, kStandbyMarkSection);
+      // Programs that speak the channel: those that link the worker SDK, and Python scripts that
+      // use ddplaunch.InMemoryRestart (python/ddplaunch/restart.py). Any other program would
+      // only inherit one more descriptor.
+      if (o.command.no_python) {
+        o.in_memory_restart = has_elf_section(o.command.program, kStandbyMarkSection);
+      } else {
+        o.in_memory_restart = !o.command.module && !o.command.run_path &&
+                              file_contains(o.command.program, kPythonInMemoryRestart);
+      }
       break;
   }
 }

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -137,6 +138,28 @@ bool has_elf_section(const std::string& path, const std::string& name) {
   for (const Elf64_Shdr& section : sections) {
     // c_str() ends in a NUL even when the table does not: the name read is bounded.
     if (section.sh_name < table.size() && name == table.c_str() + section.sh_name) return true;
+  }
+  return false;
+}
+
+bool file_contains(const std::string& path, const std::string& token, std::size_t limit) {
+  if (token.empty()) return true;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return false;
+  // In 64 KiB pieces, each searched with the end of the one before (a token may span two).
+  constexpr std::size_t kPiece = 64 * 1024;
+  std::string window;
+  std::vector<char> piece(kPiece);
+  std::size_t read = 0;
+  while (read < limit && in) {
+    in.read(piece.data(), static_cast<std::streamsize>(std::min(kPiece, limit - read)));
+    const auto got = static_cast<std::size_t>(in.gcount());
+    if (got == 0) break;
+    read += got;
+    const std::size_t keep = std::min(window.size(), token.size() - 1);
+    window.erase(0, window.size() - keep);
+    window.append(piece.data(), got);
+    if (window.find(token) != std::string::npos) return true;
   }
   return false;
 }

@@ -56,6 +56,13 @@ FileKind classify_program_file(const std::string& path);
 constexpr const char* kStandbyMarkSection = ".ddplaunch_standby";
 bool has_elf_section(const std::string& path, const std::string& name);
 
+// Whether the first `limit` bytes of the file `path` hold `token`. False for a file that cannot
+// be read; never throws. `--in_memory_restart=auto` turns in-memory restart on for a Python
+// script that names kPythonInMemoryRestart (python/ddplaunch/restart.py).
+constexpr const char* kPythonInMemoryRestart = "InMemoryRestart";
+constexpr std::size_t kScriptScanLimit = std::size_t{4} << 20;
+bool file_contains(const std::string& path, const std::string& token, std::size_t limit = kScriptScanLimit);
+
 // The path of an executable regular file named `name` (no '/') on `path_variable` (":"-
 // separated, an empty entry meaning the current directory), as execvp searches; "" if none.
 std::string find_on_path(const std::string& name, const std::string& path_variable);

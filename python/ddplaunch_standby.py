@@ -125,9 +125,10 @@ def _close_fds(fds):
             pass
 
 
-def receive(fd):
-    """Reads the assignment from the socket `fd` (closed afterwards): (env, cwd, stdout_fd,
-    stderr_fd). Raises NoAssignment or BadAssignment (any descriptors received are closed)."""
+def receive(fd, keep_open=False):
+    """Reads the assignment from the socket `fd` (closed afterwards unless `keep_open`: the
+    worker channel of in-memory restart): (env, cwd, stdout_fd, stderr_fd). Raises NoAssignment
+    or BadAssignment (any descriptors received are closed)."""
     try:
         sock = socket.socket(fileno=fd)
     except OSError as e:
@@ -174,7 +175,10 @@ def receive(fd):
         _close_fds(fds)
         raise
     finally:
-        sock.close()
+        if keep_open:
+            sock.detach()
+        else:
+            sock.close()
 
 
 # What a torch 2.x training script imports lazily on its way to its first step, loaded with torch
@@ -235,7 +239,7 @@ def _probe_before_env_rendezvous():
     rendezvous = sys.modules.get("torch.distributed.rendezvous")
     handlers = getattr(rendezvous, "_rendezvous_handlers", None)
     original = handlers.get("env") if isinstance(handlers, dict) else None
-    if original is None:
+    if original is None or getattr(original, "ddplaunch_probe", False):
         return
 
     def env_rendezvous(url, **kwargs):
@@ -254,6 +258,7 @@ def _probe_before_env_rendezvous():
             _master_store_listening(addr, port, time.monotonic() + seconds)
         yield from original(url, **kwargs)
 
+    env_rendezvous.ddplaunch_probe = True
     handlers["env"] = env_rendezvous
 
 
@@ -337,7 +342,14 @@ def main():
     caught, problems = _preload([m for m in preload.split(",") if m])
     _say_ready(int(fd_text))
     try:
-        env, cwd, out_fd, err_fd = receive(int(fd_text))
+        # With in-memory restart the agent keeps this socket as the worker's channel
+        # (DDPLAUNCH_WORKER_FD names it in the assignment; python/ddplaunch/restart.py).
+        fd = int(fd_text)
+        env, cwd, out_fd, err_fd = receive(fd, keep_open=True)
+        if env.get("DDPLAUNCH_WORKER_FD") == fd_text:
+            os.set_inheritable(fd, False)
+        else:
+            os.close(fd)
     except NoAssignment:
         # The agent is stopping, or gave up on this standby: not an error of the standby's.
         sys.stderr.write("ddplaunch standby (pid %d): the agent closed the socket before an assignment came; "

@@ -10,6 +10,9 @@
     ddplaunch.checkpoint(step)           # a checkpoint was saved (crash-loop detection)
     ddplaunch.done()                     # steps are over: teardown is not a hang
 
+and in-memory restart (ddplaunch.InMemoryRestart, python/ddplaunch/restart.py): a healthy
+worker keeps its process, model and optimizer across a restart.
+
 ddplaunch gives each worker a shared-memory slot (DDPLAUNCH_PROGRESS_FILE,
 DDPLAUNCH_PROGRESS_SLOT); step() writes a counter there, no system call, well under a
 microsecond. Under another launcher, or none, every function does nothing.
@@ -20,7 +23,7 @@ import mmap
 import os
 import struct
 
-__all__ = ["step", "phase", "checkpoint", "done", "enabled", "abandoned"]
+__all__ = ["step", "phase", "checkpoint", "done", "enabled", "abandoned", "InMemoryRestart"]
 
 _SLOT_SIZE = 64
 _PHASE_OFFSET = 24
@@ -133,3 +136,6 @@ def phase(name):
 if _words is not None:
     import atexit
     atexit.register(done)
+
+
+from .restart import InMemoryRestart  # noqa: E402 - uses abandoned() and enabled() above

@@ -55,11 +55,14 @@ class PythonJobFaultToleranceTest(unittest.TestCase):
                 "--checkpoint-every", CHECKPOINT_EVERY, "--log-every", 20]
         job = ElasticJob(self, self.cluster, args, python=True, job_id="python-crash",
                          epochs=6)
-        # With --standby=on (DDPLAUNCH_E2E_FLAGS), the event log shows which workers were standbys.
+        # By default (in-memory restart is `auto`, on for Python programs) the survivors park and
+        # go on from memory; with --standby=on --in_memory_restart=off (DDPLAUNCH_E2E_FLAGS) every
+        # worker after the crash is a standby that resumed from the snapshot. The event log shows
+        # how each worker started.
         standby = "--standby=on" in job.ddplaunch_flags
+        in_memory = "--in_memory_restart=off" not in job.ddplaunch_flags
         events = os.path.join(job.shared, "events.jsonl")
-        if standby:
-            job.ddplaunch_flags.append("--event_log=" + events)
+        job.ddplaunch_flags.append("--event_log=" + events)
         job.start_rendezvous()
         for node in (1, 2, 3):
             job.start_node(node)
@@ -77,9 +80,15 @@ class PythonJobFaultToleranceTest(unittest.TestCase):
         after = [r for g, r in sorted(rounds.items()) if g > before.generation and r.world is not None]
         self.assertTrue(after, "no round after the crash\n" + job.describe())
         self.assertEqual({r.world for r in after}, {4}, job.describe())
-        # The first round after the crash loaded the newest snapshot the round of 6 saved.
         self.assertTrue(before.saved_steps, job.describe())
-        self.assertEqual(after[0].resumed_from_step, max(before.saved_steps), job.describe())
+        if in_memory:
+            # The first round after the crash went on from the survivors' memory, at or past the
+            # newest snapshot the round of 6 saved.
+            self.assertEqual(after[0].resumed_from, "memory", job.describe())
+            self.assertGreaterEqual(after[0].resumed_from_step, max(before.saved_steps), job.describe())
+        else:
+            # It loaded the newest snapshot the round of 6 saved.
+            self.assertEqual(after[0].resumed_from_step, max(before.saved_steps), job.describe())
         self.assertGreater(after[0].resumed_from_step, 0)
         # Exactly one round trained to the end. A later round may follow it only when a worker
         # failed after that (a Gloo worker can die in torch's own teardown, after "done:": seen
@@ -103,12 +112,18 @@ class PythonJobFaultToleranceTest(unittest.TestCase):
         # Nothing of the round of 6 was trained twice: later rounds never resumed before it.
         for r in after:
             self.assertGreaterEqual(r.resumed_from_step or 0, max(before.saved_steps), job.describe())
-        if standby:
+        with open(events) as f:
+            started = [e for e in map(json.loads, f) if e["type"] == "worker_started"]
+        after_crash = [e for e in started if e["generation"] > before.generation]
+        self.assertEqual(len(after_crash), 4 * len(after), started)
+        first_after = [e for e in after_crash if e["generation"] == after[0].generation]
+        if in_memory:
+            # The four survivors kept their processes: the same pids, given the new round.
+            self.assertTrue(all(e.get("in_memory") for e in first_after), first_after)
+            before_pids = {e["pid"] for e in started if e["generation"] == before.generation}
+            self.assertLessEqual({e["pid"] for e in first_after}, before_pids, started)
+        elif standby:
             # Every worker of the rounds after the crash was a standby that became the worker.
-            with open(events) as f:
-                started = [e for e in map(json.loads, f) if e["type"] == "worker_started"]
-            after_crash = [e for e in started if e["generation"] > before.generation]
-            self.assertEqual(len(after_crash), 4 * len(after), started)
             self.assertTrue(all(e["standby"] for e in after_crash), after_crash)
 
 

@@ -141,6 +141,24 @@ std::string tiny_elf(const std::vector<std::string>& names, const std::function<
 
 }  // namespace
 
+TEST_SUITE("a Python script that uses in-memory restart is told by its text") {
+  using ddp::launcher::file_contains;
+  using ddp::launcher::kPythonInMemoryRestart;
+
+  TEST_CASE("the token is found anywhere within the limit, across the reader's pieces") {
+    TempDir dir;
+    CHECK(file_contains(dir.file("uses.py", "import ddplaunch\nr = ddplaunch.InMemoryRestart()\n"), kPythonInMemoryRestart));
+    CHECK_FALSE(file_contains(dir.file("plain.py", "import torch\nprint('InMemory' 'Restart')\n"), kPythonInMemoryRestart));
+    // Straddling the 64 KiB boundary of the reader, and beyond a limit.
+    std::string big(64 * 1024 - 5, '#');
+    const std::string straddling = dir.file("straddling.py", big + kPythonInMemoryRestart + "\n");
+    CHECK(file_contains(straddling, kPythonInMemoryRestart));
+    CHECK_FALSE(file_contains(straddling, kPythonInMemoryRestart, 64 * 1024));
+    CHECK_FALSE(file_contains(dir.path() + "/missing.py", kPythonInMemoryRestart));
+    CHECK_FALSE(file_contains(dir.path(), kPythonInMemoryRestart));  // a directory reads as nothing
+  }
+}
+
 TEST_SUITE("the worker SDK's standby mark is read from the ELF section headers") {
   using ddp::launcher::has_elf_section;
   using ddp::launcher::kStandbyMarkSection;
