@@ -64,6 +64,10 @@ WORKER = textwrap.dedent("""
         except ValueError as e:
             print("recoverable", restart.recoverable(e), flush=True)
             restart.close()
+            # Both ranks leave the group together: a process that exits with a live Gloo group
+            # while its peer closes the connections can die in torch's teardown (SIGABRT).
+            dist.barrier()
+            dist.destroy_process_group()
             sys.exit(3)
     if rank == 1:
         time.sleep(600)       # no longer takes part: rank 0 waits on it in vain
@@ -88,21 +92,17 @@ WORKER = textwrap.dedent("""
 
 def read_frame(sock):
     """One worker-channel frame (agent/worker_channel.h) from `sock`: its JSON object."""
-    data = b""
-    while len(data) < HEADER.size:
-        chunk = sock.recv(HEADER.size - len(data))
-        if not chunk:
-            raise EOFError("the channel closed")
-        data += chunk
-    magic, version, length = HEADER.unpack(data)
+    def exactly(n, where):
+        data = b""
+        while len(data) < n:
+            chunk = sock.recv(n - len(data))
+            if not chunk:
+                raise EOFError("the channel closed " + where)
+            data += chunk
+        return data
+    magic, version, length = HEADER.unpack(exactly(HEADER.size, "between frames"))
     assert magic == b"DDPW" and version == 1 and 2 <= length <= 4096, (magic, version, length)
-    payload = b""
-    while len(payload) < length:
-        chunk = sock.recv(length - len(payload))
-        if not chunk:
-            raise EOFError("the channel closed in a frame")
-        payload += chunk
-    return json.loads(payload)
+    return json.loads(exactly(length, "in a frame"))
 
 
 class ParkingWithoutDdplaunch(LaunchTestCase):
