@@ -104,7 +104,7 @@ def _looks_like_communication_error(error):
 class InMemoryRestart:
     def __init__(self):
         self._fd = None
-        self._sockets = []          # this round's sockets (fds), shut down when it is abandoned
+        self._sockets = {}          # this round's sockets ({fd: "socket:[inode]"}), shut when it is abandoned
         self._lock = threading.Lock()
         self._watcher = None
         self._said_restartable = False
@@ -163,7 +163,7 @@ class InMemoryRestart:
         before = _socket_fds()
         dist.init_process_group(backend, **kwargs)
         after = _socket_fds()
-        mine = [fd for fd, inode in after.items() if before.get(fd) != inode and _is_connected_tcp(fd)]
+        mine = {fd: inode for fd, inode in after.items() if before.get(fd) != inode and _is_connected_tcp(fd)}
         with self._lock:
             self._sockets = mine
             self._parking = False
@@ -175,11 +175,20 @@ class InMemoryRestart:
 
     def _shut_down_round(self):
         with self._lock:
-            fds, self._sockets = self._sockets, []
-        for fd in fds:
+            fds, self._sockets = self._sockets, {}
+        for fd, inode in fds.items():
+            # Gloo closes a pair's socket once it failed, and the number may since name another
+            # file of the program's: only the very socket init_process_group opened is shut.
             try:
-                s = socket.socket(fileno=os.dup(fd))
+                if os.readlink("/proc/self/fd/%d" % fd) != inode:
+                    continue
+                copy = os.dup(fd)
             except OSError:
+                continue
+            try:
+                s = socket.socket(fileno=copy)
+            except OSError:
+                os.close(copy)
                 continue
             try:
                 s.shutdown(socket.SHUT_RDWR)
