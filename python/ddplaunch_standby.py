@@ -106,13 +106,22 @@ def decode(message):
     return env, cwd
 
 
+def send_frame(fd, message):
+    """Writes one frame of the worker channel (agent/worker_channel.h) to `fd`: the 12-byte
+    header ("DDPW", version 1, the length; the shape of the assignment's) and `message` as JSON.
+    Raises OSError."""
+    import json
+
+    payload = json.dumps(message, separators=(",", ":")).encode()
+    os.write(fd, _HEADER.pack(b"DDPW", 1, len(payload)) + payload)
+
+
 def _say_ready(fd):
-    """Tells the agent this standby has imported what it preloads (a `standby_ready` frame of the
-    worker channel, agent/worker_channel.h): an agent that starts joins its job only then. An agent
-    that has gone shows when the assignment is read."""
-    payload = b'{"type":"standby_ready"}'
+    """Tells the agent this standby has imported what it preloads (a `standby_ready` frame): an
+    agent that starts joins its job only then. An agent that has gone shows when the assignment
+    is read."""
     try:
-        os.write(fd, _HEADER.pack(b"DDPW", 1, len(payload)) + payload)  # the same 12-byte header shape
+        send_frame(fd, {"type": "standby_ready"})
     except OSError:
         pass
 
@@ -123,6 +132,18 @@ def _close_fds(fds):
             os.close(fd)
         except OSError:
             pass
+
+
+def become(env, cwd, out_fd, err_fd):
+    """Makes this process the assignment's worker: `out_fd` and `err_fd` become descriptors 1 and
+    2 (and are closed), `env` the whole environment, `cwd` the working directory (OSError when it
+    cannot be entered)."""
+    os.dup2(out_fd, 1)
+    os.dup2(err_fd, 2)
+    _close_fds({out_fd, err_fd} - {1, 2})
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(cwd)
 
 
 def receive(fd, keep_open=False):
@@ -360,13 +381,8 @@ def main():
                          "%s\n" % (os.getpid(), e, program))
         return 1
     # From here on this process is the worker, as if just started.
-    os.dup2(out_fd, 1)
-    os.dup2(err_fd, 2)
-    _close_fds({out_fd, err_fd} - {1, 2})
-    os.environ.clear()
-    os.environ.update(env)
     try:
-        os.chdir(cwd)
+        become(env, cwd, out_fd, err_fd)
     except OSError as e:
         sys.stderr.write("ddplaunch standby: cannot enter the working directory %s: %s\n" % (cwd, e))
         return 1

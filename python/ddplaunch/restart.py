@@ -6,21 +6,20 @@ nothing (a replacement) receives the state from one that does, over the new grou
 reading a checkpoint.
 
     restart = ddplaunch.InMemoryRestart()
-    model, optimizer, step = build(), ..., -1
+    model, optimizer, held = build(), ..., -1       # held: the step they are at (-1: fresh)
     while True:
-        restart.init_process_group("gloo")          # dist.init_process_group, watched
-        step, state = restart.agree(step, lambda: {"model": ..., "optimizer": ..., ...})
-        if state is None: ... read the newest checkpoint, or start at step 0 ...
-        elif state is not held: ... load state (a replacement received it) ...
-        ddp = DistributedDataParallel(model)
         try:
-            ... train, updating `step` after each optimizer step ...
+            restart.init_process_group("gloo")      # dist.init_process_group, watched
+            step, state = restart.agree(held, lambda: {"model": ..., "optimizer": ..., ...})
+            # state None: read the newest checkpoint, or start at step 0; a step other than
+            # held: load state (a replacement received it)
+            ddp = DistributedDataParallel(model)
+            ... train, setting `held` after each optimizer step ...
             break
         except Exception as e:
             if not restart.recoverable(e):
                 raise
-            del ddp
-            restart.park(step)                       # returns in the next round's environment
+        restart.park(held)                          # outside the handler: the old DDP is freed
     restart.close()
 
 Under another launcher, with in-memory restart off, or with a backend other than Gloo,
@@ -36,19 +35,18 @@ do the peers' collectives that wait on this rank. A watcher thread reads the age
 (`abandoned()`, the progress slot) every 20 ms.
 """
 
-import json
 import os
 import socket
-import struct
 import sys
 import threading
 import time
+
+import ddplaunch_standby  # the assignment's decoder and the channel's frames, installed beside this package
 
 from . import abandoned, enabled as _progress_enabled
 
 __all__ = ["InMemoryRestart"]
 
-_HEADER = struct.Struct("<4sII")   # agent/worker_channel.h: "DDPW", version 1, payload length
 _WATCH_PERIOD = 0.02               # seconds between looks at the agent's word
 _WORD_WAIT = 60.0                  # how long a failed collective waits for the agent's word
 _STUCK_DUMP = 2.0                  # seconds after the round's end before a worker not parked dumps its stacks
@@ -71,10 +69,23 @@ def _socket_fds():
     return found
 
 
-def _is_connected_tcp(fd):
+def _socket_copy(fd):
+    """A socket object on a duplicate of `fd` (closing it leaves `fd` open), or None when `fd` is
+    not a socket."""
     try:
-        s = socket.socket(fileno=os.dup(fd))
+        copy = os.dup(fd)
     except OSError:
+        return None
+    try:
+        return socket.socket(fileno=copy)
+    except OSError:
+        os.close(copy)
+        return None
+
+
+def _is_connected_tcp(fd):
+    s = _socket_copy(fd)
+    if s is None:
         return False
     try:
         if s.family not in (socket.AF_INET, socket.AF_INET6) or s.type != socket.SOCK_STREAM:
@@ -115,12 +126,10 @@ class InMemoryRestart:
         # The agent's word comes through the progress slot: without it nothing could say park.
         if text.isdigit() and int(text) >= 3 and _progress_enabled():
             fd = int(text)
-            try:
-                s = socket.socket(fileno=os.dup(fd))
-                ok = s.family == socket.AF_UNIX and s.type == socket.SOCK_STREAM
+            s = _socket_copy(fd)
+            ok = s is not None and s.family == socket.AF_UNIX and s.type == socket.SOCK_STREAM
+            if s is not None:
                 s.close()
-            except OSError:
-                ok = False
             if ok:
                 os.set_inheritable(fd, False)
                 self._fd = fd
@@ -130,14 +139,9 @@ class InMemoryRestart:
         """True when this worker can park: ddplaunch gave it a channel and its backend is Gloo."""
         return self._fd is not None
 
-    # The channel (agent/worker_channel.h).
-    def _send(self, message):
-        payload = json.dumps(message, separators=(",", ":")).encode()
-        os.write(self._fd, _HEADER.pack(b"DDPW", 1, len(payload)) + payload)
-
     def _say_restartable(self, value):
         try:
-            self._send({"type": "restartable", "value": bool(value)})
+            ddplaunch_standby.send_frame(self._fd, {"type": "restartable", "value": bool(value)})
         except OSError:
             self._fd = None  # the agent is gone: nothing to park for
             return
@@ -157,8 +161,6 @@ class InMemoryRestart:
         if self._fd is None:
             dist.init_process_group(backend, **kwargs)
             return
-        import ddplaunch_standby
-
         ddplaunch_standby._probe_before_env_rendezvous()
         before = _socket_fds()
         dist.init_process_group(backend, **kwargs)
@@ -182,13 +184,10 @@ class InMemoryRestart:
             try:
                 if os.readlink("/proc/self/fd/%d" % fd) != inode:
                     continue
-                copy = os.dup(fd)
             except OSError:
                 continue
-            try:
-                s = socket.socket(fileno=copy)
-            except OSError:
-                os.close(copy)
+            s = _socket_copy(fd)
+            if s is None:
                 continue
             try:
                 s.shutdown(socket.SHUT_RDWR)
@@ -237,7 +236,6 @@ class InMemoryRestart:
         the job instead, this process ends (SIGTERM, or exit 0 when the channel closes)."""
         import faulthandler
         import torch.distributed as dist
-        import ddplaunch_standby
 
         with self._lock:
             self._parking = True
@@ -254,7 +252,7 @@ class InMemoryRestart:
         sys.stderr.flush()
         step = max(-1, min(int(step), (1 << 53) - 1))
         try:
-            self._send({"type": "parked", "step": step})
+            ddplaunch_standby.send_frame(self._fd, {"type": "parked", "step": step})
             env, cwd, out_fd, err_fd = ddplaunch_standby.receive(self._fd, keep_open=True)
         except (OSError, ddplaunch_standby.NoAssignment):
             sys.stderr.write("ddplaunch: the agent closed this worker's channel while it was parked; exiting\n")
@@ -262,13 +260,11 @@ class InMemoryRestart:
         except ddplaunch_standby.BadAssignment as e:
             sys.stderr.write("ddplaunch: bad assignment from the agent while parked: %s; exiting\n" % e)
             os._exit(1)
-        os.dup2(out_fd, 1)
-        os.dup2(err_fd, 2)
-        for fd in {out_fd, err_fd} - {1, 2}:
-            os.close(fd)
-        os.environ.clear()
-        os.environ.update(env)
-        os.chdir(cwd)
+        try:
+            ddplaunch_standby.become(env, cwd, out_fd, err_fd)
+        except OSError as e:
+            sys.stderr.write("ddplaunch: cannot enter the working directory %s: %s; exiting\n" % (cwd, e))
+            os._exit(1)
         self.parked += 1
 
     def agree(self, step, state):
