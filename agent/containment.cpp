@@ -326,6 +326,110 @@ void Containment::create_cgroup() {
   cgroup_dir_ = dir;
 }
 
+// ---- spawning inside the cgroup without copying the agent (spawn_worker) ----
+
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || __has_feature(memory_sanitizer)
+#define DDP_SANITIZED 1
+#endif
+#endif
+// Sanitizers keep their own state per stack and thread; a child on a foreign stack sharing the
+// agent's memory would confuse them: sanitized builds fork.
+#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__) && !defined(DDP_SANITIZED)
+#define DDP_SHARED_VM_SPAWN 1
+// long ddp_clone3_run(clone_args*, size, fn, arg): clone3 (435) in the calling thread; returns
+// the child's pid or -errno there. The child starts on the stack clone_args names (the kernel
+// sets its stack pointer to the stack's top) and calls fn(arg), which never returns. Registers
+// r8 and r9 survive the system call in both; nothing of the caller's frame is touched in the
+// child. Written in assembly because C cannot switch stacks between a system call's return and
+// the next instruction.
+extern "C" long ddp_clone3_run(void* args, std::size_t size, void (*fn)(void*), void* arg);
+asm(R"(
+    .text
+    .globl ddp_clone3_run
+    .hidden ddp_clone3_run
+    .type ddp_clone3_run, @function
+ddp_clone3_run:
+    movq %rdx, %r8
+    movq %rcx, %r9
+    movl $435, %eax
+    syscall
+    testq %rax, %rax
+    jz 1f
+    ret
+1:
+    xorl %ebp, %ebp
+    movq %r9, %rdi
+    callq *%r8
+    ud2
+    .size ddp_clone3_run, .-ddp_clone3_run
+)");
+
+namespace {
+
+// The child's stack. One suffices: the spawning thread waits (CLONE_VFORK) until the child has
+// exec'd or exited, and spawns happen on the agent's io_context thread only.
+alignas(64) char g_child_stack[256 * 1024];
+
+struct SharedVmChild {
+  Containment::ChildMain main;
+  void* arg;
+};
+
+// First thing in the child, which shares the agent's memory: the agent's signal handlers must
+// never run here (they would act on the agent's state), so each handled signal goes back to
+// its default while all are still blocked (the parent blocked them before clone3); `main`
+// unblocks what it needs before its exec.
+[[noreturn]] void shared_vm_child(void* p) {
+  const auto* c = static_cast<const SharedVmChild*>(p);
+  for (int s = 1; s < NSIG; ++s) {
+    struct sigaction sa {};
+    if (::sigaction(s, nullptr, &sa) != 0) continue;
+    if (sa.sa_handler == SIG_DFL || sa.sa_handler == SIG_IGN) continue;
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    ::sigaction(s, &dfl, nullptr);
+  }
+  c->main(c->arg);
+  ::_exit(127);
+}
+
+}  // namespace
+#endif
+
+pid_t Containment::spawn_worker(ChildMain child, void* arg) {
+#ifdef DDP_SHARED_VM_SPAWN
+  if (dir_fd_ >= 0 && !clone3_refused_) {
+    struct {
+      std::uint64_t flags, pidfd, child_tid, parent_tid, exit_signal, stack, stack_size, tls, set_tid, set_tid_size,
+          cgroup;
+    } args{};
+    constexpr std::uint64_t kCloneVm = 0x100, kCloneVfork = 0x4000, kCloneIntoCgroup = 0x200000000ULL;
+    args.flags = kCloneVm | kCloneVfork | kCloneIntoCgroup;
+    args.exit_signal = SIGCHLD;
+    args.stack = reinterpret_cast<std::uint64_t>(g_child_stack);
+    args.stack_size = sizeof g_child_stack;
+    args.cgroup = static_cast<std::uint64_t>(dir_fd_);
+    SharedVmChild start{child, arg};
+    sigset_t all, old;
+    sigfillset(&all);
+    ::pthread_sigmask(SIG_SETMASK, &all, &old);
+    const long r = ddp_clone3_run(&args, sizeof args, &shared_vm_child, &start);
+    ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    if (r >= 0) return static_cast<pid_t>(r);
+    errno = static_cast<int>(-r);
+    if (errno != ENOSYS && errno != EPERM && errno != EINVAL && errno != E2BIG) return -1;
+    clone3_refused_ = true;  // a seccomp filter or an old kernel: fork, then move the child
+  }
+#endif
+  const pid_t pid = fork_worker();
+  if (pid == 0) {
+    child(arg);
+    ::_exit(127);
+  }
+  return pid;
+}
+
 pid_t Containment::fork_worker() {
   if (dir_fd_ >= 0 && procs_fd_ >= 0 && !clone3_refused_) {
     // struct clone_args of linux/sched.h (version 2, with `cgroup`), spelled out: that header

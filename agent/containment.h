@@ -57,6 +57,15 @@ class Containment {
   // restart) workers are moved in: see kill_all(). The child may only make
   // async-signal-safe calls before exec (the agent runs threads).
   pid_t fork_worker();
+  // Starts a worker and runs `child(arg)` in it (which must exec or _exit, async-signal-safe
+  // calls only); returns its pid, or -1 with errno. Where it can (x86-64, a cgroup, clone3
+  // allowed, no sanitizer), the way posix_spawn does: clone3(CLONE_VM | CLONE_VFORK |
+  // CLONE_INTO_CGROUP) on a stack of the child's own, so that no page table is copied, nothing
+  // is copied on write in the agent afterwards, and the exec tears nothing down; the calling
+  // thread waits until the child has exec'd or exited, with every signal blocked and every
+  // handled signal reset to its default in the child. Elsewhere fork_worker(), then `child`.
+  using ChildMain = void (*)(void*);
+  pid_t spawn_worker(ChildMain child, void* arg);
   // Tells the sentinel about a process group to kill if the agent dies.
   void watch_group(int pgid);
 

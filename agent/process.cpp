@@ -21,6 +21,43 @@ namespace ddp::agent {
 
 namespace {
 
+// What a new worker does between fork and exec, prepared by the agent before it forks.
+struct ChildSetup {
+  pid_t parent;
+  int out_fd, err_fd, pass_fd, exec_error_fd;
+  const PreparedBinding* numa;
+  char* const* argv;
+  char* const* envp;
+};
+
+// The child, between fork and exec: only async-signal-safe calls, no allocation (it may share
+// the agent's memory: Containment::spawn_worker). Never returns.
+void run_child(void* p) {
+  const auto& c = *static_cast<const ChildSetup*>(p);
+  ::setpgid(0, 0);
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != c.parent) ::_exit(137);  // the agent died before prctl took effect
+  if (c.out_fd >= 0) ::dup2(c.out_fd, STDOUT_FILENO);
+  if (c.err_fd >= 0) ::dup2(c.err_fd, STDERR_FILENO);
+  // A worker gets 0, 1 and 2 and nothing else of the agent's (torchrun's close_fds=True),
+  // whether or not each descriptor was opened close-on-exec.
+  cloexec_fds_from(3);
+  if (c.pass_fd >= 0) ::fcntl(c.pass_fd, F_SETFD, 0);
+  // The agent's signal handlers are reset by exec; its ignored (SIGPIPE) and blocked signals
+  // would not be.
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  ::sigaction(SIGPIPE, &dfl, nullptr);
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  apply_numa_binding(*c.numa);
+  ::execve(c.argv[0], c.argv, c.envp);
+  const int error = errno;
+  (void)!::write(c.exec_error_fd, &error, sizeof error);
+  ::_exit(127);
+}
+
 // Reaps children on SIGCHLD: the exit of a worker is an event, never polled.
 class PosixProcesses final : public Processes {
  public:
@@ -68,32 +105,15 @@ class PosixProcesses final : public Processes {
     if (::pipe2(exec_error, O_CLOEXEC) != 0) {
       throw SpawnError("cannot start " + request.argv.at(0) + ": pipe: " + std::strerror(errno));
     }
-    // A worker starts in the worker group's cgroup; a standby outside it, until adopt().
-    const pid_t pid = request.standby ? containment_.fork_standby() : containment_.fork_worker();
-    if (pid == 0) {
-      // The child, between fork and exec: only async-signal-safe calls.
-      ::setpgid(0, 0);
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (::getppid() != parent) ::_exit(137);  // the agent died before prctl took effect
-      if (out_fd >= 0) ::dup2(out_fd, STDOUT_FILENO);
-      if (err_fd >= 0) ::dup2(err_fd, STDERR_FILENO);
-      // A worker gets 0, 1 and 2 and nothing else of the agent's (torchrun's close_fds=True),
-      // whether or not each descriptor was opened close-on-exec.
-      cloexec_fds_from(3);
-      if (pass_fd >= 0) ::fcntl(pass_fd, F_SETFD, 0);
-      // The agent's signal handlers are reset by exec; its ignored (SIGPIPE) and blocked
-      // signals would not be.
-      struct sigaction dfl {};
-      dfl.sa_handler = SIG_DFL;
-      ::sigaction(SIGPIPE, &dfl, nullptr);
-      sigset_t none;
-      sigemptyset(&none);
-      ::sigprocmask(SIG_SETMASK, &none, nullptr);
-      apply_numa_binding(numa);
-      ::execve(argv[0], argv.data(), env_block);
-      const int error = errno;
-      (void)!::write(exec_error[1], &error, sizeof error);
-      ::_exit(127);
+    // A worker starts in the worker group's cgroup (without a copy of the agent's memory where
+    // it can: Containment::spawn_worker); a standby outside it, until adopt().
+    ChildSetup setup{parent, out_fd, err_fd, pass_fd, exec_error[1], &numa, argv.data(), env_block};
+    pid_t pid;
+    if (request.standby) {
+      pid = containment_.fork_standby();
+      if (pid == 0) run_child(&setup);
+    } else {
+      pid = containment_.spawn_worker(&run_child, &setup);
     }
     const int fork_errno = errno;
     ::close(exec_error[1]);

@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <functional>
+#include <string>
 #include <thread>
 
 #include "agent/containment.h"
@@ -37,6 +38,32 @@ pid_t fork_worker(const Containment& c, bool join, bool exit_now) {
     for (;;) ::pause();
   }
   return pid;
+}
+
+// A handler of the test process's: in a child that shares its memory it would set this flag.
+volatile sig_atomic_t g_handler_ran = 0;
+void on_usr1(int) { g_handler_ran = 1; }
+
+struct ExecCat {
+  int out_fd;
+};
+
+// spawn_worker's child: the test's stdout pipe as stdout, then `cat /proc/self/cgroup`; before
+// that it raises SIGUSR1, which must meet the default action (death), not the test's handler.
+void raise_then_cat(void* p) {
+  const int out = static_cast<const ExecCat*>(p)->out_fd;
+  if (out < 0) {
+    sigset_t usr1;
+    sigemptyset(&usr1);
+    sigaddset(&usr1, SIGUSR1);
+    ::sigprocmask(SIG_UNBLOCK, &usr1, nullptr);
+    ::raise(SIGUSR1);
+    ::_exit(3);  // not reached when SIGUSR1 kills
+  }
+  ::dup2(out, STDOUT_FILENO);
+  char* const argv[] = {const_cast<char*>("/bin/cat"), const_cast<char*>("/proc/self/cgroup"), nullptr};
+  ::execv(argv[0], argv);
+  ::_exit(127);
 }
 
 void end(pid_t pid) {
@@ -108,6 +135,50 @@ TEST_SUITE("the worker group is contained") {
       ::waitpid(pid, nullptr, 0);
       c.kill_all();  // what the agent does after each round: cgroup.kill
     }
+  }
+
+  TEST_CASE("spawn_worker starts the child inside the cgroup, and none of the agent's handlers runs in it") {
+    Containment c;
+    if (c.cgroup_dir().empty()) {
+      MESSAGE("skipped: no cgroup for the worker group here: " << c.cgroup_problem());
+      return;
+    }
+    struct sigaction sa {}, previous {};
+    sa.sa_handler = on_usr1;
+    sigemptyset(&sa.sa_mask);
+    REQUIRE(::sigaction(SIGUSR1, &sa, &previous) == 0);
+    g_handler_ran = 0;
+    ExecCat raise_only{-1};
+    const pid_t raiser = c.spawn_worker(&raise_then_cat, &raise_only);
+    REQUIRE(raiser > 0);
+    int status = 0;
+    REQUIRE(::waitpid(raiser, &status, 0) == raiser);
+    CHECK(WIFSIGNALED(status));
+    CHECK(WTERMSIG(status) == SIGUSR1);
+    CHECK(g_handler_ran == 0);
+    ::sigaction(SIGUSR1, &previous, nullptr);
+
+    int fds[2];
+    REQUIRE(::pipe(fds) == 0);
+    ExecCat cat{fds[1]};
+    const pid_t pid = c.spawn_worker(&raise_then_cat, &cat);
+    REQUIRE(pid > 0);
+    ::close(fds[1]);
+    std::string text;
+    char buf[512];
+    for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) text.append(buf, static_cast<std::size_t>(n));
+    ::close(fds[0]);
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+    // "0::/<path>": the cgroup directory ends with that path.
+    const auto line = text.find("0::");
+    REQUIRE(line != std::string::npos);
+    const std::string path = text.substr(line + 3, text.find('\n', line) - line - 3);
+    INFO("cat /proc/self/cgroup: " << text);
+    CHECK(path.size() > 1);
+    CHECK(c.cgroup_dir().size() >= path.size());
+    CHECK(c.cgroup_dir().compare(c.cgroup_dir().size() - path.size(), path.size(), path) == 0);
   }
 
   TEST_CASE("a standby outlives the kills of a restart until it is adopted, then dies with the group") {
