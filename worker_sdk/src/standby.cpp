@@ -39,6 +39,17 @@ const char* g_waiting = "standby";
   ::_exit(1);  // nothing of the program's (atexit handlers, static destructors) runs
 }
 
+// The agent ended the channel before an assignment: it is stopping the job, so exit 0. A standby
+// leaves without a word (it never was a worker); a parked worker says why, since it was one.
+[[noreturn]] void leave_at_agents_end(const std::string& why) {
+  if (std::strcmp(g_waiting, "standby") != 0) {
+    std::fprintf(stderr, "ddplaunch %s (pid %d): %s before the next assignment; exiting\n", g_waiting,
+                 static_cast<int>(::getpid()), why.c_str());
+    std::fflush(stderr);
+  }
+  ::_exit(0);
+}
+
 // The socket's descriptor from `variable` (digits only), checked to be a socket; -1 with
 // `error` saying why not.
 int socket_from(const char* variable, const char* text, std::string& error) {
@@ -73,7 +84,7 @@ std::string receive(int fd, std::vector<int>& fds) {
     const ssize_t n = ::recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
     if (n < 0 && errno == EINTR) continue;
     // The agent closed its end without reading our standby_ready frame: a reset, not an EOF.
-    if (n < 0 && errno == ECONNRESET && message.empty()) ::_exit(0);
+    if (n < 0 && errno == ECONNRESET && message.empty()) leave_at_agents_end("the agent reset the channel");
     if (n < 0) give_up(std::string("reading the assignment: ") + std::strerror(errno));
     for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
       if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
@@ -86,7 +97,7 @@ std::string receive(int fd, std::vector<int>& fds) {
     }
     if (msg.msg_flags & MSG_CTRUNC) give_up("the assignment came with more descriptors than stdout and stderr");
     if (n == 0) {
-      if (message.empty()) ::_exit(0);  // closed before an assignment: the agent is stopping
+      if (message.empty()) leave_at_agents_end("the agent closed the channel");  // it is stopping
       give_up("the socket closed after " + std::to_string(message.size()) + " bytes of the assignment");
     }
     message.append(buffer, static_cast<std::size_t>(n));
@@ -189,7 +200,9 @@ bool parking_allowed() { return g_parking_allowed.load(std::memory_order_relaxed
 
 void park(int64_t step) {
   const int fd = worker_channel();
-  if (!send_all(fd, agent::encode_worker_message(agent::WorkerMessage::make_parked(step)))) ::_exit(0);  // agent gone
+  if (!send_all(fd, agent::encode_worker_message(agent::WorkerMessage::make_parked(step)))) {
+    leave_at_agents_end(std::string("telling the agent it parked failed (") + std::strerror(errno) + ")");  // agent gone
+  }
   // The Trainer defers SIGTERM to the end of a step; a parked worker has none to finish.
   struct sigaction dfl {}, previous {};
   dfl.sa_handler = SIG_DFL;
