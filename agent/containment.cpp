@@ -371,17 +371,22 @@ namespace {
 // exec'd or exited, and spawns happen on the agent's io_context thread only.
 alignas(64) char g_child_stack[256 * 1024];
 
-struct SharedVmChild {
+}  // namespace
+#endif
+
+namespace {
+
+struct WorkerStart {
   Containment::ChildMain main;
   void* arg;
 };
 
-// First thing in the child, which shares the agent's memory: the agent's signal handlers must
-// never run here (they would act on the agent's state), so each handled signal goes back to
-// its default while all are still blocked (the parent blocked them before clone3); `main`
-// unblocks what it needs before its exec.
-[[noreturn]] void shared_vm_child(void* p) {
-  const auto* c = static_cast<const SharedVmChild*>(p);
+// First thing in a worker's child, forked or sharing the agent's memory: the agent's signal
+// handlers must never run there (they would act on the agent's state, or on a copy of it), so
+// each handled signal goes back to its default while all are still blocked (the parent blocked
+// them before clone3 or fork); `main` unblocks what it needs before its exec.
+[[noreturn]] void start_worker_child(void* p) {
+  const auto* c = static_cast<const WorkerStart*>(p);
   for (int s = 1; s < NSIG; ++s) {
     struct sigaction sa {};
     if (::sigaction(s, nullptr, &sa) != 0) continue;
@@ -394,10 +399,27 @@ struct SharedVmChild {
   ::_exit(127);
 }
 
+// Blocks every signal in the calling thread while it lives.
+class AllSignalsBlocked {
+ public:
+  AllSignalsBlocked() {
+    sigset_t all;
+    sigfillset(&all);
+    ::pthread_sigmask(SIG_SETMASK, &all, &old_);
+  }
+  ~AllSignalsBlocked() { ::pthread_sigmask(SIG_SETMASK, &old_, nullptr); }
+  AllSignalsBlocked(const AllSignalsBlocked&) = delete;
+  AllSignalsBlocked& operator=(const AllSignalsBlocked&) = delete;
+
+ private:
+  sigset_t old_;
+};
+
 }  // namespace
-#endif
 
 pid_t Containment::spawn_worker(ChildMain child, void* arg) {
+  WorkerStart start{child, arg};
+  const AllSignalsBlocked blocked;
 #ifdef DDP_SHARED_VM_SPAWN
   if (dir_fd_ >= 0 && !clone3_refused_) {
     struct {
@@ -410,12 +432,7 @@ pid_t Containment::spawn_worker(ChildMain child, void* arg) {
     args.stack = reinterpret_cast<std::uint64_t>(g_child_stack);
     args.stack_size = sizeof g_child_stack;
     args.cgroup = static_cast<std::uint64_t>(dir_fd_);
-    SharedVmChild start{child, arg};
-    sigset_t all, old;
-    sigfillset(&all);
-    ::pthread_sigmask(SIG_SETMASK, &all, &old);
-    const long r = ddp_clone3_run(&args, sizeof args, &shared_vm_child, &start);
-    ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    const long r = ddp_clone3_run(&args, sizeof args, &start_worker_child, &start);
     if (r >= 0) return static_cast<pid_t>(r);
     errno = static_cast<int>(-r);
     if (errno != ENOSYS && errno != EPERM && errno != EINVAL && errno != E2BIG) return -1;
@@ -423,10 +440,7 @@ pid_t Containment::spawn_worker(ChildMain child, void* arg) {
   }
 #endif
   const pid_t pid = fork_worker();
-  if (pid == 0) {
-    child(arg);
-    ::_exit(127);
-  }
+  if (pid == 0) start_worker_child(&start);
   return pid;
 }
 
