@@ -473,9 +473,14 @@ void Containment::start_sentinel() {
   // Prepared before fork: the child must not allocate.
   const std::string kill_path = cgroup_dir_.empty() ? "" : cgroup_dir_ + "/cgroup.kill";
   const std::string events_path = cgroup_dir_.empty() ? "" : cgroup_dir_ + "/cgroup.events";
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    sentinel_main(fds[0], kill_path.c_str(), events_path.c_str(), cgroup_dir_.c_str(), marker_entry_.c_str());
+  pid_t pid;
+  {
+    // Until the sentinel has reset the agent's handlers, none of them may run in it.
+    const AllSignalsBlocked blocked;
+    pid = ::fork();
+    if (pid == 0) {
+      sentinel_main(fds[0], kill_path.c_str(), events_path.c_str(), cgroup_dir_.c_str(), marker_entry_.c_str());
+    }
   }
   ::close(fds[0]);
   if (pid < 0) {
@@ -502,8 +507,14 @@ void Containment::watch_group(int pgid) {
   send('+', pgid);
 }
 
-pid_t Containment::fork_standby() {
-  const pid_t pid = ::fork();
+pid_t Containment::spawn_standby(ChildMain child, void* arg) {
+  WorkerStart start{child, arg};
+  pid_t pid;
+  {
+    const AllSignalsBlocked blocked;
+    pid = ::fork();
+    if (pid == 0) start_worker_child(&start);
+  }
   if (pid > 0) standby_groups_.push_back(pid);
   return pid;
 }

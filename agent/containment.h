@@ -69,12 +69,14 @@ class Containment {
   // Tells the sentinel about a process group to kill if the agent dies.
   void watch_group(int pgid);
 
-  // Forks a standby (agent/standby.h), like fork(), outside the cgroup; the child may only make
-  // async-signal-safe calls before exec. Its process group (its pid, once it called setpgid)
-  // is a standby's until adopt_standby() or forget_standby(): watch_group() tells the sentinel
-  // to kill it if the agent dies, kill_all() spares it, check_member() does not judge by it.
+  // Forks a standby (agent/standby.h) outside the cgroup and runs `child(arg)` in it, with the
+  // rules of spawn_worker (signals blocked around the fork, the agent's handlers reset in the
+  // child; async-signal-safe calls only, then exec or _exit); returns its pid or -1. Its
+  // process group (its pid, once it called setpgid) is a standby's until adopt_standby() or
+  // forget_standby(): watch_group() tells the sentinel to kill it if the agent dies,
+  // kill_all() spares it, check_member() does not judge by it.
   // (The caller gives it no marker either, so that a restart's marker scan spares it too.)
-  pid_t fork_standby();
+  pid_t spawn_standby(ChildMain child, void* arg);
   // The standby `pid` becomes a worker: it moves into the cgroup (an RCU grace period, as after
   // a restart) and kill_all() kills it from now on. Its own environment block keeps no marker:
   // it is found by its group, its descendants by the marker they inherit (the standby applies
@@ -89,8 +91,9 @@ class Containment {
   // REQUIRES: `pid` has not been reaped yet (its id cannot have been reused).
   void check_member(int pid);
   // SIGKILLs every watched process group and everything in the cgroup (without one: every
-  // marked process), then forgets the groups. Standbys (fork_standby) are spared. REQUIRES: the group leaders have been reaped (so their ids cannot be reused while
-  // the sentinel still holds them).
+  // marked process), then forgets the groups. Standbys (spawn_standby) are spared.
+  // REQUIRES: the group leaders have been reaped (so their ids cannot be reused while the
+  // sentinel still holds them).
   void kill_all();
 
  private:

@@ -110,8 +110,7 @@ class PosixProcesses final : public Processes {
     ChildSetup setup{parent, out_fd, err_fd, pass_fd, exec_error[1], &numa, argv.data(), env_block};
     pid_t pid;
     if (request.standby) {
-      pid = containment_.fork_standby();
-      if (pid == 0) run_child(&setup);
+      pid = containment_.spawn_standby(&run_child, &setup);
     } else {
       pid = containment_.spawn_worker(&run_child, &setup);
     }

@@ -66,6 +66,14 @@ void raise_then_cat(void* p) {
   ::_exit(127);
 }
 
+// A standby's child: its own process group, none of the agent's descriptors (what exec does to
+// them: all close-on-exec, the sentinel's pipe among them), then it waits to be killed.
+void wait_as_standby(void*) {
+  ::setpgid(0, 0);
+  close_fds_from(3, -1);
+  for (;;) ::pause();
+}
+
 void end(pid_t pid) {
   ::kill(pid, SIGKILL);
   ::waitpid(pid, nullptr, 0);
@@ -183,12 +191,8 @@ TEST_SUITE("the worker group is contained") {
 
   TEST_CASE("a standby outlives the kills of a restart until it is adopted, then dies with the group") {
     Containment c;
-    const pid_t standby = c.fork_standby();  // as PosixProcesses forks a standby: outside the cgroup
-    if (standby == 0) {
-      ::setpgid(0, 0);
-      close_fds_from(3, -1);  // what exec does to the agent's (close-on-exec) descriptors
-      for (;;) ::pause();
-    }
+    // As PosixProcesses starts a standby: outside the cgroup.
+    const pid_t standby = c.spawn_standby(&wait_as_standby, nullptr);
     REQUIRE(standby > 0);
     ::setpgid(standby, standby);
     c.watch_group(standby);
@@ -219,13 +223,7 @@ TEST_SUITE("the worker group is contained") {
     if (agent == 0) {
       ::close(pipe_fds[0]);
       Containment c;
-      const pid_t standby = c.fork_standby();
-      if (standby == 0) {
-        ::setpgid(0, 0);
-        // What exec does to the agent's descriptors (all close-on-exec), the sentinel's pipe among them.
-        close_fds_from(3, -1);
-        for (;;) ::pause();
-      }
+      const pid_t standby = c.spawn_standby(&wait_as_standby, nullptr);
       ::setpgid(standby, standby);
       c.watch_group(standby);
       c.kill_all();  // a restart before the agent dies: the standby stays watched
