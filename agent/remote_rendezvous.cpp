@@ -75,7 +75,7 @@ std::string secs(double s) {
 
 // Seconds one endpoint of a list gets before the next is tried (a single endpoint gets all).
 constexpr double kEndpointSlice = 2.0;
-// Issue 14: the leader a follower named gets this long: a follower may name a leader that just
+// The leader a follower named gets this long: a follower may name a leader that just
 // died (until its lease expires), and the agent must not wait a whole slice on it; a live
 // leader answers hello well within it.
 constexpr double kRedirectSlice = 0.5;
@@ -111,7 +111,7 @@ bool zero_port_endpoint(const std::string& endpoint, std::string& host) {
   return !host.empty();
 }
 
-// Where a hosted server listens for an endpoint naming `host` (issue 17, docs/agent.md): the
+// Where a hosted server listens for an endpoint naming `host` (docs/agent.md): the
 // address itself when the endpoint gives one (a loopback endpoint is not reachable from other
 // machines), loopback for "localhost", and every address for another name, which other nodes
 // may resolve to an address this machine does not (/etc/hosts often maps its own name to
@@ -215,7 +215,7 @@ RemoteRendezvous::RemoteRendezvous(boost::asio::io_context& io, RemoteRendezvous
   }
 }
 
-// Issue 14: a replica of the job's rendezvous on a free port of this node's address, following
+// A replica of the job's rendezvous on a free port of this node's address, following
 // until its election wins; this agent's only endpoint (it redirects to the leader).
 void RemoteRendezvous::start_replica(rdzv::ServerOptions server_options) {
   const EtcdReplicaOptions& r = *options_.etcd_replica;
@@ -236,7 +236,7 @@ void RemoteRendezvous::start_replica(rdzv::ServerOptions server_options) {
       r.prefix + ", lease TTL " + std::to_string(r.lease_ttl) + " s); the replicas elect their leader through etcd");
 }
 
-// Issue 14: once the job has ended (every node was told), its records in etcd are of no use and
+// Once the job has ended (every node was told), its records in etcd are of no use and
 // must not be found by a later job of the same --rdzv_id (a finished job refuses its nodes). Each
 // agent deletes them as it leaves (idempotent; one etcd call's deadline at most).
 void RemoteRendezvous::forget_job_records() {
@@ -291,7 +291,7 @@ void RemoteRendezvous::start_client() {
     client_options.max_retry_delay =
         since(lost_at_) < kFastReconnectWindow ? kFastReconnectDelay : kSlowReconnectDelay;
   }
-  // Issue 14: a leader named by a follower that refuses connections has died; the followers name
+  // A leader named by a follower that refuses connections has died; the followers name
   // its successor as soon as one is elected, so the agent goes back to them instead of knocking
   // on the dead leader for the rest of its slice.
   client_options.give_up_when_refused = redirected_;
@@ -351,7 +351,7 @@ void RemoteRendezvous::start_client() {
   redirected_ = false;
   client_->connect(endpoints_[current_], std::max(left, 0.0));
   if (round_) {
-    // Give the round back: the server continues it, or tells us to restart (issue 10).
+    // Give the round back: the server continues it, or tells us to restart.
     rdzv::ResumeRequest r;
     r.job_id = spec_.job_id.empty() ? options_.job_id : spec_.job_id;
     r.secret = secret_;
@@ -367,7 +367,7 @@ void RemoteRendezvous::start_client() {
   show_progress();
 }
 
-// One line for the wait in progress, counted down every kProgressPeriod (issue 17).
+// One line for the wait in progress, counted down every kProgressPeriod.
 void RemoteRendezvous::show_progress() {
   if (!options_.progress || closed_ || finished_) return;
   const bool connected = client_ && client_->connected();
@@ -483,7 +483,7 @@ void RemoteRendezvous::on_lost(const std::string& why) {
   });
 }
 
-// Issue 14: a follower replica named the leader: go there at once, within the same deadline (a
+// A follower replica named the leader: go there at once, within the same deadline (a
 // redirect is not a reconnect). A leader missing from --rdzv_endpoint is added to the list.
 void RemoteRendezvous::on_redirect(const std::string& leader, const std::string& why) {
   if (closed_ || finished_) return;

@@ -395,7 +395,7 @@ void resolve_logs(const RawValues& raw, LaunchConfig& config) {
              "DefaultLogsSpecs (or default), or drop the flag");
     }
   }
-  // Issue 15: the lifecycle events and the metrics server (docs/metrics.md).
+  // The lifecycle events and the metrics server (docs/metrics.md).
   if (auto g = raw.find("event_log")) {
     if (trim(g->value).empty()) refuse(g->shown() + ": give a file name, or '-' for stderr");
     config.event_log = trim(g->value);
@@ -444,7 +444,7 @@ void resolve_addresses(const RawValues& raw, LaunchConfig& config) {
   }
 }
 
-// --env_check, --env_lock, --check_env (issue 6).
+// --env_check, --env_lock, --check_env.
 void resolve_env_check(const RawValues& raw, LaunchConfig& config) {
   if (auto g = raw.find("env_check")) {
     config.env_check = parse_choice<EnvCheckMode>(

@@ -1,4 +1,4 @@
-// One replica of an etcd-backed rendezvous (issue 14, docs/etcd.md): a Server that follows until
+// One replica of an etcd-backed rendezvous (docs/etcd.md): a Server that follows until
 // its Election wins the leader key, writes its job records through that election, and steps
 // down by its own timer when the lease was not renewed in time. The wiring ddp-rendezvous --etcd
 // does in its main, packaged so that an agent can host a replica of its job's rendezvous

@@ -200,7 +200,7 @@ void StateMachine::remove_node(Job& job, ConnId conn) {
   auto it = job.nodes.find(conn);
   if (it == job.nodes.end()) return;
   --job.counts[static_cast<int>(it->second.state)];
-  if (!job.restore_holders.empty()) {  // issue 10: a node that resumed and then went away
+  if (!job.restore_holders.empty()) {  // a node that resumed and then went away
     auto ht = job.restore_holders.find(it->second.group_rank);
     if (ht != job.restore_holders.end() && ht->second == conn) job.restore_holders.erase(ht);
   }
@@ -218,11 +218,11 @@ void StateMachine::erase_if_empty(const std::string& job_id) {
   if (it != jobs_.end() && it->second.nodes.empty()) {
     const Job& job = it->second;
     const double now = clock_.now();
-    if (now < job.hold_until) return;  // loaded from etcd: its nodes may still come back (issue 14)
+    if (now < job.hold_until) return;  // loaded from etcd: its nodes may still come back
     changed(job);                      // its record is deleted
     if ((job.state == JobState::Succeeded || job.state == JobState::Failed) && retention_.keep_finished > 0 &&
         retention_.max_finished > 0) {
-      // Issue 17: it stays in status() for keep_finished seconds, marked finished.
+      // It stays in status() for keep_finished seconds, marked finished.
       FinishedJob done;
       done.ended_at = job.ended_at;
       done.forgotten_at = now + retention_.keep_finished;
@@ -591,7 +591,7 @@ void StateMachine::complete_round(Job& job) {
     a.rank_offset = offset;
     offset += node->spec.local_world_size;
     set_state(job, *node, NodeState::Running);
-    a.secret = node->secret;  // proves this node in a resume (issue 10)
+    a.secret = node->secret;  // proves this node in a resume
     out_.send(conn_by_rank[r], encode(make_round(a)));
   }
   job.state = JobState::Running;
@@ -620,7 +620,7 @@ void StateMachine::report_failure(ConnId conn, const WorkerFailure& failure) {
   Job* job = job_of(conn);
   if (!job) return;
   if (job->state == JobState::Restoring && job->nodes.at(conn).state == NodeState::Running) {
-    // Happened while the rendezvous was away (issue 10): counted once the restore concludes.
+    // Happened while the rendezvous was away: counted once the restore concludes.
     out_.log("job " + job->id + ": failure on " + describe(job->nodes.at(conn)) + " while restoring: " +
              failure_text(failure));
     if (!job->pending_failure || (job->pending_failure->fatal.empty() && !failure.fatal.empty())) {
@@ -857,7 +857,7 @@ nlohmann::json StateMachine::job_status(const Job& job, double now) const {
   {
     nlohmann::json nodes = nlohmann::json::array();
     for (const auto& [conn, node] : job.nodes) {
-      // A finished node keeps the rank of its last round (issue 17: finished jobs stay listed).
+      // A finished node keeps the rank of its last round (finished jobs stay listed).
       nodes.push_back({{"group_rank", node.state == NodeState::Running || node.state == NodeState::Succeeded ||
                                               node.state == NodeState::Finished
                                           ? node.group_rank
@@ -876,7 +876,7 @@ nlohmann::json StateMachine::job_status(const Job& job, double now) const {
       if ((ra < 0) != (rb < 0)) return ra >= 0;
       return ra < rb;
     });
-    // Whether the nodes' software agrees (issue 6). Fingerprints themselves are listed for small
+    // Whether the nodes' software agrees. Fingerprints themselves are listed for small
     // jobs only, so the status reply stays far below the frame limit for 10,000 nodes.
     std::vector<const Node*> members;  // in order of arrival, as in the round check
     members.reserve(job.nodes.size());
