@@ -259,8 +259,14 @@ class StateMachine {
   // `cause` labels the restart in events and metrics; "" = worker_failure when counted, else
   // membership.
   void end_round(Job& job, const std::string& reason, bool counted, const std::string& cause = "");
+  // join()'s steps: the job a join names (created on first use); why it is refused (an error
+  // code and message), if it is; the node entered into the job, Waiting for a new one.
+  Job& job_for(const NodeSpec& spec, double now);
+  std::optional<std::pair<std::string, std::string>> join_refusal(const Job& job, ConnId conn,
+                                                                  const NodeSpec& spec) const;
+  Node& enter(Job& job, ConnId conn, NodeSpec spec, double now);
   void admit_newcomers(Job& job, const std::string& reason);
-  std::optional<std::string> policy_mismatch(const Job& job, const NodeSpec& spec);
+  std::optional<std::string> policy_mismatch(const Job& job, const NodeSpec& spec) const;
   void maybe_complete(Job& job);
   void tell_waiting(Job& job);
   void complete_round(Job& job);
