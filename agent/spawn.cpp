@@ -366,7 +366,8 @@ Spawned spawn_process(const std::vector<std::string>& argv, const std::vector<st
   // An exec's failure travels back through this pipe (closed by a successful exec).
   int exec_error[2] = {-1, -1};
   if (exec && ::pipe2(exec_error, O_CLOEXEC) != 0) {
-    throw SpawnError(shown, errno, "cannot start " + shown + ": pipe: " + std::strerror(errno));
+    const int error = errno;
+    throw SpawnError(shown, error, "cannot start " + shown + ": pipe: " + std::strerror(error));
   }
   block.exec_error_fd = exec_error[1];
   block.parent = ::getpid();
@@ -374,6 +375,9 @@ Spawned spawn_process(const std::vector<std::string>& argv, const std::vector<st
   int start_errno;
   {
     const AllSignalsBlocked blocked;
+    // Read here, not once: handlers come and go (Asio installs one per signal_set). The agent
+    // installs its handlers on the thread that spawns, so none appears between this read and the
+    // clone.
     block.reset = handled_signals();
     sigaddset(&block.reset, SIGPIPE);
     pid = start_child(block, exec ? SpawnAccess::cgroup_dir_fd(options) : -1, SpawnAccess::cgroup_procs_fd(options));
