@@ -594,6 +594,18 @@ struct Agent::Impl {
 
   const std::string& log_subdir() const { return options.log_subdir.empty() ? options.run_id : options.log_subdir; }
 
+  // What every worker gets besides its round (agent/worker_env.h): the heartbeat board, the file
+  // timer, the Python helpers, faulthandler for the stacks of a hung Python worker.
+  WorkerSetup worker_setup() const {
+    WorkerSetup setup;
+    setup.progress_file = board.path();
+    setup.timer_file = options.file_timer_path;
+    setup.python = !options.command.no_python;
+    setup.python_helper_dir = options.python_helper_dir;
+    setup.fault_handler = options.hang.enabled();
+    return setup;
+  }
+
   void start_worker(const RoundEnv& round, int local_rank, const std::vector<std::string>& argv) {
     Worker w;
     w.local_rank = local_rank;
@@ -1083,18 +1095,6 @@ struct Agent::Impl {
   }
 
   // ---- progress, hangs, crash loops, torch's file timer -------------------------------------
-
-  // What every worker gets besides its round (agent/worker_env.h): the heartbeat board, the file
-  // timer, the Python helpers, faulthandler for the stacks of a hung Python worker.
-  WorkerSetup worker_setup() const {
-    WorkerSetup setup;
-    setup.progress_file = board.path();
-    setup.timer_file = options.file_timer_path;
-    setup.python = !options.command.no_python;
-    setup.python_helper_dir = options.python_helper_dir;
-    setup.fault_handler = options.hang.enabled();
-    return setup;
-  }
 
   void sample_progress(double now) {
     for (const auto& w : workers) {
