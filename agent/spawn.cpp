@@ -307,10 +307,9 @@ namespace {
 // Creates the child by the cheapest route the block and the machine allow; the child runs
 // child_main. Returns its pid, or -1 with errno. REQUIRES: every signal blocked.
 pid_t start_child(StartBlock& block, int cgroup_dir_fd, int cgroup_procs_fd) {
-  const bool exec = block.main == nullptr;
   if (cgroup_dir_fd >= 0 && !g_clone3_refused.load(std::memory_order_relaxed)) {
 #ifdef DDP_SHARED_VM_SPAWN
-    if (exec) {
+    if (block.main == nullptr) {  // an exec follows: the child may share the parent's memory
       const pid_t pid = clone_sharing_memory(block, cgroup_dir_fd);
       if (pid >= 0 || !is_refusal(errno)) return pid;
       g_clone3_refused = true;
