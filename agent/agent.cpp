@@ -594,6 +594,18 @@ struct Agent::Impl {
 
   const std::string& log_subdir() const { return options.log_subdir.empty() ? options.run_id : options.log_subdir; }
 
+  // What every worker gets besides its round (agent/worker_env.h): the heartbeat board, the file
+  // timer, the Python helpers, faulthandler for the stacks of a hung Python worker.
+  WorkerSetup worker_setup() const {
+    WorkerSetup setup;
+    setup.progress_file = board.path();
+    setup.timer_file = options.file_timer_path;
+    setup.python = !options.command.no_python;
+    setup.python_helper_dir = options.python_helper_dir;
+    setup.fault_handler = options.hang.enabled();
+    return setup;
+  }
+
   void start_worker(const RoundEnv& round, int local_rank, const std::vector<std::string>& argv) {
     Worker w;
     w.local_rank = local_rank;
@@ -608,9 +620,7 @@ struct Agent::Impl {
 
     SpawnRequest req;
     req.argv = argv;
-    req.env = inherited;
-    for (auto& [k, v] : worker_env(round, local_rank, w.error_file, inherited)) req.env[k] = v;
-    add_watchdog_env(req.env, local_rank);
+    req.env = build_worker_env(round, worker_setup(), local_rank, w.error_file, inherited);
     w.python = !options.command.no_python;
     if (local_rank < static_cast<int>(options.numa_bindings.size())) {
       req.numa = prepare_binding(options.numa_bindings[local_rank]);
@@ -1086,25 +1096,6 @@ struct Agent::Impl {
 
   // ---- progress, hangs, crash loops, torch's file timer -------------------------------------
 
-  void add_watchdog_env(std::map<std::string, std::string>& env, int local_rank) {
-    env["DDPLAUNCH_PROGRESS_FILE"] = board.path();
-    env["DDPLAUNCH_PROGRESS_SLOT"] = std::to_string(local_rank);
-    if (!options.file_timer_path.empty()) env["TORCHELASTIC_TIMER_FILE"] = options.file_timer_path;
-    add_python_env(env);
-  }
-
-  // What a Python worker needs from its interpreter's start, the same in every round: `import
-  // ddplaunch`, and faulthandler for the stacks of a hung worker.
-  void add_python_env(std::map<std::string, std::string>& env) {
-    if (options.command.no_python) return;
-    if (!options.python_helper_dir.empty()) {
-      auto& path = env["PYTHONPATH"];
-      path = path.empty() ? options.python_helper_dir : path + ":" + options.python_helper_dir;
-    }
-    // Stacks of a hung Python worker: faulthandler prints every thread's traceback on SIGABRT.
-    if (options.hang.enabled() && inherited.count("PYTHONFAULTHANDLER") == 0) env["PYTHONFAULTHANDLER"] = "1";
-  }
-
   void sample_progress(double now) {
     for (const auto& w : workers) {
       if (w.local_rank >= board.slots()) continue;
@@ -1243,10 +1234,7 @@ struct Agent::Impl {
     }
     SpawnRequest req;
     req.argv = argv;
-    req.env = inherited;
-    if (should_set_omp_num_threads(options.node.local_world_size, inherited)) req.env["OMP_NUM_THREADS"] = "1";
-    add_python_env(req.env);
-    req.env[kStandbyFdVariable] = std::to_string(sv[1]);
+    req.env = build_standby_env(worker_setup(), options.node.local_world_size, sv[1], inherited);
     req.pass_fd = sv[1];
     req.standby = true;
     req.stdout_fd = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
@@ -1406,12 +1394,12 @@ struct Agent::Impl {
     if (local_rank < static_cast<int>(standbys.size()) && standbys[local_rank].pid != 0) {
       const Standby sb = standbys[local_rank];
       standbys[local_rank] = {};
-      if (standby_keeps_channel()) req.env[kWorkerFdVariable] = std::to_string(sb.child_fd);
+      if (standby_keeps_channel()) set_worker_channel(req.env, sb.child_fd);
       if (assign(sb, local_rank, req, w)) {
         how = StartedAs::kStandby;
         return sb.pid;
       }
-      req.env.erase(kWorkerFdVariable);
+      set_worker_channel(req.env, -1);
     }
     return spawn_cold(req, w);
   }
@@ -1430,7 +1418,7 @@ struct Agent::Impl {
           "; it runs without in-memory restart");
       return processes->spawn(req);
     }
-    req.env[kWorkerFdVariable] = std::to_string(sv[1]);
+    set_worker_channel(req.env, sv[1]);
     req.pass_fd = sv[1];
     int pid = 0;
     try {
@@ -1448,7 +1436,7 @@ struct Agent::Impl {
   // Sends the parked worker `parked` its next assignment, `req`'s environment (with its channel's
   // number and its containment marker), on its channel. False (it is killed) when it cannot take it.
   bool resume(Worker& parked, SpawnRequest& req) {
-    req.env[kWorkerFdVariable] = std::to_string(parked.link->worker_fd());
+    set_worker_channel(req.env, parked.link->worker_fd());
     if (!parked.marker.empty()) req.env[Containment::kMarkerVariable] = parked.marker;
     StandbyAssignment a;
     a.env = req.env;
@@ -1466,7 +1454,7 @@ struct Agent::Impl {
         ") cannot take its next assignment: " + why + "; starting that rank fresh");
     parked.link->close();
     processes->signal_group(parked.pid, SIGKILL);
-    req.env.erase(kWorkerFdVariable);
+    set_worker_channel(req.env, -1);
     req.env.erase(Containment::kMarkerVariable);
     return false;
   }

@@ -10,65 +10,58 @@
 #include <cerrno>
 #include <cstring>
 
-extern char** environ;
+#include "agent/spawn.h"
 
 namespace ddp::agent {
+
+namespace {
+
+void close_both(int fds[2]) {
+  ::close(fds[0]);
+  ::close(fds[1]);
+}
+
+}  // namespace
 
 ChildResult run_child(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env,
                       std::chrono::milliseconds timeout) {
   ChildResult r;
-  int out_pipe[2], err_pipe[2], exec_pipe[2];
-  if (pipe2(out_pipe, O_CLOEXEC) != 0) { r.error = std::strerror(errno); return r; }
-  if (pipe2(err_pipe, O_CLOEXEC) != 0) {
+  int out_pipe[2], err_pipe[2];
+  if (::pipe2(out_pipe, O_CLOEXEC) != 0) {
     r.error = std::strerror(errno);
-    close(out_pipe[0]); close(out_pipe[1]);
     return r;
   }
-  if (pipe2(exec_pipe, O_CLOEXEC) != 0) {
+  if (::pipe2(err_pipe, O_CLOEXEC) != 0) {
     r.error = std::strerror(errno);
-    close(out_pipe[0]); close(out_pipe[1]); close(err_pipe[0]); close(err_pipe[1]);
+    close_both(out_pipe);
     return r;
   }
-  std::vector<char*> cargv;
-  for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
-  cargv.push_back(nullptr);
   std::vector<std::string> env_strings;
+  env_strings.reserve(env.size());
   for (const auto& [k, v] : env) env_strings.push_back(k + "=" + v);
-  std::vector<char*> cenv;
-  for (auto& e : env_strings) cenv.push_back(e.data());
-  cenv.push_back(nullptr);
-  pid_t pid = fork();
-  if (pid == 0) {
-    // Only async-signal-safe calls until exec. The agent may block signals for its own
-    // handling; the probe must not inherit that.
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, nullptr);
-    setpgid(0, 0);
-    int devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    if (devnull >= 0) dup2(devnull, 0);
-    dup2(out_pipe[1], 1);
-    dup2(err_pipe[1], 2);
-    execvpe(cargv[0], cargv.data(), cenv.data());
-    int e = errno;
-    ssize_t ignored = write(exec_pipe[1], &e, sizeof e);
-    (void)ignored;
-    _exit(127);
+  const int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  SpawnOptions options;
+  options.stdin_from(devnull).stdout_to(out_pipe[1]).stderr_to(err_pipe[1]).process_group_leader();
+  Spawned child;
+  int exec_errno = 0;
+  try {
+    child = spawn_process(argv, env_strings, options);
+    exec_errno = await_exec(child);
+  } catch (const SpawnError& e) {
+    exec_errno = e.error();
   }
-  close(out_pipe[1]);
-  close(err_pipe[1]);
-  close(exec_pipe[1]);
-  if (pid < 0) {
-    r.error = std::string("fork: ") + std::strerror(errno);
-    close(out_pipe[0]); close(err_pipe[0]); close(exec_pipe[0]);
+  if (devnull >= 0) ::close(devnull);
+  ::close(out_pipe[1]);
+  ::close(err_pipe[1]);
+  if (child.pid < 0 || exec_errno != 0) {
+    // Not started: not found, no process, or an exec that failed (that child is reaped).
+    r.error = std::string("cannot run ") + argv.at(0) + ": " + std::strerror(exec_errno);
+    ::close(out_pipe[0]);
+    ::close(err_pipe[0]);
     return r;
   }
-  setpgid(pid, pid);  // also from the parent: no race with the kill below
-  int exec_errno = 0;
-  bool exec_failed = read(exec_pipe[0], &exec_errno, sizeof exec_errno) == sizeof exec_errno;
-  close(exec_pipe[0]);
-  r.started = !exec_failed;
-  if (exec_failed) r.error = std::string("cannot run ") + argv[0] + ": " + std::strerror(exec_errno);
+  const pid_t pid = child.pid;
+  r.started = true;
 
   const std::size_t limit = 16u << 20;
   auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -102,8 +95,7 @@ ChildResult run_child(const std::vector<std::string>& argv, const std::map<std::
   int status = 0;
   if (r.timed_out) kill(-pid, SIGKILL);
   while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
-  if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
-  else if (WIFSIGNALED(status)) r.exit_code = 128 + WTERMSIG(status);
+  r.exit_code = ExitStatus::from_wait_status(status).shell_code();
   return r;
 }
 

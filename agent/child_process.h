@@ -20,7 +20,8 @@ struct ChildResult {
 };
 
 // Runs argv (argv[0] looked up in PATH) with stdin from /dev/null and exactly the environment
-// `env`, capturing both outputs. At the deadline the child's process group is killed. Output
+// `env`, in a process group of its own, capturing both outputs. Started by the spawner
+// (agent/spawn.h), under its rules. At the deadline the child's process group is killed. Output
 // beyond 16 MiB per stream is dropped.
 ChildResult run_child(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env,
                       std::chrono::milliseconds timeout);

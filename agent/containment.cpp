@@ -20,7 +20,6 @@
 #include <random>
 #include <sstream>
 
-#include "agent/fds.h"
 
 namespace ddp::agent {
 
@@ -122,30 +121,6 @@ int g_groups[kMaxGroups];
 int g_group_count = 0;
 bool g_cgroup_failed = false;  // the agent found a worker outside the cgroup: use the marker
 
-void sentinel_detach_from_agent(int keep_fd) {
-  ::setpgid(0, 0);  // a kill of the agent's process group must not take the sentinel with it
-  struct sigaction sa {};
-  for (int s = 1; s < NSIG; ++s) {
-    const bool ignore = s == SIGINT || s == SIGTERM || s == SIGHUP || s == SIGQUIT || s == SIGPIPE ||
-                        s == SIGTSTP || s == SIGTTIN || s == SIGTTOU;
-    sa.sa_handler = ignore ? SIG_IGN : SIG_DFL;
-    ::sigaction(s, &sa, nullptr);  // fails harmlessly for SIGKILL, SIGSTOP
-  }
-  sigset_t none;
-  sigemptyset(&none);
-  ::sigprocmask(SIG_SETMASK, &none, nullptr);
-  ::prctl(PR_SET_NAME, "ddp-sentinel", 0, 0, 0);
-  const int null_fd = ::open("/dev/null", O_RDWR);
-  if (null_fd >= 0) {
-    ::dup2(null_fd, 0);
-    ::dup2(null_fd, 1);
-    ::dup2(null_fd, 2);
-  }
-  // Hold nothing of the agent's: its sockets, its console pipes (a reader waiting for end of
-  // file must not wait for us), the pipe's write end (or end of file would never come).
-  close_fds_from(3, keep_fd);
-}
-
 void sentinel_kill_everything(const char* cgroup_kill, const char* cgroup_events, const char* cgroup_dir,
                               const char* marker) {
   for (int i = 0; i < g_group_count; ++i) ::kill(-g_groups[i], SIGKILL);
@@ -201,10 +176,25 @@ void sweep_dead_cgroups(const char* cgroup_dir) {
   });
 }
 
-[[noreturn]] void sentinel_main(int read_fd, const char* cgroup_kill, const char* cgroup_events,
-                                const char* cgroup_dir, const char* marker) {
-  sentinel_detach_from_agent(read_fd);
-  if (cgroup_dir[0] != '\0') sweep_dead_cgroups(cgroup_dir);
+// What the sentinel is given, prepared before the fork: the child must not allocate.
+struct SentinelArgs {
+  int read_fd;
+  const char* cgroup_kill;
+  const char* cgroup_events;
+  const char* cgroup_dir;
+  const char* marker;
+};
+
+// The sentinel's body. The spawner has already detached it from the agent (agent/spawn.h): its
+// own process group (a kill of the agent's group must not take it along), the agent's terminal
+// and stop signals ignored, /dev/null as 0, 1 and 2, none of the agent's descriptors but the
+// pipe's read end (its sockets, its console pipes: a reader waiting for end of file must not
+// wait for us; the pipe's write end: end of file would never come).
+[[noreturn]] void sentinel_main(void* p) {
+  const auto& a = *static_cast<const SentinelArgs*>(p);
+  const int read_fd = a.read_fd;
+  ::prctl(PR_SET_NAME, "ddp-sentinel", 0, 0, 0);
+  if (a.cgroup_dir[0] != '\0') sweep_dead_cgroups(a.cgroup_dir);
   char buf[512];
   std::size_t have = 0;
   for (;;) {
@@ -223,7 +213,7 @@ void sweep_dead_cgroups(const char* cgroup_dir) {
     std::memmove(buf, buf + off, have - off);
     have -= off;
   }
-  sentinel_kill_everything(cgroup_kill, cgroup_events, cgroup_dir, marker);
+  sentinel_kill_everything(a.cgroup_kill, a.cgroup_events, a.cgroup_dir, a.marker);
   ::_exit(0);
 }
 
@@ -326,162 +316,32 @@ void Containment::create_cgroup() {
   cgroup_dir_ = dir;
 }
 
-// ---- spawning inside the cgroup without copying the agent (spawn_worker) ----
-
-#if defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || __has_feature(memory_sanitizer)
-#define DDP_SANITIZED 1
-#endif
-#endif
-// Sanitizers keep their own state per stack and thread; a child on a foreign stack sharing the
-// agent's memory would confuse them: sanitized builds fork.
-#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__) && !defined(DDP_SANITIZED)
-#define DDP_SHARED_VM_SPAWN 1
-// long ddp_clone3_run(clone_args*, size, fn, arg): clone3 (435) in the calling thread; returns
-// the child's pid or -errno there. The child starts on the stack clone_args names (the kernel
-// sets its stack pointer to the stack's top) and calls fn(arg), which never returns. Registers
-// r8 and r9 survive the system call in both; nothing of the caller's frame is touched in the
-// child. Written in assembly because C cannot switch stacks between a system call's return and
-// the next instruction.
-extern "C" long ddp_clone3_run(void* args, std::size_t size, void (*fn)(void*), void* arg);
-asm(R"(
-    .text
-    .globl ddp_clone3_run
-    .hidden ddp_clone3_run
-    .type ddp_clone3_run, @function
-ddp_clone3_run:
-    movq %rdx, %r8
-    movq %rcx, %r9
-    movl $435, %eax
-    syscall
-    testq %rax, %rax
-    jz 1f
-    ret
-1:
-    xorl %ebp, %ebp
-    movq %r9, %rdi
-    callq *%r8
-    ud2
-    .size ddp_clone3_run, .-ddp_clone3_run
-)");
-
-namespace {
-
-// The child's stack. One suffices: the spawning thread waits (CLONE_VFORK) until the child has
-// exec'd or exited, and spawns happen on the agent's io_context thread only.
-alignas(64) char g_child_stack[256 * 1024];
-
-}  // namespace
-#endif
-
-namespace {
-
-struct WorkerStart {
-  Containment::ChildMain main;
-  void* arg;
-};
-
-// First thing in a worker's child, forked or sharing the agent's memory: the agent's signal
-// handlers must never run there (they would act on the agent's state, or on a copy of it), so
-// each handled signal goes back to its default while all are still blocked (the parent blocked
-// them before clone3 or fork); `main` unblocks what it needs before its exec.
-[[noreturn]] void start_worker_child(void* p) {
-  const auto* c = static_cast<const WorkerStart*>(p);
-  for (int s = 1; s < NSIG; ++s) {
-    struct sigaction sa {};
-    if (::sigaction(s, nullptr, &sa) != 0) continue;
-    if (sa.sa_handler == SIG_DFL || sa.sa_handler == SIG_IGN) continue;
-    struct sigaction dfl {};
-    dfl.sa_handler = SIG_DFL;
-    ::sigaction(s, &dfl, nullptr);
-  }
-  c->main(c->arg);
-  ::_exit(127);
-}
-
-// Blocks every signal in the calling thread while it lives.
-class AllSignalsBlocked {
- public:
-  AllSignalsBlocked() {
-    sigset_t all;
-    sigfillset(&all);
-    ::pthread_sigmask(SIG_SETMASK, &all, &old_);
-  }
-  ~AllSignalsBlocked() { ::pthread_sigmask(SIG_SETMASK, &old_, nullptr); }
-  AllSignalsBlocked(const AllSignalsBlocked&) = delete;
-  AllSignalsBlocked& operator=(const AllSignalsBlocked&) = delete;
-
- private:
-  sigset_t old_;
-};
-
-}  // namespace
-
-pid_t Containment::spawn_worker(ChildMain child, void* arg) {
-  WorkerStart start{child, arg};
-  const AllSignalsBlocked blocked;
-#ifdef DDP_SHARED_VM_SPAWN
-  if (dir_fd_ >= 0 && !clone3_refused_) {
-    struct {
-      std::uint64_t flags, pidfd, child_tid, parent_tid, exit_signal, stack, stack_size, tls, set_tid, set_tid_size,
-          cgroup;
-    } args{};
-    constexpr std::uint64_t kCloneVm = 0x100, kCloneVfork = 0x4000, kCloneIntoCgroup = 0x200000000ULL;
-    args.flags = kCloneVm | kCloneVfork | kCloneIntoCgroup;
-    args.exit_signal = SIGCHLD;
-    args.stack = reinterpret_cast<std::uint64_t>(g_child_stack);
-    args.stack_size = sizeof g_child_stack;
-    args.cgroup = static_cast<std::uint64_t>(dir_fd_);
-    const long r = ddp_clone3_run(&args, sizeof args, &start_worker_child, &start);
-    if (r >= 0) return static_cast<pid_t>(r);
-    errno = static_cast<int>(-r);
-    if (errno != ENOSYS && errno != EPERM && errno != EINVAL && errno != E2BIG) return -1;
-    clone3_refused_ = true;  // a seccomp filter or an old kernel: fork, then move the child
-  }
-#endif
-  const pid_t pid = fork_worker();
-  if (pid == 0) start_worker_child(&start);
-  return pid;
-}
-
-pid_t Containment::fork_worker() {
-  if (dir_fd_ >= 0 && procs_fd_ >= 0 && !clone3_refused_) {
-    // struct clone_args of linux/sched.h (version 2, with `cgroup`), spelled out: that header
-    // clashes with glibc's <sched.h>.
-    struct {
-      std::uint64_t flags, pidfd, child_tid, parent_tid, exit_signal, stack, stack_size, tls, set_tid, set_tid_size,
-          cgroup;
-    } args{};
-    constexpr std::uint64_t kCloneIntoCgroup = 0x200000000ULL;
-    args.flags = kCloneIntoCgroup;
-    args.exit_signal = SIGCHLD;
-    args.cgroup = static_cast<std::uint64_t>(dir_fd_);
-    const long pid = ::syscall(SYS_clone3, &args, sizeof args);
-    if (pid >= 0) return static_cast<pid_t>(pid);
-    if (errno != ENOSYS && errno != EPERM && errno != EINVAL && errno != E2BIG) return -1;
-    clone3_refused_ = true;  // a seccomp filter or an old kernel: fork, then move the child
-  }
-  const int procs = procs_fd_;
-  const pid_t pid = ::fork();
-  if (pid == 0 && procs >= 0) (void)!::write(procs, "0", 1);
-  return pid;
+void Containment::place_worker(SpawnOptions& options) const {
+  options.cgroup(born_inside_ ? dir_fd_ : -1, procs_fd_);
 }
 
 void Containment::start_sentinel() {
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) return;
-  // Prepared before fork: the child must not allocate.
   const std::string kill_path = cgroup_dir_.empty() ? "" : cgroup_dir_ + "/cgroup.kill";
   const std::string events_path = cgroup_dir_.empty() ? "" : cgroup_dir_ + "/cgroup.events";
-  pid_t pid;
-  {
-    // Until the sentinel has reset the agent's handlers, none of them may run in it.
-    const AllSignalsBlocked blocked;
-    pid = ::fork();
-    if (pid == 0) {
-      sentinel_main(fds[0], kill_path.c_str(), events_path.c_str(), cgroup_dir_.c_str(), marker_entry_.c_str());
-    }
+  SentinelArgs args{fds[0], kill_path.c_str(), events_path.c_str(), cgroup_dir_.c_str(), marker_entry_.c_str()};
+  const int null_fd = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+  SpawnOptions options;
+  options.stdin_from(null_fd)
+      .stdout_to(null_fd)
+      .stderr_to(null_fd)
+      .keep_fd(fds[0])
+      .process_group_leader()
+      .ignore_signals({SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGTSTP, SIGTTIN, SIGTTOU})
+      .run_instead_of_exec(&sentinel_main, &args);
+  pid_t pid = -1;
+  try {
+    pid = spawn_process({}, {}, options).pid;
+  } catch (const SpawnError&) {
+    // No sentinel: workers still die with the agent by their parent-death signal.
   }
+  if (null_fd >= 0) ::close(null_fd);
   ::close(fds[0]);
   if (pid < 0) {
     ::close(fds[1]);
@@ -507,17 +367,7 @@ void Containment::watch_group(int pgid) {
   send('+', pgid);
 }
 
-pid_t Containment::spawn_standby(ChildMain child, void* arg) {
-  WorkerStart start{child, arg};
-  pid_t pid;
-  {
-    const AllSignalsBlocked blocked;
-    pid = ::fork();
-    if (pid == 0) start_worker_child(&start);
-  }
-  if (pid > 0) standby_groups_.push_back(pid);
-  return pid;
-}
+void Containment::add_standby(int pid) { standby_groups_.push_back(pid); }
 
 bool Containment::adopt_standby(int pid) {
   const auto it = std::find(standby_groups_.begin(), standby_groups_.end(), pid);
@@ -590,7 +440,7 @@ void Containment::kill_all() {
     // Linux (seen on 6.18) compares a CLONE_INTO_CGROUP child's cgroup kill count with its
     // parent's cgroup's: once cgroup.kill has been written, every child created inside is
     // SIGKILLed at birth. Later workers are forked and moved in instead (slower, still correct).
-    clone3_refused_ = true;
+    born_inside_ = false;
   } else {
     kill_all_marked(marker_entry_.c_str());
   }

@@ -8,22 +8,25 @@
 //   The parent-death signal alone reaches only the workers, not what they started.
 // - A cgroup v2 of the worker group's own, <agent's cgroup>/ddplaunch-<agent pid>, when the
 //   machine allows it (a cgroup2 mount, our cgroup writable, cgroup.kill: Linux >= 5.14).
-//   Workers join it between fork and exec; `cgroup.kill` then ends processes that left their
-//   process group too (setsid, double fork). DDPLAUNCH_NO_CGROUP=1 turns it off.
+//   Workers are created inside it (or join it before exec); `cgroup.kill` then ends processes
+//   that left their process group too (setsid, double fork). DDPLAUNCH_NO_CGROUP=1 turns it off.
 // - Without a cgroup, a marker: every worker gets DDPLAUNCH_SUPERVISOR=<agent pid>.<random> in
 //   its environment, which its descendants inherit; the sentinel (and kill_all()) kill every
 //   process whose /proc/<pid>/environ holds it. A process that clears its environment escapes:
 //   that limit is documented in docs/agent.md.
 //
 // Owned by PosixProcesses; lives for the agent run. Not thread-safe: called from the agent's
-// io_context thread only. The sentinel is forked in the constructor and does only
-// async-signal-safe work (the agent may already run threads).
+// io_context thread only. The sentinel is forked in the constructor (agent/spawn.h,
+// run_instead_of_exec) and does only async-signal-safe work (the agent may already run threads).
+// Containment starts no worker itself: it tells the spawner where workers go (place_worker()).
 #pragma once
 
 #include <sys/types.h>
 
 #include <string>
 #include <vector>
+
+#include "agent/spawn.h"
 
 namespace ddp::agent {
 
@@ -38,45 +41,29 @@ class Containment {
   const std::string& cgroup_dir() const { return cgroup_dir_; }
   // Why there is no cgroup ("no cgroup2 file system is mounted", ...); empty when there is one.
   const std::string& cgroup_problem() const { return cgroup_problem_; }
-  // An open (close-on-exec) descriptor of the cgroup's cgroup.procs, or -1: a child joins the
-  // cgroup by writing "0" to it between fork and exec.
+  // An open (close-on-exec) descriptor of the cgroup's cgroup.procs, or -1: a child that was not
+  // created inside the cgroup joins it by writing "0" to it before its exec.
   int cgroup_procs_fd() const { return procs_fd_; }
-  // Whether the sentinel runs (it cannot when fork fails; the agent then warns once).
-  bool sentinel_running() const { return sentinel_pid_ > 0; }
-  int sentinel_pid() const { return sentinel_pid_; }
 
   // The environment variable every worker gets (kMarkerVariable=marker_value()).
   static constexpr const char* kMarkerVariable = "DDPLAUNCH_SUPERVISOR";
   const std::string& marker_value() const { return marker_value_; }
 
-  // Forks a worker, like fork(): 0 in the child, its pid in the parent, -1 with errno. With a
-  // cgroup the child starts inside it: clone3(CLONE_INTO_CGROUP), else (clone3 refused, as some
-  // seccomp profiles do) fork() and the child writes itself into cgroup.procs. Moving a running
-  // process costs the kernel an RCU grace period (10-30 ms for the first worker of a run,
-  // bench/RESULTS.md); being created inside costs nothing. After the first kill_all() (a
-  // restart) workers are moved in: see kill_all(). The child may only make
-  // async-signal-safe calls before exec (the agent runs threads).
-  pid_t fork_worker();
-  // Starts a worker and runs `child(arg)` in it (which must exec or _exit, async-signal-safe
-  // calls only); returns its pid, or -1 with errno. Where it can (x86-64, a cgroup, clone3
-  // allowed, no sanitizer), the way posix_spawn does: clone3(CLONE_VM | CLONE_VFORK |
-  // CLONE_INTO_CGROUP) on a stack of the child's own, so that no page table is copied, nothing
-  // is copied on write in the agent afterwards, and the exec tears nothing down; the calling
-  // thread waits until the child has exec'd or exited, with every signal blocked and every
-  // handled signal reset to its default in the child. Elsewhere fork_worker(), then `child`.
-  using ChildMain = void (*)(void*);
-  pid_t spawn_worker(ChildMain child, void* arg);
+  // Where a worker starts (agent/spawn.h, SpawnOptions::cgroup): inside the cgroup, created there
+  // by clone3(CLONE_INTO_CGROUP) where the kernel allows it, else forked and moved in by itself.
+  // Moving a running process costs the kernel an RCU grace period (10-30 ms for the first worker
+  // of a run, bench/RESULTS.md); being created inside costs nothing. After the first kill_all()
+  // (a restart) workers are moved in: see kill_all(). Without a cgroup: nothing.
+  void place_worker(SpawnOptions& options) const;
   // Tells the sentinel about a process group to kill if the agent dies.
   void watch_group(int pgid);
 
-  // Forks a standby (agent/standby.h) outside the cgroup and runs `child(arg)` in it, with the
-  // rules of spawn_worker (signals blocked around the fork, the agent's handlers reset in the
-  // child; async-signal-safe calls only, then exec or _exit); returns its pid or -1. Its
-  // process group (its pid, once it called setpgid) is a standby's until adopt_standby() or
-  // forget_standby(): watch_group() tells the sentinel to kill it if the agent dies,
-  // kill_all() spares it, check_member() does not judge by it.
-  // (The caller gives it no marker either, so that a restart's marker scan spares it too.)
-  pid_t spawn_standby(ChildMain child, void* arg);
+  // The process `pid` is a standby (agent/standby.h), started outside the cgroup, leading its own
+  // process group: it is a standby's until adopt_standby() or forget_standby(): watch_group()
+  // tells the sentinel to kill it if the agent dies, kill_all() spares it, check_member() does
+  // not judge by it. (The caller gives it no marker either, so that a restart's marker scan
+  // spares it too.) REQUIRES: called before watch_group(pid).
+  void add_standby(int pid);
   // The standby `pid` becomes a worker: it moves into the cgroup (an RCU grace period, as after
   // a restart) and kill_all() kills it from now on. Its own environment block keeps no marker:
   // it is found by its group, its descendants by the marker they inherit (the standby applies
@@ -91,7 +78,7 @@ class Containment {
   // REQUIRES: `pid` has not been reaped yet (its id cannot have been reused).
   void check_member(int pid);
   // SIGKILLs every watched process group and everything in the cgroup (without one: every
-  // marked process), then forgets the groups. Standbys (spawn_standby) are spared.
+  // marked process), then forgets the groups. Standbys (add_standby) are spared.
   // REQUIRES: the group leaders have been reaped (so their ids cannot be reused while the
   // sentinel still holds them).
   void kill_all();
@@ -106,7 +93,7 @@ class Containment {
   std::string cgroup_problem_;
   int procs_fd_ = -1;
   int dir_fd_ = -1;  // the cgroup directory (O_PATH), for clone3's CLONE_INTO_CGROUP
-  bool clone3_refused_ = false;  // or unusable after a cgroup.kill (see kill_all()): fork, then move
+  bool born_inside_ = true;  // false after a cgroup.kill (see kill_all()): fork, then move
   int kill_fd_ = -1;
   int pipe_fd_ = -1;  // write end; the sentinel reads the other end
   int sentinel_pid_ = -1;

@@ -1,12 +1,12 @@
-// Descriptor hygiene between fork and exec. Both functions are async-signal-safe: they run in
-// a child forked from the (possibly multi-threaded) agent.
+// Descriptor hygiene between fork and exec. The first two are async-signal-safe: they run in a
+// child of the (possibly multi-threaded) agent, applying the spawner's rules (agent/spawn.h).
 #pragma once
 
 namespace ddp::agent {
 
 // Marks every descriptor >= `first` close-on-exec, so that exec closes whatever the agent
 // holds (sockets of the rendezvous, pipes, log files) however it was opened; descriptors
-// stay usable until exec (Boost.Process reports exec failures through one of them).
+// stay usable until exec (the spawner reports an exec's failure through one of them).
 void cloexec_fds_from(int first);
 
 // Closes every descriptor >= `first` except `keep` (-1: none).

@@ -1,6 +1,7 @@
 // The seam between the agent and the operating system's processes: start a worker, signal its
-// process group, hear when it exits. PosixProcesses is the real one (Boost.Process to spawn, a
-// SIGCHLD signal_set plus waitpid to reap); tests swap in a fake.
+// process group, hear when it exits. PosixProcesses is the real one (agent/spawn.h to start, a
+// SIGCHLD signal_set plus waitpid to reap, agent/containment.h so that nothing outlives the
+// agent); tests swap in a fake.
 //
 // Owned by the Agent; lives as long as the agent run; every call and callback happens on the
 // agent's io_context thread.
@@ -9,13 +10,13 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include <boost/asio/io_context.hpp>
 
 #include "agent/numa.h"
+#include "agent/spawn.h"  // ExitStatus, SpawnError
 
 namespace ddp::agent {
 
@@ -35,21 +36,6 @@ struct SpawnRequest {
   // The exec's outcome is checked by the next confirm_spawned() instead of before spawn()
   // returns: a worker group forks each worker while the ones before it exec.
   bool check_exec_later = false;
-};
-
-// How a process ended: exactly one of exit_code (signal == 0) or signal (> 0).
-struct ExitStatus {
-  int exit_code = 0;
-  int signal = 0;
-  bool success() const { return signal == 0 && exit_code == 0; }
-};
-
-// The program could not be started (not found, not executable).
-class SpawnError : public std::runtime_error {
- public:
-  explicit SpawnError(const std::string& what, std::vector<int> pids = {})
-      : std::runtime_error(what), pids(std::move(pids)) {}
-  std::vector<int> pids;  // from confirm_spawned(): the processes that could not exec (reaped)
 };
 
 class Processes {

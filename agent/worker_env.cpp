@@ -11,6 +11,9 @@
 #include <stdexcept>
 #include <system_error>
 
+#include "agent/standby.h"         // kStandbyFdVariable
+#include "agent/worker_channel.h"  // kWorkerFdVariable
+
 extern char** environ;
 
 namespace ddp::agent {
@@ -108,6 +111,53 @@ std::map<std::string, std::string> worker_env(const RoundEnv& round, int local_r
   if (!round.gloo_socket_ifname.empty()) env["GLOO_SOCKET_IFNAME"] = round.gloo_socket_ifname;
   if (round.virtual_local_rank) narrow_to_own_device(local_rank, inherited, env);
   return env;
+}
+
+namespace {
+
+// What a Python worker needs from its interpreter's start, the same in every round: `import
+// ddplaunch`, and faulthandler for the stacks of a hung worker.
+void add_python_env(const WorkerSetup& setup, const std::map<std::string, std::string>& inherited,
+                    std::map<std::string, std::string>& env) {
+  if (!setup.python) return;
+  if (!setup.python_helper_dir.empty()) {
+    auto& path = env["PYTHONPATH"];
+    path = path.empty() ? setup.python_helper_dir : path + ":" + setup.python_helper_dir;
+  }
+  if (setup.fault_handler && inherited.count("PYTHONFAULTHANDLER") == 0) env["PYTHONFAULTHANDLER"] = "1";
+}
+
+}  // namespace
+
+std::map<std::string, std::string> build_worker_env(const RoundEnv& round, const WorkerSetup& setup, int local_rank,
+                                                    const std::string& error_file,
+                                                    const std::map<std::string, std::string>& inherited) {
+  std::map<std::string, std::string> env = inherited;
+  for (auto& [k, v] : worker_env(round, local_rank, error_file, inherited)) env[k] = std::move(v);
+  if (!setup.progress_file.empty()) {
+    env["DDPLAUNCH_PROGRESS_FILE"] = setup.progress_file;
+    env["DDPLAUNCH_PROGRESS_SLOT"] = std::to_string(local_rank);
+  }
+  if (!setup.timer_file.empty()) env["TORCHELASTIC_TIMER_FILE"] = setup.timer_file;
+  add_python_env(setup, inherited, env);
+  return env;
+}
+
+std::map<std::string, std::string> build_standby_env(const WorkerSetup& setup, int local_world_size, int standby_fd,
+                                                     const std::map<std::string, std::string>& inherited) {
+  std::map<std::string, std::string> env = inherited;
+  if (should_set_omp_num_threads(local_world_size, inherited)) env["OMP_NUM_THREADS"] = "1";
+  add_python_env(setup, inherited, env);
+  env[kStandbyFdVariable] = std::to_string(standby_fd);
+  return env;
+}
+
+void set_worker_channel(std::map<std::string, std::string>& env, int fd) {
+  if (fd < 0) {
+    env.erase(kWorkerFdVariable);
+  } else {
+    env[kWorkerFdVariable] = std::to_string(fd);
+  }
 }
 
 std::string interface_towards(const std::string& addr) {

@@ -1,5 +1,8 @@
 // What each worker is started with: its command line and the environment of docs/architecture.md
-// ("The worker environment"). Pure functions, no processes: tested in tests/agent.
+// ("The worker environment"), built here and nowhere else: the round's variables, the agent's own
+// (heartbeat slot, file timer, Python helpers), the worker channel and a standby's socket.
+// Pure functions of plain inputs except interface_towards(), current_environment() and
+// pick_free_port(), which ask the system; no processes. Any thread. Tested in tests/agent.
 #pragma once
 
 #include <map>
@@ -52,6 +55,35 @@ std::string interface_towards(const std::string& addr);
 std::map<std::string, std::string> worker_env(const RoundEnv& round, int local_rank,
                                               const std::string& error_file,
                                               const std::map<std::string, std::string>& inherited);
+
+// What this agent gives every worker besides the round, the same in every round.
+struct WorkerSetup {
+  std::string progress_file;      // DDPLAUNCH_PROGRESS_FILE (slot: the local rank); empty: none
+  std::string timer_file;         // TORCHELASTIC_TIMER_FILE (torch's file timer); empty: none
+  bool python = true;             // a Python worker: the two below apply (false: --no_python)
+  std::string python_helper_dir;  // appended to PYTHONPATH (`import ddplaunch`); empty: none
+  // PYTHONFAULTHANDLER=1 unless the agent's environment sets it: a hung worker's stacks, printed
+  // by faulthandler on SIGABRT (--hang_timeout). Default false.
+  bool fault_handler = false;
+};
+
+// The complete environment of the worker of `local_rank` in `round`: the agent's own
+// (`inherited`), the round's variables (worker_env()), then `setup`'s. No channel: see
+// set_worker_channel().
+std::map<std::string, std::string> build_worker_env(const RoundEnv& round, const WorkerSetup& setup, int local_rank,
+                                                    const std::string& error_file,
+                                                    const std::map<std::string, std::string>& inherited);
+
+// The complete environment of a standby (agent/standby.h): the agent's, what every worker of
+// this node gets in every round and must have before torch loads (OMP_NUM_THREADS sizes its
+// thread pool at import; the Python helpers), and DDPLAUNCH_STANDBY_FD=`standby_fd`; nothing of
+// any round.
+std::map<std::string, std::string> build_standby_env(const WorkerSetup& setup, int local_world_size, int standby_fd,
+                                                     const std::map<std::string, std::string>& inherited);
+
+// DDPLAUNCH_WORKER_FD=`fd` in `env` (in-memory restart: the worker's end of its channel), or no
+// such variable when `fd` < 0.
+void set_worker_channel(std::map<std::string, std::string>& env, int fd);
 
 // The agent's own environment as a map.
 std::map<std::string, std::string> current_environment();

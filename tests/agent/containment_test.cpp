@@ -1,18 +1,22 @@
-// The worker group's containment (agent/containment.*) with real processes: which workers prove
-// that the group's cgroup works. Skipped, with the reason printed, where no cgroup can be made.
+// The worker group's containment (agent/containment.*) with real processes, started by the
+// spawner (agent/spawn.h) as the agent starts them: which workers prove that the group's cgroup
+// works, what a restart kills and what it spares. Skipped, with the reason printed, where no cgroup can be made.
 #include <doctest/doctest.h>
 
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <fcntl.h>
+
 #include <chrono>
 #include <functional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "agent/containment.h"
-#include "agent/fds.h"
+#include "agent/spawn.h"
 
 using namespace ddp::agent;
 
@@ -29,7 +33,7 @@ bool wait_until(const std::function<bool()>& condition, std::chrono::seconds dea
 
 // Forks a child that joins the cgroup (as a worker does between fork and exec) when `join`,
 // then exits at once when `exit_now`, else waits to be killed. Async-signal-safe calls only.
-pid_t fork_worker(const Containment& c, bool join, bool exit_now) {
+pid_t fork_member(const Containment& c, bool join, bool exit_now) {
   const int procs = c.cgroup_procs_fd();
   const pid_t pid = ::fork();
   if (pid == 0) {
@@ -40,38 +44,26 @@ pid_t fork_worker(const Containment& c, bool join, bool exit_now) {
   return pid;
 }
 
-// A handler of the test process's: in a child that shares its memory it would set this flag.
-volatile sig_atomic_t g_handler_ran = 0;
-void on_usr1(int) { g_handler_ran = 1; }
-
-struct ExecCat {
-  int out_fd;
-};
-
-// spawn_worker's child: the test's stdout pipe as stdout, then `cat /proc/self/cgroup`; before
-// that it raises SIGUSR1, which must meet the default action (death), not the test's handler.
-void raise_then_cat(void* p) {
-  const int out = static_cast<const ExecCat*>(p)->out_fd;
-  if (out < 0) {
-    sigset_t usr1;
-    sigemptyset(&usr1);
-    sigaddset(&usr1, SIGUSR1);
-    ::sigprocmask(SIG_UNBLOCK, &usr1, nullptr);
-    ::raise(SIGUSR1);
-    ::_exit(3);  // not reached when SIGUSR1 kills
-  }
-  ::dup2(out, STDOUT_FILENO);
-  char* const argv[] = {const_cast<char*>("/bin/cat"), const_cast<char*>("/proc/self/cgroup"), nullptr};
-  ::execv(argv[0], argv);
-  ::_exit(127);
+// Starts `argv` as the agent starts a worker (agent/process.cpp): inside the cgroup, leading its
+// own process group, and waits for its exec.
+pid_t start_worker(const Containment& c, const std::vector<std::string>& argv, int stdout_fd = -1) {
+  SpawnOptions options;
+  options.process_group_leader().stdout_to(stdout_fd);
+  c.place_worker(options);
+  Spawned child = spawn_process(argv, {}, options);
+  REQUIRE(await_exec(child) == 0);
+  return child.pid;
 }
 
-// A standby's child: its own process group, none of the agent's descriptors (what exec does to
-// them: all close-on-exec, the sentinel's pipe among them), then it waits to be killed.
-void wait_as_standby(void*) {
-  ::setpgid(0, 0);
-  close_fds_from(3, -1);
-  for (;;) ::pause();
+// Starts a standby as the agent does: outside the cgroup, its own process group.
+pid_t start_standby(Containment& c) {
+  SpawnOptions options;
+  options.process_group_leader();
+  Spawned child = spawn_process({"/bin/sleep", "1000"}, {}, options);
+  REQUIRE(await_exec(child) == 0);
+  c.add_standby(child.pid);
+  c.watch_group(child.pid);
+  return child.pid;
 }
 
 void end(pid_t pid) {
@@ -88,7 +80,7 @@ TEST_SUITE("the worker group is contained") {
       MESSAGE("skipped: no cgroup for the worker group here: " << c.cgroup_problem());
       return;
     }
-    const pid_t quick = fork_worker(c, true, true);
+    const pid_t quick = fork_member(c, true, true);
     REQUIRE(quick > 0);
     // A zombie's /proc/PID/cgroup reads "0::/", as if it had never joined.
     REQUIRE(wait_until([&] { return process_state(quick) == 'Z'; }, std::chrono::seconds(10)));
@@ -97,7 +89,7 @@ TEST_SUITE("the worker group is contained") {
     CHECK(c.cgroup_procs_fd() >= 0);
     ::waitpid(quick, nullptr, 0);
     // The next worker, running, decides: it joined, so the cgroup is kept.
-    const pid_t running = fork_worker(c, true, false);
+    const pid_t running = fork_member(c, true, false);
     REQUIRE(running > 0);
     REQUIRE(wait_until([&] { return process_state(running) == 'S'; }, std::chrono::seconds(10)));
     c.check_member(running);
@@ -112,7 +104,7 @@ TEST_SUITE("the worker group is contained") {
       MESSAGE("skipped: no cgroup for the worker group here: " << c.cgroup_problem());
       return;
     }
-    const pid_t outside = fork_worker(c, false, false);
+    const pid_t outside = fork_member(c, false, false);
     REQUIRE(outside > 0);
     REQUIRE(wait_until([&] { return process_state(outside) == 'S'; }, std::chrono::seconds(10)));
     c.check_member(outside);
@@ -121,7 +113,7 @@ TEST_SUITE("the worker group is contained") {
     end(outside);
   }
 
-  TEST_CASE("workers forked after the cgroup was killed (a restart) start and run inside it") {
+  TEST_CASE("workers started after the cgroup was killed (a restart) start and run inside it") {
     Containment c;
     if (c.cgroup_dir().empty()) {
       MESSAGE("skipped: no cgroup for the worker group here: " << c.cgroup_problem());
@@ -129,10 +121,7 @@ TEST_SUITE("the worker group is contained") {
     }
     for (int round = 0; round < 3; ++round) {
       INFO("round " << round);
-      const pid_t pid = c.fork_worker();
-      if (pid == 0) {
-        for (;;) ::pause();
-      }
+      const pid_t pid = start_worker(c, {"/bin/sleep", "1000"});
       REQUIRE(pid > 0);
       c.watch_group(pid);
       // Alive and waiting (not killed at birth), and inside the worker group's cgroup.
@@ -145,37 +134,21 @@ TEST_SUITE("the worker group is contained") {
     }
   }
 
-  TEST_CASE("spawn_worker starts the child inside the cgroup, and none of the agent's handlers runs in it") {
+  TEST_CASE("a worker starts inside the cgroup") {
     Containment c;
     if (c.cgroup_dir().empty()) {
       MESSAGE("skipped: no cgroup for the worker group here: " << c.cgroup_problem());
       return;
     }
-    struct sigaction sa {}, previous {};
-    sa.sa_handler = on_usr1;
-    sigemptyset(&sa.sa_mask);
-    REQUIRE(::sigaction(SIGUSR1, &sa, &previous) == 0);
-    g_handler_ran = 0;
-    ExecCat raise_only{-1};
-    const pid_t raiser = c.spawn_worker(&raise_then_cat, &raise_only);
-    REQUIRE(raiser > 0);
-    int status = 0;
-    REQUIRE(::waitpid(raiser, &status, 0) == raiser);
-    CHECK(WIFSIGNALED(status));
-    CHECK(WTERMSIG(status) == SIGUSR1);
-    CHECK(g_handler_ran == 0);
-    ::sigaction(SIGUSR1, &previous, nullptr);
-
     int fds[2];
-    REQUIRE(::pipe(fds) == 0);
-    ExecCat cat{fds[1]};
-    const pid_t pid = c.spawn_worker(&raise_then_cat, &cat);
-    REQUIRE(pid > 0);
+    REQUIRE(::pipe2(fds, O_CLOEXEC) == 0);
+    const pid_t pid = start_worker(c, {"/bin/cat", "/proc/self/cgroup"}, fds[1]);
     ::close(fds[1]);
     std::string text;
     char buf[512];
     for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) text.append(buf, static_cast<std::size_t>(n));
     ::close(fds[0]);
+    int status = 0;
     REQUIRE(::waitpid(pid, &status, 0) == pid);
     CHECK(WIFEXITED(status));
     CHECK(WEXITSTATUS(status) == 0);
@@ -192,10 +165,8 @@ TEST_SUITE("the worker group is contained") {
   TEST_CASE("a standby outlives the kills of a restart until it is adopted, then dies with the group") {
     Containment c;
     // As PosixProcesses starts a standby: outside the cgroup.
-    const pid_t standby = c.spawn_standby(&wait_as_standby, nullptr);
+    const pid_t standby = start_standby(c);
     REQUIRE(standby > 0);
-    ::setpgid(standby, standby);
-    c.watch_group(standby);
     c.check_member(standby);  // judges nothing by a standby
     CHECK(c.cgroup_problem() == (c.cgroup_dir().empty() ? c.cgroup_problem() : std::string()));
     REQUIRE(wait_until([&] { return process_state(standby) == 'S'; }, std::chrono::seconds(10)));
@@ -223,9 +194,7 @@ TEST_SUITE("the worker group is contained") {
     if (agent == 0) {
       ::close(pipe_fds[0]);
       Containment c;
-      const pid_t standby = c.spawn_standby(&wait_as_standby, nullptr);
-      ::setpgid(standby, standby);
-      c.watch_group(standby);
+      const pid_t standby = start_standby(c);
       c.kill_all();  // a restart before the agent dies: the standby stays watched
       (void)!::write(pipe_fds[1], &standby, sizeof standby);
       for (;;) ::pause();

@@ -3,6 +3,7 @@
 
 #include <signal.h>
 
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -130,6 +131,88 @@ TEST_SUITE("the worker environment follows docs/architecture.md") {
     env = worker_env(round, 1, "/e", {{"CUDA_VISIBLE_DEVICES", "4,6"}});
     CHECK(env["LOCAL_RANK"] == "1");
     CHECK(env.count("CUDA_VISIBLE_DEVICES") == 0);
+  }
+}
+
+TEST_SUITE("the worker environment follows docs/architecture.md") {
+  TEST_CASE("a worker gets the agent's environment, its round, its heartbeat slot, the timer file and the Python helpers") {
+    RoundEnv round;
+    round.assignment.rank_offset = 4;
+    round.assignment.world_size = 8;
+    round.local_world_size = 4;
+    round.set_omp_num_threads = true;
+    round.gloo_socket_ifname = "eth1";
+    WorkerSetup setup;
+    setup.progress_file = "/proc/1/fd/7";
+    setup.timer_file = "/tmp/timer.fifo";
+    setup.python_helper_dir = "/opt/ddplaunch/python";
+    setup.fault_handler = true;
+    const std::map<std::string, std::string> inherited = {
+        {"HOME", "/home/u"}, {"PYTHONPATH", "/mine"}, {"RANK", "stale"}};
+    auto env = build_worker_env(round, setup, 2, "/logs/error.json", inherited);
+    CHECK(env.at("HOME") == "/home/u");
+    CHECK(env.at("RANK") == "6");  // the round's, over the agent's
+    CHECK(env.at("WORLD_SIZE") == "8");
+    CHECK(env.at("TORCHELASTIC_ERROR_FILE") == "/logs/error.json");
+    CHECK(env.at("OMP_NUM_THREADS") == "1");
+    CHECK(env.at("GLOO_SOCKET_IFNAME") == "eth1");
+    CHECK(env.at("DDPLAUNCH_PROGRESS_FILE") == "/proc/1/fd/7");
+    CHECK(env.at("DDPLAUNCH_PROGRESS_SLOT") == "2");
+    CHECK(env.at("TORCHELASTIC_TIMER_FILE") == "/tmp/timer.fifo");
+    CHECK(env.at("PYTHONPATH") == "/mine:/opt/ddplaunch/python");
+    CHECK(env.at("PYTHONFAULTHANDLER") == "1");
+    CHECK(env.count("DDPLAUNCH_WORKER_FD") == 0);
+    CHECK(env.count("DDPLAUNCH_STANDBY_FD") == 0);
+  }
+
+  TEST_CASE("Python variables are for Python workers, and the user's PYTHONFAULTHANDLER wins") {
+    RoundEnv round;
+    WorkerSetup setup;
+    setup.progress_file = "/p";
+    setup.python_helper_dir = "/helpers";
+    setup.fault_handler = true;
+    auto env = build_worker_env(round, setup, 0, "/e", {{"PYTHONFAULTHANDLER", "0"}});
+    CHECK(env.at("PYTHONPATH") == "/helpers");
+    CHECK(env.at("PYTHONFAULTHANDLER") == "0");
+    CHECK(env.count("TORCHELASTIC_TIMER_FILE") == 0);  // no file timer asked
+    setup.fault_handler = false;  // no --hang_timeout: no faulthandler
+    CHECK(build_worker_env(round, setup, 0, "/e", {}).count("PYTHONFAULTHANDLER") == 0);
+    setup.python = false;  // --no_python: neither
+    env = build_worker_env(round, setup, 0, "/e", {{"PYTHONPATH", "/mine"}});
+    CHECK(env.at("PYTHONPATH") == "/mine");
+    CHECK(env.count("PYTHONFAULTHANDLER") == 0);
+    CHECK(env.at("DDPLAUNCH_PROGRESS_SLOT") == "0");  // every worker has its slot
+  }
+
+  TEST_CASE("a standby gets what every worker gets before torch loads, its socket, and nothing of any round") {
+    WorkerSetup setup;
+    setup.progress_file = "/p";
+    setup.timer_file = "/t";
+    setup.python_helper_dir = "/helpers";
+    setup.fault_handler = true;
+    auto env = build_standby_env(setup, 4, 9, {{"HOME", "/home/u"}});
+    CHECK(env.at("HOME") == "/home/u");
+    CHECK(env.at("OMP_NUM_THREADS") == "1");
+    CHECK(env.at("PYTHONPATH") == "/helpers");
+    CHECK(env.at("PYTHONFAULTHANDLER") == "1");
+    CHECK(env.at("DDPLAUNCH_STANDBY_FD") == "9");
+    for (const char* round_variable : {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "DDPLAUNCH_GENERATION",
+                                       "DDPLAUNCH_PROGRESS_SLOT", "TORCHELASTIC_TIMER_FILE"}) {
+      CHECK_MESSAGE(env.count(round_variable) == 0, round_variable);
+    }
+    CHECK(build_standby_env(setup, 1, 9, {}).count("OMP_NUM_THREADS") == 0);
+    CHECK(build_standby_env(setup, 4, 9, {{"OMP_NUM_THREADS", "8"}}).at("OMP_NUM_THREADS") == "8");
+  }
+
+  TEST_CASE("the worker channel's descriptor is named, renamed and removed") {
+    std::map<std::string, std::string> env = {{"HOME", "/home/u"}};
+    set_worker_channel(env, 12);
+    CHECK(env.at("DDPLAUNCH_WORKER_FD") == "12");
+    set_worker_channel(env, 5);
+    CHECK(env.at("DDPLAUNCH_WORKER_FD") == "5");
+    set_worker_channel(env, -1);
+    CHECK(env.count("DDPLAUNCH_WORKER_FD") == 0);
+    CHECK(env.size() == 1);
   }
 }
 
