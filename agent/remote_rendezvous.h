@@ -7,15 +7,15 @@
 // io_context thread. A hosted server lives as long as this object, which is why the hosting
 // agent stays until the job has ended on every node (it exits on on_job_succeeded/failed).
 //
-// Issue 10: the endpoint may be a list ("head:29400,standby:29400"). Losing the connection does
-// not stop the workers: the agent reconnects through every endpoint in turn, with jittered
+// There may be several endpoints (--rdzv_endpoint=head:29400,standby:29400). Losing the
+// connection does not stop the workers: the agent reconnects through every endpoint in turn, with jittered
 // backoff, for up to reconnect_timeout, and resumes its round (rendezvous/resume.h) with the
 // secret the server issued; worker failures and successes that happen meanwhile are kept and
 // sent after the resume. Only when reconnect_timeout passes does on_rendezvous_error fire
 // (exit 3). An agent whose host appears in the list hosts a standby server on the first of
 // its local endpoints that is free, so survivors can resume there when the host dies.
 //
-// Issue 14 (--rdzv_backend=etcd / etcd-v2, docs/etcd.md "Agents on etcd"): with `etcd_replica`
+// With --rdzv_backend=etcd / etcd-v2 (docs/etcd.md "Agents on etcd"): with `etcd_replica`
 // the agent hosts a replica of its job's rendezvous (rdzv::Replica) on a free port of its node
 // address and uses it as its only endpoint; the replica redirects the agent to whichever replica
 // of the job leads, and when the leader's node dies another agent's replica takes over.
@@ -33,6 +33,7 @@
 
 #include "agent/progress_line.h"
 #include "agent/rendezvous_handler.h"
+#include "rendezvous/endpoint.h"
 #include "rendezvous/etcd.h"
 
 namespace ddp::rdzv {
@@ -46,7 +47,7 @@ class TlsContext;
 
 namespace ddp::agent {
 
-// Issue 14: the replica an agent hosts with --rdzv_backend=etcd / etcd-v2.
+// The replica an agent hosts with --rdzv_backend=etcd / etcd-v2.
 struct EtcdReplicaOptions {
   rdzv::EtcdOptions etcd;
   std::string prefix;          // the job's keys: PREFIX + "leader", PREFIX + "jobs/"
@@ -56,8 +57,8 @@ struct EtcdReplicaOptions {
 };
 
 struct RemoteRendezvousOptions {
-  std::string endpoint;          // HOST[:PORT][,HOST[:PORT]...] (port 29400 when absent), tried in
-                                 // order; empty with `standalone`
+  std::vector<rdzv::Endpoint> endpoints;  // the rendezvous, then its standbys, tried in order;
+                                         // empty with `standalone` and `etcd_replica`
   std::string job_id;            // --rdzv_id
   std::string token;             // shared token, empty = none
   std::shared_ptr<rdzv::TlsContext> tls;  // TLS to the rendezvous; null = plain TCP. With it the
@@ -68,14 +69,14 @@ struct RemoteRendezvousOptions {
   bool standalone = false;       // host a server on a free loopback port and use it
   bool host_if_local = true;     // host the server when the endpoint is this host and it is free
   std::function<void(const std::string&)> log;  // event lines; empty = stderr
-  // Issue 17: where every wait shows what it waits for and how long is left (connecting,
+  // Where every wait shows what it waits for and how long is left (connecting,
   // nodes joined out of MIN/MAX, the last call, reconnecting). Null (default): not shown.
   ProgressLine* progress = nullptr;
-  // Issue 17: the hosted server's event log (joins, rounds, losses) goes to `log`. Default off:
+  // The hosted server's event log (joins, rounds, losses) goes to `log`. Default off:
   // the agent's own lines say what matters; environment differences (--env_check=warn) are
   // always shown.
   bool echo_server_log = false;
-  // Issue 14: host a replica of the job's rendezvous on etcd and use it (`endpoint` unused).
+  // Host a replica of the job's rendezvous on etcd and use it (`endpoints` unused).
   // Unset (default): no replica.
   std::optional<EtcdReplicaOptions> etcd_replica;
 };
@@ -93,8 +94,8 @@ class RemoteRendezvous final : public RendezvousHandler {
 
   // True when this agent hosts the rendezvous server (or an etcd replica of it) in-process.
   bool hosting() const { return server_ != nullptr || replica_ != nullptr; }
-  // The endpoint list actually used (the free port with --standalone).
-  const std::string& endpoint() const { return endpoint_; }
+  // The endpoints actually used (the free port with --standalone).
+  const std::vector<rdzv::Endpoint>& endpoints() const { return endpoints_; }
 
  private:
   void start_replica(rdzv::ServerOptions server_options);
@@ -111,17 +112,16 @@ class RemoteRendezvous final : public RendezvousHandler {
   boost::asio::io_context& io_;
   RemoteRendezvousOptions options_;
   RendezvousEvents events_;
-  std::string endpoint_;
-  std::vector<std::string> endpoints_;
+  std::vector<rdzv::Endpoint> endpoints_;
   std::size_t current_ = 0;              // index in endpoints_ of the connection in use
   std::unique_ptr<rdzv::Server> server_;
-  std::unique_ptr<rdzv::Replica> replica_;  // issue 14: etcd backends
+  std::unique_ptr<rdzv::Replica> replica_;  // the etcd backends
   std::shared_ptr<rdzv::Client> client_;
   boost::asio::steady_timer backoff_timer_;
   std::chrono::steady_clock::time_point deadline_;  // of the connect or reconnect in progress
   std::chrono::steady_clock::time_point lost_at_{};  // when the last connection was lost
   std::string lost_endpoint_;
-  std::string redirected_to_;            // issue 14: the leader a follower named last (logged once)
+  std::string redirected_to_;            // the leader a follower named last (logged once)
   bool redirected_ = false;              // the next attempt follows a redirect (a short slice)
   bool redirect_attempt_ = false;        // the attempt in progress follows a redirect
   bool reconnecting_ = false;            // lost a connection, looking for a rendezvous
@@ -134,7 +134,7 @@ class RemoteRendezvous final : public RendezvousHandler {
   std::string secret_;
   std::optional<rdzv::WorkerFailure> reported_failure_;
   bool reported_success_ = false;
-  // Issue 17: what the server last said about the wait, when, and the redraw timer.
+  // What the server last said about the wait, when, and the redraw timer.
   std::unique_ptr<rdzv::Waiting> waiting_;
   std::chrono::steady_clock::time_point waiting_at_{};
   boost::asio::steady_timer progress_timer_;

@@ -76,7 +76,7 @@ std::string resolve_log_dir(const LaunchConfig& config) {
   return dir;
 }
 
-// Issue 17: a run without --rdzv_id ("none") writes its logs into a folder of its own under
+// A run without --rdzv_id ("none") writes its logs into a folder of its own under
 // --log_dir, <log_dir>/none_XXXXXX (torchrun's DefaultLogsSpecs makes <run_id>_<random> too), so
 // that a second run never appends to the first one's files. A run with an id keeps
 // <log_dir>/<id>, the one place every node and every restart of that job write to. A fresh
@@ -180,7 +180,7 @@ std::string interpreter_origin(const LaunchConfig& config) {
   return "from --python";
 }
 
-// Issue 17: why Python workers could not import torch with the interpreter they would run, from
+// Why Python workers could not import torch with the interpreter they would run, from
 // the fingerprint's interpreter probe (cached). Empty when they can, when the workers are not
 // Python, or when the probe itself gave no answer (then the workers will say what is wrong).
 std::string torch_problem(const LaunchConfig& config, const ResolvedProgram& program) {
@@ -206,7 +206,7 @@ std::string torch_problem(const LaunchConfig& config, const ResolvedProgram& pro
 
 namespace {
 
-// Issue 14: the address this node reaches `endpoint` ("http://HOST:PORT") from: the source
+// The address this node reaches `endpoint` ("http://HOST:PORT") from: the source
 // address the kernel's routing picks for it (a UDP socket's connect sends nothing). "" when the
 // host does not resolve.
 std::string address_towards(const std::string& endpoint) {
@@ -328,8 +328,8 @@ std::unique_ptr<agent::RendezvousHandler> make_rendezvous(boost::asio::io_contex
   }
   if (!uses_local_rendezvous(config)) {
     agent::RemoteRendezvousOptions remote;
-    remote.endpoint = config.rdzv_endpoint ? config.rdzv_endpoint->text() : "";
-    for (const Endpoint& standby : config.rdzv_standby_endpoints) remote.endpoint += "," + standby.text();
+    if (config.rdzv_endpoint) remote.endpoints.push_back(*config.rdzv_endpoint);
+    for (const Endpoint& standby : config.rdzv_standby_endpoints) remote.endpoints.push_back(standby);
     remote.job_id = config.rdzv_id;
     remote.token = read_token(config);
     remote.tls = rendezvous_tls(config);
@@ -338,7 +338,7 @@ std::unique_ptr<agent::RendezvousHandler> make_rendezvous(boost::asio::io_contex
     remote.standalone = config.standalone;
     // Through the agent's bounded console queue: a stalled console must not stop heartbeats.
     remote.log = [](const std::string& line) { agent::ProgressLine::console().line("[ddplaunch] " + line + "\n"); };
-    // Issue 17: every wait shows its progress; the hosted server's own log only when asked.
+    // Every wait shows its progress; the hosted server's own log only when asked.
     remote.progress = &agent::ProgressLine::console();
     const char* server_log = std::getenv("DDPLAUNCH_RDZV_SERVER_LOG");
     remote.echo_server_log = server_log != nullptr && *server_log != '\0' && std::string(server_log) != "0";
@@ -346,8 +346,9 @@ std::unique_ptr<agent::RendezvousHandler> make_rendezvous(boost::asio::io_contex
     try {
       return std::make_unique<agent::RemoteRendezvous>(io, remote);
     } catch (const std::invalid_argument& e) {
-      throw UsageError("ddplaunch: --rdzv_endpoint=" + remote.endpoint + ": " + e.what() +
-                       "; expected HOST:PORT");
+      std::string given;
+      for (const Endpoint& endpoint : remote.endpoints) given += (given.empty() ? "" : ",") + endpoint.text();
+      throw UsageError("ddplaunch: --rdzv_endpoint=" + given + ": " + e.what() + "; expected HOST:PORT");
     }
   }
   agent::LocalRendezvousOptions opts;
@@ -399,7 +400,7 @@ std::string file_timer_path(const std::string& log_dir) {
   return log_dir + "/watchdog_timer_" + std::to_string(::getpid());
 }
 
-// --standby (issue 13): on for Python programs and for programs that link the worker SDK (the
+// --standby: on for Python programs and for programs that link the worker SDK (the
 // ELF mark of launcher/program.h) when asked ('on') or by 'auto'; everything else starts cold,
 // with a line when 'on' was asked for. --preload without a Python standby is said too. The
 // program's file is read only when a standby was asked for.
@@ -428,7 +429,7 @@ void resolve_standby(const LaunchConfig& config, agent::AgentOptions& o) {
   }
 }
 
-// --in_memory_restart (issue 13): 'auto' is on for programs that link the worker SDK (the ELF
+// --in_memory_restart: 'auto' is on for programs that link the worker SDK (the ELF
 // mark --standby uses), which speak the worker channel; Python programs do not. 'on' gives every
 // worker the channel: a program that never says it is restartable is stopped as without it.
 void resolve_in_memory_restart(const LaunchConfig& config, agent::AgentOptions& o) {
@@ -504,7 +505,7 @@ agent::AgentOptions make_agent_options(const LaunchConfig& config, const Resolve
   const bool single_node = config.standalone || config.max_nodes == 1;
   o.pick_master_port = single_node ? !config.master_port : !uses_local_rendezvous(config);
   o.master_port_bind_addr = uses_local_rendezvous(config) ? "127.0.0.1" : "0.0.0.0";
-  // Issue 17: a line per round wherever nodes wait for each other (a lone node has no news).
+  // A line per round wherever nodes wait for each other (a lone node has no news).
   o.announce_rounds = !uses_local_rendezvous(config) || config.max_nodes > 1;
   return o;
 }
@@ -536,7 +537,7 @@ ProgramRequest program_request(const LaunchConfig& config) {
 
 namespace {
 
-// Names the job's nodes apart (issue 17): by host; by host and address where hosts repeat; and by
+// Names the job's nodes apart: by host; by host and address where hosts repeat; and by
 // node rank too where both repeat (two agents of one host on one address).
 void name_nodes_apart(std::vector<rdzv::NodeFingerprint>& nodes, const std::vector<int>& ranks) {
   std::map<std::string, int> host_uses, addr_uses;
@@ -559,7 +560,7 @@ void name_nodes_apart(std::vector<rdzv::NodeFingerprint>& nodes, const std::vect
   }
 }
 
-// Without PROGRAM, what depends on the program is left out of the comparison (issue 17): its
+// Without PROGRAM, what depends on the program is left out of the comparison: its
 // hash and libraries, and the Python section when the job's nodes run no Python.
 void drop_program_facts(std::vector<rdzv::NodeFingerprint>& nodes) {
   const std::string program(rdzv::fingerprint::kProgram), python(rdzv::fingerprint::kPython);
@@ -579,7 +580,7 @@ int check_env(const LaunchConfig& config) {
                           : config.module  ? RunAs::kModule
                                            : RunAs::kPython,
                           config.program, ""};
-  std::string cannot_run;  // why this node cannot run the job (issue 17: exit 2)
+  std::string cannot_run;  // why this node cannot run the job (exit 2)
   if (!config.program.empty()) {
     try {
       program = resolve_program(program_request(config));
@@ -610,7 +611,7 @@ int check_env(const LaunchConfig& config) {
   }
   // Compare against the nodes already in that job, as the rendezvous would.
   const std::string endpoint = config.rdzv_endpoint->text();
-  auto result = rdzv::query_status(endpoint, read_token(config), 10.0, "", rendezvous_tls(config));
+  auto result = rdzv::query_status(*config.rdzv_endpoint, read_token(config), 10.0, "", rendezvous_tls(config));
   if (!result.error.empty()) {
     std::fprintf(stderr, "ddplaunch: --check_env: %s\n", result.error.c_str());
     return verdict(static_cast<int>(ExitCode::kRendezvousFailed),
@@ -687,7 +688,7 @@ int launch(const LaunchConfig& config) {
   if (!uses_local_rendezvous(config) && config.env_check != EnvCheckMode::kOff && !config.standalone) {
     options.node.fingerprint = node_fingerprint(config, program);
   }
-  // Issue 15: one event bus for the event log and the metrics; the metrics server on the agent's
+  // One event bus for the event log and the metrics; the metrics server on the agent's
   // io_context (docs/metrics.md).
   auto bus = std::make_shared<metrics::EventBus>();
   if (!config.event_log.empty()) {
