@@ -210,14 +210,17 @@ namespace {
 // address the kernel's routing picks for it (a UDP socket's connect sends nothing). "" when the
 // host does not resolve.
 std::string address_towards(const std::string& endpoint) {
-  std::string hostport = endpoint.substr(endpoint.find("//") + 2);
-  const auto colon = hostport.rfind(':');
-  std::string host = hostport.substr(0, colon), port = hostport.substr(colon + 1);
-  if (host.size() >= 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
+  Endpoint target;
+  try {
+    const auto scheme = endpoint.find("//");
+    target = rdzv::parse_endpoint(endpoint.substr(scheme == std::string::npos ? 0 : scheme + 2), 2379);
+  } catch (const rdzv::EndpointError&) {
+    return "";
+  }
   boost::asio::io_context io;
   boost::asio::ip::udp::resolver resolver(io);
   boost::system::error_code ec;
-  auto results = resolver.resolve(host, port, ec);
+  auto results = resolver.resolve(target.host, std::to_string(target.port), ec);
   if (ec) return "";
   for (const auto& entry : results) {
     boost::asio::ip::udp::socket socket(io);
