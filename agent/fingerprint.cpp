@@ -186,7 +186,7 @@ json program_fingerprint(const FingerprintOptions& o, const std::map<std::string
   prog["path"] = path;
   try {
     prog["sha256"] = hashes.hash(path);
-  } catch (const FingerprintError& e) {
+  } catch (const std::system_error& e) {
     prog["error"] = e.what();
   }
   if (o.python) return prog;
@@ -197,7 +197,7 @@ json program_fingerprint(const FingerprintOptions& o, const std::map<std::string
       if (lib.empty()) { libs[name] = "not found"; continue; }
       try {
         libs[name] = hashes.hash(lib);
-      } catch (const FingerprintError& e) {
+      } catch (const std::system_error& e) {
         libs[name] = std::string("unreadable: ") + e.what();
       }
     }
@@ -230,7 +230,11 @@ json env_lock_fingerprint(const FingerprintOptions& o, const std::map<std::strin
                            ": no such file (give a lock file such as requirements.txt, or "
                            "cmd:COMMAND to hash a command's output)");
   }
-  return {{"source", spec}, {"sha256", sha256_file(spec)}};
+  try {
+    return {{"source", spec}, {"sha256", sha256_file(spec)}};
+  } catch (const std::system_error& e) {
+    throw FingerprintError(std::string("--env_lock ") + e.what());
+  }
 }
 
 std::string os_release() {
@@ -265,13 +269,13 @@ json machine_fingerprint() {
 }
 
 json interpreter_fingerprint(const FingerprintOptions& options) {
-  auto env = environment_of(options);
-  return python_fingerprint(options, env, cache_dir_of(options, env));
+  auto env = environment_of(options.use_process_environment, options.environment);
+  return python_fingerprint(options, env, cache_dir_of(options.cache_dir, env));
 }
 
 json compute_fingerprint(const FingerprintOptions& options) {
-  auto env = environment_of(options);
-  std::string cache_dir = cache_dir_of(options, env);
+  auto env = environment_of(options.use_process_environment, options.environment);
+  std::string cache_dir = cache_dir_of(options.cache_dir, env);
   json fp = json::object();
   fp[std::string(schema::kMachine)] = machine_fingerprint();
   auto cvd = env.find("CUDA_VISIBLE_DEVICES");

@@ -1,4 +1,4 @@
-// A node's software fingerprint (issue 6): what must match across the nodes of a job for it to
+// A node's software fingerprint: what must match across the nodes of a job for it to
 // run: machine, GPUs, the Python stack that will run the workers (or the program and the shared
 // libraries it loads), a user-named lock file, and the NCCL_* / CUDA_VISIBLE_DEVICES settings.
 //
@@ -65,7 +65,7 @@ nlohmann::json compute_fingerprint(const FingerprintOptions& options);
 // Parts, exposed for tests and for --check_env.
 nlohmann::json machine_fingerprint();  // {"arch", "os", "glibc"}
 // The "python" section alone: the interpreter probe, cached like compute_fingerprint()'s. The
-// launcher checks with it that Python workers' interpreter imports torch (issue 17).
+// launcher checks with it that Python workers' interpreter imports torch.
 nlohmann::json interpreter_fingerprint(const FingerprintOptions& options);
 // gpu_fingerprint(): agent/gpus.h.
 

@@ -44,14 +44,15 @@ std::string file_stamp(const std::string& path) {
   return ss.str();
 }
 
-std::map<std::string, std::string> environment_of(const FingerprintOptions& o) {
+std::map<std::string, std::string> environment_of(bool use_process_environment,
+                                                  const std::map<std::string, std::string>& overrides) {
   std::map<std::string, std::string> env;
-  for (char** e = o.use_process_environment ? environ : nullptr; e && *e; ++e) {
+  for (char** e = use_process_environment ? environ : nullptr; e && *e; ++e) {
     std::string kv = *e;
     auto eq = kv.find('=');
     if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
   }
-  for (const auto& [k, v] : o.environment) env[k] = v;
+  for (const auto& [k, v] : overrides) env[k] = v;
   env.emplace("PATH", "/usr/local/bin:/usr/bin:/bin");  // only when absent
   return env;
 }
@@ -74,8 +75,8 @@ std::string resolve_executable(const std::string& name, const std::string& path_
   return {};
 }
 
-std::string cache_dir_of(const FingerprintOptions& o, const std::map<std::string, std::string>& env) {
-  if (!o.cache_dir.empty()) return o.cache_dir;
+std::string cache_dir_of(const std::string& configured, const std::map<std::string, std::string>& env) {
+  if (!configured.empty()) return configured;
   if (auto d = getenv_or(env, "DDPLAUNCH_CACHE_DIR"); !d.empty()) return d;
   if (auto d = getenv_or(env, "XDG_CACHE_HOME"); !d.empty()) return d + "/ddplaunch";
   if (auto d = getenv_or(env, "HOME"); !d.empty()) return d + "/.cache/ddplaunch";

@@ -8,20 +8,23 @@
 
 #include <nlohmann/json.hpp>
 
-#include "agent/fingerprint.h"
-
 namespace ddp::agent::fingerprint_detail {
 
 std::string trim(std::string s);
 bool read_file(const std::string& path, std::string& out);
 // Identity of a file's version: inode, size, mtime (ns). Empty when it cannot be stat'ed.
 std::string file_stamp(const std::string& path);
-std::map<std::string, std::string> environment_of(const FingerprintOptions& o);
+// The workers' environment: this process's (when use_process_environment) overlaid with
+// `overrides`, and a default PATH when none is set.
+std::map<std::string, std::string> environment_of(bool use_process_environment,
+                                                  const std::map<std::string, std::string>& overrides);
 std::string getenv_or(const std::map<std::string, std::string>& env, const std::string& key,
                       const std::string& fallback = {});
 // argv[0]-style lookup: a name with a slash is taken as is; else the first executable in PATH.
 std::string resolve_executable(const std::string& name, const std::string& path_var);
-std::string cache_dir_of(const FingerprintOptions& o, const std::map<std::string, std::string>& env);
+// `configured` when set; else $DDPLAUNCH_CACHE_DIR, $XDG_CACHE_HOME/ddplaunch or
+// $HOME/.cache/ddplaunch from `env`; empty when none is known.
+std::string cache_dir_of(const std::string& configured, const std::map<std::string, std::string>& env);
 nlohmann::json load_json(const std::string& path);
 // Write-then-rename: concurrent agents on one machine never see a torn file.
 void store_json(const std::string& path, const nlohmann::json& j);

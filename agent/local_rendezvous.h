@@ -32,7 +32,6 @@ class LocalRendezvous final : public RendezvousHandler {
   void report_success() override;
   void close() override;
 
-  int restart_count() const { return restart_count_; }
 
  private:
   boost::asio::io_context& io_;

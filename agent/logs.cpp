@@ -3,10 +3,13 @@
 #include "agent/progress_line.h"
 
 #include <fcntl.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
+#include <cstring>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -245,6 +248,21 @@ OutputQueue& OutputQueue::console() {
   static OutputQueue* queue = new OutputQueue("the console", 4 << 20);
   return *queue;
 }
+
+// The console's progress line lives here, beside the console's queue it writes through.
+ProgressLine& ProgressLine::console() {
+  static ProgressLine* line = [] {
+    const char* term = std::getenv("TERM");
+    const bool tty = ::isatty(STDERR_FILENO) == 1 && !(term != nullptr && std::strcmp(term, "dumb") == 0);
+    std::size_t width = 100;
+    winsize ws{};
+    if (tty && ::ioctl(STDERR_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0) width = ws.ws_col;
+    return new ProgressLine([](std::string chunk) { OutputQueue::console().write(STDERR_FILENO, std::move(chunk)); },
+                            tty, 5.0, width);
+  }();
+  return *line;
+}
+
 
 // Through the progress line, which erases itself before the line and draws itself again after.
 void say(const std::string& line) { ProgressLine::console().line("ddplaunch: " + line + "\n"); }

@@ -1,12 +1,6 @@
 #include "agent/progress_line.h"
 
-#include <sys/ioctl.h>
-#include <unistd.h>
-
-#include <cstdlib>
-#include <cstring>
-
-#include "agent/logs.h"
+#include <string>
 
 namespace ddp::agent {
 
@@ -56,19 +50,6 @@ void ProgressLine::line(const std::string& text) {
     write_(drawn);
     drawn_ = drawn;
   }
-}
-
-ProgressLine& ProgressLine::console() {
-  static ProgressLine* line = [] {
-    const char* term = std::getenv("TERM");
-    const bool tty = ::isatty(STDERR_FILENO) == 1 && !(term != nullptr && std::strcmp(term, "dumb") == 0);
-    std::size_t width = 100;
-    winsize ws{};
-    if (tty && ::ioctl(STDERR_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0) width = ws.ws_col;
-    return new ProgressLine([](std::string chunk) { OutputQueue::console().write(STDERR_FILENO, std::move(chunk)); },
-                            tty, 5.0, width);
-  }();
-  return *line;
 }
 
 }  // namespace ddp::agent

@@ -8,14 +8,15 @@
 // agent stays until the job has ended on every node (it exits on on_job_succeeded/failed).
 //
 // There may be several endpoints (--rdzv_endpoint=head:29400,standby:29400). Losing the
-// connection does not stop the workers: the agent reconnects through every endpoint in turn, with jittered
-// backoff, for up to reconnect_timeout, and resumes its round (rendezvous/resume.h) with the
-// secret the server issued; worker failures and successes that happen meanwhile are kept and
-// sent after the resume. Only when reconnect_timeout passes does on_rendezvous_error fire
-// (exit 3). An agent whose host appears in the list hosts a standby server on the first of
-// its local endpoints that is free, so survivors can resume there when the host dies.
+// connection does not stop the workers: the agent reconnects through every endpoint in turn,
+// with jittered backoff, for up to reconnect_timeout, and resumes its round
+// (rendezvous/resume.h) with the secret the server issued; worker failures and successes that
+// happen meanwhile are kept and sent after the resume. Only when reconnect_timeout passes does
+// on_rendezvous_error fire (exit 3). An agent whose host appears in the list hosts a standby
+// server on the first of its local endpoints that is free, so survivors can resume there when
+// the host dies.
 //
-// With --rdzv_backend=etcd / etcd-v2 (docs/etcd.md "Agents on etcd"): with `etcd_replica`
+// With --rdzv_backend=etcd / etcd-v2 (docs/etcd.md "Agents on etcd") and `etcd_replica`,
 // the agent hosts a replica of its job's rendezvous (rdzv::Replica) on a free port of its node
 // address and uses it as its only endpoint; the replica redirects the agent to whichever replica
 // of the job leads, and when the leader's node dies another agent's replica takes over.
@@ -92,8 +93,6 @@ class RemoteRendezvous final : public RendezvousHandler {
   void report_success() override;
   void close() override;
 
-  // True when this agent hosts the rendezvous server (or an etcd replica of it) in-process.
-  bool hosting() const { return server_ != nullptr || replica_ != nullptr; }
   // The endpoints actually used (the free port with --standalone).
   const std::vector<rdzv::Endpoint>& endpoints() const { return endpoints_; }
 
@@ -115,7 +114,7 @@ class RemoteRendezvous final : public RendezvousHandler {
   std::vector<rdzv::Endpoint> endpoints_;
   std::size_t current_ = 0;              // index in endpoints_ of the connection in use
   std::unique_ptr<rdzv::Server> server_;
-  std::unique_ptr<rdzv::Replica> replica_;  // the etcd backends
+  std::unique_ptr<rdzv::Replica> replica_;  // etcd backends
   std::shared_ptr<rdzv::Client> client_;
   boost::asio::steady_timer backoff_timer_;
   std::chrono::steady_clock::time_point deadline_;  // of the connect or reconnect in progress

@@ -8,9 +8,8 @@
 #include <cstring>
 #include <memory>
 #include <stdexcept>
+#include <system_error>
 #include <vector>
-
-#include "agent/fingerprint.h"
 
 namespace ddp::agent {
 namespace {
@@ -51,16 +50,16 @@ std::string sha256_hex(std::string_view data) {
 
 std::string sha256_file(const std::string& path) {
   int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw FingerprintError("hash " + path + ": " + std::strerror(errno));
+  if (fd < 0) throw std::system_error(errno, std::generic_category(), "hash " + path);
   Digest d;
   std::vector<char> buf(1 << 20);
   while (true) {
     ssize_t n = read(fd, buf.data(), buf.size());
     if (n < 0) {
       if (errno == EINTR) continue;
-      int e = errno;
+      const int e = errno;
       close(fd);
-      throw FingerprintError("hash " + path + ": " + std::strerror(e));
+      throw std::system_error(e, std::generic_category(), "hash " + path);
     }
     if (n == 0) break;
     d.update(buf.data(), static_cast<std::size_t>(n));

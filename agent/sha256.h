@@ -8,7 +8,8 @@ namespace ddp::agent {
 
 // SHA-256 as 64 lowercase hex digits.
 std::string sha256_hex(std::string_view data);
-// SHA-256 of a file's contents. Throws FingerprintError naming the file when it cannot be read.
+// SHA-256 of a file's contents. Throws std::system_error ("hash PATH: <errno text>") when it
+// cannot be read.
 std::string sha256_file(const std::string& path);
 
 }  // namespace ddp::agent

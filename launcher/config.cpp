@@ -447,7 +447,7 @@ void resolve_addresses(const RawValues& raw, LaunchConfig& config) {
   }
 }
 
-// --env_check, --env_lock, --check_env (docs/env-check.md).
+// --env_check, --env_lock, --check_env.
 void resolve_env_check(const RawValues& raw, LaunchConfig& config) {
   if (auto g = raw.find("env_check")) {
     config.env_check = parse_choice<EnvCheckMode>(

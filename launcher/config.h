@@ -25,7 +25,7 @@ namespace ddp::launcher {
 // --rdzv_backend. torchrun's c10d and our ddp both mean the ddp-rendezvous daemon; torchrun's
 // etcd and etcd-v2 both mean a rendezvous hosted by the job's agents on etcd (docs/etcd.md).
 enum class RendezvousBackend { kStatic, kC10d, kEtcd, kEtcdV2 };
-// --env_check (issue 6).
+// --env_check.
 enum class EnvCheckMode { kStrict, kWarn, kOff };
 // --start_method: accepted for compatibility, workers are always new processes.
 enum class StartMethod { kSpawn, kFork, kForkserver };
@@ -33,7 +33,7 @@ enum class StartMethod { kSpawn, kFork, kForkserver };
 const char* backend_name(RendezvousBackend backend);   // "static", "c10d", "etcd", "etcd-v2"
 const char* env_check_name(EnvCheckMode mode);         // "strict", "warn", "off"
 
-// Issue 14: --rdzv_backend=etcd / etcd-v2 (docs/etcd.md "Agents on etcd"): every agent hosts a
+// --rdzv_backend=etcd / etcd-v2 (docs/etcd.md "Agents on etcd"): every agent hosts a
 // replica of its job's rendezvous in-process; the replicas elect their leader through etcd.
 struct EtcdRendezvousConfig {
   // --rdzv_endpoint: etcd's endpoints, "PROTOCOL://HOST:PORT" (port 2379 when absent), in turn.
@@ -79,7 +79,7 @@ struct LaunchConfig {
   // plain TCP): TLS to the rendezvous, the server's certificate checked (docs/security.md).
   std::string tls_ca, tls_cert, tls_key;
   std::optional<bool> is_host;         // --rdzv_conf is_host=BOOL; unset = decide by address
-  EtcdRendezvousConfig etcd;           // --rdzv_backend=etcd / etcd-v2 (issue 14)
+  EtcdRendezvousConfig etcd;           // --rdzv_backend=etcd / etcd-v2
   // --rdzv_conf keys that have no effect here (read_timeout, timeout, unknown keys), as given.
   std::map<std::string, std::string> unused_rdzv_conf;
   bool standalone = false;
@@ -98,7 +98,7 @@ struct LaunchConfig {
   bool virtual_local_rank = false;     // --virtual_local_rank
   std::optional<agent::NumaMode> numa_binding;  // --numa_binding; unset = no binding
   enum class Standby { kOff, kOn, kAuto };
-  Standby standby = Standby::kOff;     // --standby (issue 13); default off (docs/agent.md)
+  Standby standby = Standby::kOff;     // --standby; default off (docs/agent.md)
   std::vector<std::string> preload;    // --preload: module names; default none
   enum class InMemoryRestart { kOff, kOn, kAuto };
   InMemoryRestart in_memory_restart = InMemoryRestart::kAuto;  // --in_memory_restart; default auto
@@ -119,14 +119,14 @@ struct LaunchConfig {
   std::string signals_to_handle_text = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";  // as given: the
                                        // workers' TORCHELASTIC_SIGNALS_TO_HANDLE, as torchrun's
   std::string python = "python3";      // --python, PET_PYTHON, $PYTHON_EXEC, then python3
-  EnvCheckMode env_check = EnvCheckMode::kStrict;  // --env_check (issue 6)
-  std::string env_lock;                // --env_lock FILE (issue 6)
-  bool check_env = false;              // --check_env (issue 6)
+  EnvCheckMode env_check = EnvCheckMode::kStrict;  // --env_check
+  std::string env_lock;                // --env_lock FILE
+  bool check_env = false;              // --check_env
   // The options Slurm's variables supplied (launcher/slurm.h), one "--flag=value (VARIABLE)"
   // each, for the start-up line; empty outside a Slurm allocation.
   std::vector<std::string> from_slurm;
-  std::string event_log;               // --event_log FILE ('-' = stderr); "" = none (issue 15)
-  std::optional<int> metrics_port;     // --metrics_port; unset = no metrics server (issue 15)
+  std::string event_log;               // --event_log FILE ('-' = stderr); "" = none
+  std::optional<int> metrics_port;     // --metrics_port; unset = no metrics server
   std::string metrics_addr = "127.0.0.1";  // --metrics_addr (docs/metrics.md)
   std::string program;                 // training script, module or executable
   std::vector<std::string> program_args;

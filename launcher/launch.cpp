@@ -12,7 +12,6 @@
 #include <cstring>
 #include <fstream>
 #include <map>
-#include <random>
 #include <thread>
 
 #include <boost/asio/ip/address.hpp>
@@ -39,18 +38,6 @@ namespace {
 std::string hostname() {
   char buf[256] = {};
   if (::gethostname(buf, sizeof buf - 1) != 0) return "localhost";
-  return buf;
-}
-
-// A random id in the shape of a UUID (--standalone without --rdzv_id, as torchrun does).
-std::string random_run_id() {
-  std::random_device rd;
-  std::mt19937_64 gen((static_cast<std::uint64_t>(rd()) << 32) ^ rd());
-  char buf[40];
-  std::uint64_t a = gen(), b = gen();
-  std::snprintf(buf, sizeof buf, "%08x-%04x-%04x-%04x-%012llx", static_cast<unsigned>(a >> 32),
-                static_cast<unsigned>((a >> 16) & 0xffff), static_cast<unsigned>(a & 0xffff),
-                static_cast<unsigned>(b >> 48), static_cast<unsigned long long>(b & 0xffffffffffffULL));
   return buf;
 }
 
@@ -676,7 +663,6 @@ int launch(const LaunchConfig& config) {
   boost::asio::io_context io(1);
   auto rendezvous = make_rendezvous(io, config);
   std::string run_id = config.rdzv_id;
-  if (config.standalone && (run_id.empty() || run_id == "none")) run_id = random_run_id();
   if (run_id.empty()) run_id = "none";
   const std::string log_dir = resolve_log_dir(config);
   agent::AgentOptions options = make_agent_options(config, program, log_dir, run_id);

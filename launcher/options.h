@@ -30,7 +30,7 @@ std::string dash_spelling(const std::string& name);
 // "PET_NPROC_PER_NODE" for "nproc_per_node".
 std::string env_name(const std::string& name);
 
-// A second name of an option, matched exactly (either spelling), never as a prefix: issue 12's
+// A second name of an option, matched exactly (either spelling), never as a prefix: the
 // names for options whose own names are shorter to abbreviate (--health_check is
 // --check_health; as a prefixable name it would make --he ambiguous with --help, and
 // --max_restarts_without_progress every abbreviation of --max_restarts). `name` is the option's.
@@ -48,7 +48,7 @@ const std::vector<OptionAlias>& option_aliases();
 const OptionSpec* find_long_option(const std::string& name, std::vector<std::string>& candidates);
 // The valid spellings closest to an unknown long name (without "--"), best first, at most
 // three: those within a few edits (a typo, a swapped letter, '-' for '_', a plural), as
-// "--name". Empty when none is close (issue 17: "did you mean --nproc_per_node?").
+// "--name". Empty when none is close ("did you mean --nproc_per_node?").
 std::vector<std::string> closest_long_options(const std::string& name);
 // The option of a short letter (-m, -r, -t; -h is help), or nullptr.
 const OptionSpec* find_short_option(char letter);

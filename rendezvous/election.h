@@ -1,4 +1,4 @@
-// Leader election of replicated ddp-rendezvous daemons on etcd (issue 14, docs/etcd.md).
+// Leader election of replicated ddp-rendezvous daemons on etcd (docs/etcd.md).
 //
 // One Election per daemon, owned by its main; it runs its own thread (started by start(),
 // joined by stop() or the destructor) that makes every etcd call, so a slow or unreachable etcd
@@ -49,7 +49,7 @@ struct ElectionOptions {
   std::string me;      // this replica's HOST:PORT, as agents reach it
   int lease_ttl = 5;   // seconds (etcd leases are whole seconds); at least 2
   bool watch = true;   // watch the leader key (else: only the TTL/4 reads)
-  std::string records_prefix;  // issue 14: job records live under this prefix (PREFIX + "jobs/")
+  std::string records_prefix;  // job records live under this prefix (PREFIX + "jobs/")
   std::function<void(const Leadership&)> on_change;   // on the election thread; every renewal too
   std::function<void(const std::string&)> log;        // on the election thread
   // The outcome of write(): error "" = committed; else it was not written (this replica lost
@@ -105,7 +105,7 @@ class Election {
   std::condition_variable cv_;
   bool stopping_ = false;  // guarded by mu_
   std::deque<RecordWrite> writes_;  // guarded by mu_
-  // Issue 14, the watch thread's news for the election thread.
+  // The watch thread's news for the election thread.
   bool nudged_ = false;                  // guarded by mu_: the leader key changed (or may have)
   bool watch_live_ = false;              // guarded by mu_: the watch stream is established
   std::vector<std::string> watch_lines_;  // guarded by mu_: log lines, said by the election thread

@@ -105,7 +105,7 @@ struct EtcdLease {
   std::int64_t ttl = 0;  // seconds; keepalive: 0 = the lease no longer exists
 };
 
-// Issue 14: one change of a watched key.
+// One change of a watched key.
 struct EtcdWatchEvent {
   enum class Type { put, del };
   Type type = Type::put;
@@ -176,7 +176,7 @@ class EtcdClient {
   EtcdLease lease_keepalive(std::int64_t id);
   EtcdStatus lease_revoke(std::int64_t id);
 
-  // Issue 14: opens a watch stream (endpoints in turn, starting at the last that answered, until
+  // Opens a watch stream (endpoints in turn, starting at the last that answered, until
   // one has created the watch within request.establish_timeout), then calls `on_response` on
   // this thread for every answer (the first has `created` set) until the stream breaks, etcd
   // cancels the watch, or `stop` is stopped. Blocks all that time; always returns an error saying

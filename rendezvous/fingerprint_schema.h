@@ -1,4 +1,4 @@
-// The node fingerprint's schema (issue 6, docs/env-check.md), defined once: every compared fact by
+// The node fingerprint's schema (docs/env-check.md), defined once: every compared fact by
 // its dotted path ("python.torch"), the label messages and tables show for it, and whether a
 // difference breaks a job. The agent writes these paths (agent/fingerprint.cpp), the environment
 // check compares and names them (rendezvous/env_check.cpp), `--check_env` labels them

@@ -1,4 +1,4 @@
-// A job's record in etcd (issue 14, docs/etcd.md "Job records"): what a new leader needs to carry
+// A job's record in etcd (docs/etcd.md "Job records"): what a new leader needs to carry
 // a job on where the old one left it: policy, restart count, generation, the running round's
 // members with their per-node secrets, and a failing or finished job's verdict.
 //

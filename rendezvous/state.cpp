@@ -1,10 +1,7 @@
 #include "rendezvous/state.h"
 
-#include "rendezvous/env_check.h"
-
 #include <algorithm>
 #include <cmath>
-#include <set>
 #include <sstream>
 
 namespace ddp::rdzv {
@@ -57,99 +54,7 @@ std::optional<std::string> validate(const NodeSpec& s) {
   return std::nullopt;
 }
 
-// The members' fingerprints as the environment check names them: by host name, or by address
-// when there is none. Several agents on one host (tests, a fat node split in two) are told apart
-// by their address: "box (10.0.0.2)". Members without a fingerprint are left out.
-// Only the top-level sections ("python", "program", "env", ...) that differ on some node are
-// copied: a section equal everywhere cannot show a difference, and copying 100 fingerprints with
-// their hashed libraries would cost more than the comparison (bench/results-envcheck.md).
-std::vector<NodeFingerprint> env_nodes(const std::vector<const NodeSpec*>& members) {
-  std::unordered_map<std::string, int> uses;
-  const nlohmann::json* first = nullptr;
-  std::set<std::string> differing;
-  for (const NodeSpec* spec : members) {
-    const nlohmann::json& fp = spec->fingerprint;
-    if (fp.empty()) continue;
-    ++uses[spec->host.empty() ? spec->addr : spec->host];
-    if (first == nullptr) {
-      first = &fp;
-      continue;
-    }
-    for (auto it = fp.begin(); it != fp.end(); ++it) {
-      if (differing.count(it.key())) continue;
-      auto there = first->find(it.key());
-      if (there == first->end() || *there != it.value()) differing.insert(it.key());
-    }
-    for (auto it = first->begin(); it != first->end(); ++it) {
-      if (!fp.contains(it.key())) differing.insert(it.key());
-    }
-  }
-  std::vector<NodeFingerprint> prints;
-  prints.reserve(members.size());
-  for (const NodeSpec* spec : members) {
-    const nlohmann::json& fp = spec->fingerprint;
-    if (fp.empty()) continue;
-    nlohmann::json part = nlohmann::json::object();
-    for (const std::string& key : differing) {
-      auto it = fp.find(key);
-      if (it != fp.end()) part[key] = *it;
-    }
-    std::string name = spec->host.empty() ? spec->addr : spec->host;
-    if (uses[name] > 1 && !spec->host.empty() && !spec->addr.empty()) {
-      prints.push_back({name + " (" + spec->addr + ")", "", std::move(part)});
-    } else {
-      prints.push_back({name, spec->host.empty() ? "" : spec->addr, std::move(part)});
-    }
-  }
-  return prints;
-}
-
 }  // namespace
-
-RoundCheck make_env_round_check(std::function<void(const std::string&)> log) {
-  return [log = std::move(log)](const std::string& job_id,
-                                const std::vector<const NodeSpec*>& members) -> std::optional<std::string> {
-    // The strictest mode any member asked for: the outcome does not depend on who came first,
-    // and one node's --env_check=warn cannot switch the check off for nodes that want strict.
-    // (A node with --env_check=off sends no fingerprint and is not compared.)
-    EnvCheckMode mode = EnvCheckMode::off;
-    for (const NodeSpec* spec : members) {
-      EnvCheckMode m = parse_env_check_mode(spec->env_check).value_or(EnvCheckMode::strict);
-      if (m == EnvCheckMode::strict || (m == EnvCheckMode::warn && mode == EnvCheckMode::off)) mode = m;
-    }
-    if (mode == EnvCheckMode::off) return std::nullopt;
-    // The common case, a job that runs: every fingerprint equals the first. Decided by deep
-    // comparison without copying anything (copying 100 fingerprints costs more than comparing).
-    const nlohmann::json* first = nullptr;
-    bool all_same = true;
-    for (const NodeSpec* spec : members) {
-      if (spec->fingerprint.empty()) continue;
-      if (first == nullptr) {
-        first = &spec->fingerprint;
-      } else if (spec->fingerprint != *first) {
-        all_same = false;
-        break;
-      }
-    }
-    if (all_same) return std::nullopt;
-    std::vector<NodeFingerprint> prints = env_nodes(members);
-    if (prints.size() < 2) return std::nullopt;
-    EnvCheckResult result = compare_fingerprints(prints);
-    switch (env_check_verdict(mode, result)) {
-      case EnvVerdict::refuse:
-        return "job " + job_id + ": " + refusal_message(result);
-      case EnvVerdict::warn:
-        if (log) {  // one log line per difference, each with the job and the mode
-          for (const EnvDifference& d : result.differences) {
-            log("job " + job_id + ": environment differs (--env_check=" + to_string(mode) + "): " + d.message);
-          }
-        }
-        return std::nullopt;
-      default:
-        return std::nullopt;
-    }
-  };
-}
 
 StateMachine::StateMachine(const Clock& clock, Outbox& out, RoundCheck round_check, SecretSource secrets)
     : clock_(clock), out_(out), round_check_(std::move(round_check)), secrets_(std::move(secrets)) {}
@@ -200,7 +105,7 @@ void StateMachine::remove_node(Job& job, ConnId conn) {
   auto it = job.nodes.find(conn);
   if (it == job.nodes.end()) return;
   --job.counts[static_cast<int>(it->second.state)];
-  if (!job.restore_holders.empty()) {  // issue 10: a node that resumed and then went away
+  if (!job.restore_holders.empty()) {  // a node that resumed and then went away
     auto ht = job.restore_holders.find(it->second.group_rank);
     if (ht != job.restore_holders.end() && ht->second == conn) job.restore_holders.erase(ht);
   }
@@ -218,11 +123,11 @@ void StateMachine::erase_if_empty(const std::string& job_id) {
   if (it != jobs_.end() && it->second.nodes.empty()) {
     const Job& job = it->second;
     const double now = clock_.now();
-    if (now < job.hold_until) return;  // loaded from etcd: its nodes may still come back (issue 14)
+    if (now < job.hold_until) return;  // loaded from etcd: its nodes may still come back
     changed(job);                      // its record is deleted
     if ((job.state == JobState::Succeeded || job.state == JobState::Failed) && retention_.keep_finished > 0 &&
         retention_.max_finished > 0) {
-      // Issue 17: it stays in status() for keep_finished seconds, marked finished.
+      // It stays in status() for keep_finished seconds, marked finished.
       FinishedJob done;
       done.ended_at = job.ended_at;
       done.forgotten_at = now + retention_.keep_finished;
@@ -276,7 +181,7 @@ void StateMachine::job_ended(Job& job, const std::string& summary) {
 
 // The job's policy is set by its first node; every other node must ask for the same, instead of
 // the first joiner silently winning. heartbeat_interval and shutdown_timeout are each agent's own.
-std::optional<std::string> StateMachine::policy_mismatch(const Job& job, const NodeSpec& spec) {
+std::optional<std::string> StateMachine::policy_mismatch(const Job& job, const NodeSpec& spec) const {
   auto differs = [&](const char* what, const std::string& mine, const std::string& theirs) {
     return what + std::string(" ") + mine + " differs from job " + job.id + "'s " + theirs +
            " (set by its first node): start every node with the same " + what;
@@ -314,88 +219,17 @@ void StateMachine::join(ConnId conn, NodeSpec spec) {
                                     spec.job_id);
     return;
   }
-  auto [jit, created] = jobs_.try_emplace(spec.job_id);
-  Job& job = jit->second;
-  if (created) {
-    // A new job under the id of a finished one replaces it in status().
-    finished_.erase(std::remove_if(finished_.begin(), finished_.end(),
-                                   [&](const FinishedJob& f) { return f.status.value("job_id", "") == spec.job_id; }),
-                    finished_.end());
-    job.id = spec.job_id;
-    job.min_nodes = spec.min_nodes;
-    job.max_nodes = spec.max_nodes;
-    job.max_restarts = spec.max_restarts;
-    job.timeouts = spec.timeouts;
-    job.gather_since = now;
-    out_.log("job " + job.id + ": created (nnodes " + std::to_string(job.min_nodes) + ":" +
-             std::to_string(job.max_nodes) + ", max_restarts " + std::to_string(job.max_restarts) + ")");
-  }
-  auto refuse = [&](const std::string& code, const std::string& message) {
-    bool member = job.nodes.count(conn) != 0;
-    if (member) node_gone(job, conn, "was refused", true);
-    out_.log("job " + job.id + ": refused " + (spec.host.empty() ? spec.addr : spec.host) + ": " + message);
-    out_.drop(conn, code, message);
+  Job& job = job_for(spec, now);
+  if (auto refusal = join_refusal(job, conn, spec)) {
+    if (job.nodes.count(conn) != 0) node_gone(job, conn, "was refused", true);
+    out_.log("job " + job.id + ": refused " + (spec.host.empty() ? spec.addr : spec.host) + ": " + refusal->second);
+    out_.drop(conn, refusal->first, refusal->second);
     erase_if_empty(spec.job_id);
-  };
-  if (spec.min_nodes != job.min_nodes || spec.max_nodes != job.max_nodes) {
-    refuse("nnodes_mismatch", "--nnodes " + std::to_string(spec.min_nodes) + ":" + std::to_string(spec.max_nodes) +
-                                  " differs from job " + job.id + "'s " + std::to_string(job.min_nodes) + ":" +
-                                  std::to_string(job.max_nodes) + ": pass the same --nnodes on every node");
     return;
   }
-  if (auto mismatch = policy_mismatch(job, spec)) {
-    refuse("policy_mismatch", *mismatch);
-    return;
-  }
-  if (job.state == JobState::Succeeded || job.state == JobState::Failed) {
-    refuse("job_closed", "job " + job.id + " already " + state_name(job.state) +
-                             "; start a new job with another --rdzv_id");
-    return;
-  }
-  if (spec.requested_rank >= 0) {
-    auto rt = job.requested_ranks.find(spec.requested_rank);
-    if (rt != job.requested_ranks.end() && rt->second != conn) {
-      const Node& holder = job.nodes.at(rt->second);
-      refuse("rank_conflict", "--node_rank " + std::to_string(spec.requested_rank) + " is already taken in job " +
-                                  job.id + " by " + describe(holder) + ": give every node a distinct --node_rank");
-      return;
-    }
-  }
-
-  // A node arriving at a job that has already run is checked against the nodes it would join,
-  // alone: a mismatched replacement is refused without disturbing the running nodes.
-  if (round_check_ && job.generation > 0 && job.nodes.count(conn) == 0 && !job.nodes.empty()) {
-    std::vector<const Node*> running;  // in order of arrival: messages do not depend on hashing
-    running.reserve(job.nodes.size());
-    for (const auto& [c, node] : job.nodes) running.push_back(&node);
-    std::sort(running.begin(), running.end(), [](const Node* a, const Node* b) { return a->join_seq < b->join_seq; });
-    std::vector<const NodeSpec*> specs;  // the newcomer first: a tie names it first
-    specs.reserve(running.size() + 1);
-    specs.push_back(&spec);
-    for (const Node* node : running) specs.push_back(&node->spec);
-    if (auto refusal = round_check_(job.id, specs)) {
-      refuse("round_refused", *refusal);
-      return;
-    }
-  }
-
-  auto nit = job.nodes.find(conn);
-  bool is_new = nit == job.nodes.end();
-  if (is_new) {
-    nit = job.nodes.emplace(conn, Node{}).first;
-    nit->second.secret = secrets_ ? secrets_() : random_secret();
-    ++job.counts[static_cast<int>(NodeState::Waiting)];
-    conn_job_.emplace(conn, job.id);
-  } else if (nit->second.spec.requested_rank >= 0 && nit->second.spec.requested_rank != spec.requested_rank) {
-    job.requested_ranks.erase(nit->second.spec.requested_rank);
-  }
-  Node& node = nit->second;
-  const bool was_running = !is_new && (node.state == NodeState::Running || node.state == NodeState::Succeeded);
-  node.spec = std::move(spec);
-  node.last_seen = now;
-  node.join_seq = next_join_seq_++;
-  if (node.spec.requested_rank >= 0) job.requested_ranks[node.spec.requested_rank] = conn;
-  if (!is_new) set_state(job, node, NodeState::Waiting);
+  Node& node = enter(job, conn, std::move(spec), now);
+  const bool was_running = node.state == NodeState::Running || node.state == NodeState::Succeeded;
+  if (node.state != NodeState::Waiting) set_state(job, node, NodeState::Waiting);
   job.waiting_changed = true;
   out_.log("job " + job.id + ": join " + describe(node) + ", " + std::to_string(node.spec.local_world_size) +
            " workers (" + std::to_string(count(job, NodeState::Waiting)) + " waiting, nnodes " +
@@ -413,6 +247,81 @@ void StateMachine::join(ConnId conn, NodeSpec spec) {
   const std::string id = job.id;
   maybe_complete(job);
   erase_if_empty(id);  // a refused round may have emptied the job
+}
+
+StateMachine::Job& StateMachine::job_for(const NodeSpec& spec, double now) {
+  auto [jit, created] = jobs_.try_emplace(spec.job_id);
+  Job& job = jit->second;
+  if (!created) return job;
+  // A new job under the id of a finished one replaces it in status().
+  finished_.erase(std::remove_if(finished_.begin(), finished_.end(),
+                                 [&](const FinishedJob& f) { return f.status.value("job_id", "") == spec.job_id; }),
+                  finished_.end());
+  job.id = spec.job_id;
+  job.min_nodes = spec.min_nodes;
+  job.max_nodes = spec.max_nodes;
+  job.max_restarts = spec.max_restarts;
+  job.timeouts = spec.timeouts;
+  job.gather_since = now;
+  out_.log("job " + job.id + ": created (nnodes " + std::to_string(job.min_nodes) + ":" +
+           std::to_string(job.max_nodes) + ", max_restarts " + std::to_string(job.max_restarts) + ")");
+  return job;
+}
+
+std::optional<std::pair<std::string, std::string>> StateMachine::join_refusal(const Job& job, ConnId conn,
+                                                                              const NodeSpec& spec) const {
+  if (spec.min_nodes != job.min_nodes || spec.max_nodes != job.max_nodes) {
+    return std::make_pair(std::string("nnodes_mismatch"),
+                          "--nnodes " + std::to_string(spec.min_nodes) + ":" + std::to_string(spec.max_nodes) +
+                              " differs from job " + job.id + "'s " + std::to_string(job.min_nodes) + ":" +
+                              std::to_string(job.max_nodes) + ": pass the same --nnodes on every node");
+  }
+  if (auto mismatch = policy_mismatch(job, spec)) return std::make_pair(std::string("policy_mismatch"), *mismatch);
+  if (job.state == JobState::Succeeded || job.state == JobState::Failed) {
+    return std::make_pair(std::string("job_closed"), "job " + job.id + " already " + state_name(job.state) +
+                                                         "; start a new job with another --rdzv_id");
+  }
+  if (spec.requested_rank >= 0) {
+    auto rt = job.requested_ranks.find(spec.requested_rank);
+    if (rt != job.requested_ranks.end() && rt->second != conn) {
+      const Node& holder = job.nodes.at(rt->second);
+      return std::make_pair(std::string("rank_conflict"),
+                            "--node_rank " + std::to_string(spec.requested_rank) + " is already taken in job " +
+                                job.id + " by " + describe(holder) + ": give every node a distinct --node_rank");
+    }
+  }
+  // A node arriving at a job that has already run is checked against the nodes it would join,
+  // alone: a mismatched replacement is refused without disturbing the running nodes.
+  if (round_check_ && job.generation > 0 && job.nodes.count(conn) == 0 && !job.nodes.empty()) {
+    std::vector<const Node*> running;  // in order of arrival: messages do not depend on hashing
+    running.reserve(job.nodes.size());
+    for (const auto& [c, node] : job.nodes) running.push_back(&node);
+    std::sort(running.begin(), running.end(), [](const Node* a, const Node* b) { return a->join_seq < b->join_seq; });
+    std::vector<const NodeSpec*> specs;  // the newcomer first: a tie names it first
+    specs.reserve(running.size() + 1);
+    specs.push_back(&spec);
+    for (const Node* node : running) specs.push_back(&node->spec);
+    if (auto refusal = round_check_(job.id, specs)) return std::make_pair(std::string("round_refused"), *refusal);
+  }
+  return std::nullopt;
+}
+
+StateMachine::Node& StateMachine::enter(Job& job, ConnId conn, NodeSpec spec, double now) {
+  auto nit = job.nodes.find(conn);
+  if (nit == job.nodes.end()) {
+    nit = job.nodes.emplace(conn, Node{}).first;
+    nit->second.secret = secrets_ ? secrets_() : random_secret();
+    ++job.counts[static_cast<int>(NodeState::Waiting)];
+    conn_job_.emplace(conn, job.id);
+  } else if (nit->second.spec.requested_rank >= 0 && nit->second.spec.requested_rank != spec.requested_rank) {
+    job.requested_ranks.erase(nit->second.spec.requested_rank);
+  }
+  Node& node = nit->second;
+  node.spec = std::move(spec);
+  node.last_seen = now;
+  node.join_seq = next_join_seq_++;
+  if (node.spec.requested_rank >= 0) job.requested_ranks[node.spec.requested_rank] = conn;
+  return node;
 }
 
 // A node joining a running round below MAX restarts it so the node can take part. A node that
@@ -591,7 +500,7 @@ void StateMachine::complete_round(Job& job) {
     a.rank_offset = offset;
     offset += node->spec.local_world_size;
     set_state(job, *node, NodeState::Running);
-    a.secret = node->secret;  // proves this node in a resume (issue 10)
+    a.secret = node->secret;  // proves this node in a resume
     out_.send(conn_by_rank[r], encode(make_round(a)));
   }
   job.state = JobState::Running;
@@ -620,7 +529,7 @@ void StateMachine::report_failure(ConnId conn, const WorkerFailure& failure) {
   Job* job = job_of(conn);
   if (!job) return;
   if (job->state == JobState::Restoring && job->nodes.at(conn).state == NodeState::Running) {
-    // Happened while the rendezvous was away (issue 10): counted once the restore concludes.
+    // Happened while the rendezvous was away: counted once the restore concludes.
     out_.log("job " + job->id + ": failure on " + describe(job->nodes.at(conn)) + " while restoring: " +
              failure_text(failure));
     if (!job->pending_failure || (job->pending_failure->fatal.empty() && !failure.fatal.empty())) {
@@ -850,106 +759,6 @@ void StateMachine::tick() {
       erase_if_empty(id);
     }
   }
-}
-
-nlohmann::json StateMachine::job_status(const Job& job, double now) const {
-  const std::string& id = job.id;
-  {
-    nlohmann::json nodes = nlohmann::json::array();
-    for (const auto& [conn, node] : job.nodes) {
-      // A finished node keeps the rank of its last round (issue 17: finished jobs stay listed).
-      nodes.push_back({{"group_rank", node.state == NodeState::Running || node.state == NodeState::Succeeded ||
-                                              node.state == NodeState::Finished
-                                          ? node.group_rank
-                                          : -1},
-                       {"host", node.spec.host},
-                       {"addr", node.spec.addr},
-                       {"workers", node.spec.local_world_size},
-                       {"state", state_name(node.state)},
-                       {"last_heartbeat_age", now - node.last_seen}});
-      if (job.nodes.size() <= kStatusFingerprintNodes && !node.spec.fingerprint.empty()) {
-        nodes.back()["fingerprint"] = node.spec.fingerprint;
-      }
-    }
-    std::sort(nodes.begin(), nodes.end(), [](const nlohmann::json& a, const nlohmann::json& b) {
-      int ra = a["group_rank"], rb = b["group_rank"];
-      if ((ra < 0) != (rb < 0)) return ra >= 0;
-      return ra < rb;
-    });
-    // Whether the nodes' software agrees (issue 6). Fingerprints themselves are listed for small
-    // jobs only, so the status reply stays far below the frame limit for 10,000 nodes.
-    std::vector<const Node*> members;  // in order of arrival, as in the round check
-    members.reserve(job.nodes.size());
-    for (const auto& [conn, node] : job.nodes) members.push_back(&node);
-    std::sort(members.begin(), members.end(), [](const Node* a, const Node* b) { return a->join_seq < b->join_seq; });
-    std::vector<const NodeSpec*> specs;
-    specs.reserve(members.size());
-    for (const Node* node : members) specs.push_back(&node->spec);
-    std::vector<NodeFingerprint> prints = env_nodes(specs);
-    nlohmann::json env = {{"checked_nodes", prints.size()}, {"agree", true}};
-    if (prints.size() > 1) {
-      EnvCheckResult cmp = compare_fingerprints(prints);
-      env["agree"] = cmp.empty();
-      if (!cmp.empty()) {
-        env["breaking"] = cmp.has_breaking();
-        env["message"] = cmp.message();
-      }
-    }
-    return {{"job_id", id},
-                    {"env", std::move(env)},
-                    {"state", state_name(job.state)},
-                    {"generation", job.generation},
-                    {"min_nodes", job.min_nodes},
-                    {"max_nodes", job.max_nodes},
-                    {"restarts_used", job.restarts_used},
-                    {"max_restarts", job.max_restarts},
-                    {"rebuilt_from_resumes", job.rebuilt_at.has_value()},
-                    {"rebuilt_seconds_ago", job.rebuilt_at ? nlohmann::json(now - *job.rebuilt_at) : nlohmann::json()},
-                    {"nodes", std::move(nodes)}};
-  }
-}
-
-nlohmann::json StateMachine::status() const {
-  const double now = clock_.now();
-  nlohmann::json jobs = nlohmann::json::array();
-  for (const auto& [id, job] : jobs_) {
-    jobs.push_back(job_status(job, now));
-    if (job.state == JobState::Succeeded || job.state == JobState::Failed) {
-      jobs.back()["finished"] = true;
-      jobs.back()["ended_seconds_ago"] = now - job.ended_at;
-      if (!job.end_summary.empty()) jobs.back()["summary"] = job.end_summary;
-    }
-  }
-  for (auto it = finished_.rbegin(); it != finished_.rend(); ++it) {  // newest first
-    if (it->forgotten_at <= now) continue;
-    nlohmann::json j = it->status;
-    j["finished"] = true;
-    j["ended_seconds_ago"] = now - it->ended_at;
-    jobs.push_back(std::move(j));
-  }
-  return {{"jobs", std::move(jobs)}};
-}
-
-Gauges StateMachine::gauges() const {
-  const double now = clock_.now();
-  Gauges g;
-  for (JobState s : {JobState::Gathering, JobState::Running, JobState::Succeeded, JobState::Failed, JobState::Restoring}) {
-    g.jobs_by_state[state_name(s)] = 0;
-  }
-  for (int s = 0; s < static_cast<int>(NodeState::kCount); ++s) g.nodes_by_state[state_name(static_cast<NodeState>(s))] = 0;
-  for (const auto& [id, job] : jobs_) {
-    ++g.jobs_by_state[state_name(job.state)];
-    for (int s = 0; s < static_cast<int>(NodeState::kCount); ++s) {
-      g.nodes_by_state[state_name(static_cast<NodeState>(s))] += job.counts[s];
-    }
-    double oldest = 0;
-    for (const auto& [conn, node] : job.nodes) oldest = std::max(oldest, now - node.last_seen);
-    g.oldest_heartbeat_age[id] = oldest;
-  }
-  for (const auto& f : finished_) {
-    if (f.forgotten_at > now) ++g.finished_jobs_kept;
-  }
-  return g;
 }
 
 }  // namespace ddp::rdzv

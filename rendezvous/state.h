@@ -29,8 +29,8 @@
 //  - A job is dropped when its last node leaves; memory is bounded by the live connections.
 //  - While a job gathers, its waiting nodes that asked for it (NodeSpec::progress) get
 //    `waiting` (counts, seconds left) when the counts change, at most once a second per job
-//    (issue 17: agents show the progress).
-//  - resume (issue 10): an agent that lost its connection gives back what it knows; a server
+//    (agents show the progress).
+//  - resume: an agent that lost its connection gives back what it knows; a server
 //    that does not know the job rebuilds it, and the round goes on unchanged once every node
 //    of its generation resumed within the grace period (heartbeat_timeout after the first
 //    resume). The rules for late, missing, stale or disagreeing resumes are in resume() below
@@ -74,13 +74,13 @@ class Outbox {
   virtual void drop(ConnId conn, const std::string& code, const std::string& message) = 0;
   // One line per membership event (join, round, lost, restart, failure, success), no timestamp.
   virtual void log(const std::string& line) = 0;
-  // The same events as records (issue 15: the event log and the metrics consume them); `time` is
+  // The same events as records (the event log and the metrics consume them); `time` is
   // 0 (the receiver stamps it) and durations are in `fields` on the state machine's clock.
   // Default: ignored.
   virtual void event(const metrics::Event& event) {}
 };
 
-// How long a finished job stays in status() after its last node went (issue 17), and how many
+// How long a finished job stays in status() after its last node went, and how many
 // such jobs are kept at most (the oldest goes first). docs/rendezvous.md "Finished jobs".
 struct Retention {
   double keep_finished = 600;      // seconds; 0 = forget at once (the old behaviour)
@@ -95,8 +95,8 @@ struct Gauges {
   std::size_t finished_jobs_kept = 0;
 };
 
-// Checks the members of a round before it completes (issue 6 plugs the environment check in
-// here). Returns an error message to refuse the round; every member then gets error
+// Checks the members of a round before it completes (the environment check plugs
+// in here). Returns an error message to refuse the round; every member then gets error
 // "round_refused" with it and leaves the job. Empty function = every round is accepted.
 // Jobs with at most this many nodes list each node's fingerprint in status().
 constexpr std::size_t kStatusFingerprintNodes = 64;
@@ -104,7 +104,7 @@ constexpr std::size_t kStatusFingerprintNodes = 64;
 using RoundCheck =
     std::function<std::optional<std::string>(const std::string& job_id, const std::vector<const NodeSpec*>& members)>;
 
-// The environment check of issue 6 as a RoundCheck: compares the members' fingerprints
+// The environment check as a RoundCheck: compares the members' fingerprints
 // (members without one are not compared) under the first member's --env_check mode; refuses on
 // a breaking difference in strict mode, and passes `warn` lines to `log` in warn mode (or for
 // differences that break nothing).
@@ -157,7 +157,7 @@ class StateMachine {
   std::size_t job_count() const { return jobs_.size(); }
   std::size_t node_count() const { return conn_job_.size(); }
 
-  // Issue 14 (docs/etcd.md "Job records"): a replicated leader writes each job's record to etcd
+  // Job records (docs/etcd.md "Job records"): a replicated leader writes each job's record to etcd
   // before its agents hear of the change. With recording on, the jobs whose record changed (a
   // round formed, a restart, a verdict, the job forgotten) are collected for take_changed().
   void set_recording(bool on) { recording_ = on; }
@@ -175,7 +175,7 @@ class StateMachine {
 
  private:
   enum class NodeState { Waiting, Running, Succeeded, Rejoining, Finished, kCount };
-  // Restoring: rebuilt from resumes, waiting for the rest of the round's nodes (issue 10).
+  // Restoring: rebuilt from resumes, waiting for the rest of the round's nodes.
   enum class JobState { Gathering, Running, Succeeded, Failed, Restoring };
 
   struct Node {
@@ -211,7 +211,7 @@ class StateMachine {
     bool failing = false;  // the budget is spent: the job fails once its nodes have stopped
     std::optional<WorkerFailure> fatal;  // the first fatal report: the job fails with its reason
     double next_heartbeat_check = 0;  // no node can be silent too long before this
-    // Issue 10: rebuilt from resumes (when, on the clock), and the restore in progress.
+    // Rebuilt from resumes (when, on the clock), and the restore in progress.
     std::optional<double> rebuilt_at;
     double restore_deadline = 0;
     Assignment restore_round;          // the round the first resume of the newest generation ran
@@ -223,17 +223,17 @@ class StateMachine {
     double last_join_restart = -1e300;
     double admit_at = 0;              // no join-caused restart before this
     bool admit_pending = false;       // a newcomer waits for admit_at
-    // Issue 17: the waiting nodes hear the counts (tell_waiting) when they change, from tick().
+    // The waiting nodes hear the counts (tell_waiting) when they change, from tick().
     bool waiting_changed = false;
     double next_waiting_notice = 0;   // at most one `waiting` broadcast a second per job
-    // Issue 15: when the round that ends now ended for a failure or a loss (failure-to-restart
-    // time), and when the job ended with its summary and last nodes (issue 17: kept in status).
+    // When the round that ends now ended for a failure or a loss (failure-to-restart
+    // time), and when the job ended with its summary and last nodes (kept in status).
     std::optional<double> restart_since;
     double ended_at = 0;
     std::string end_summary;
     nlohmann::json end_nodes;
     std::size_t end_nodes_omitted = 0;
-    // Issue 14: the running round as its record describes it (set when it forms or is loaded).
+    // The running round as its record describes it (set when it forms or is loaded).
     std::vector<RecordMember> round_members;
     int round_world_size = 0;
     std::string round_master_addr;
@@ -242,7 +242,7 @@ class StateMachine {
     double hold_until = 0;  // a loaded job with no node is not forgotten before this
   };
   static constexpr std::size_t kKeptNodeRows = 64;  // node rows of a kept finished job
-  // A finished job kept for status() after its last node went (issue 17).
+  // A finished job kept for status() after its last node went.
   struct FinishedJob {
     double ended_at = 0;
     double forgotten_at = 0;
@@ -259,8 +259,14 @@ class StateMachine {
   // `cause` labels the restart in events and metrics; "" = worker_failure when counted, else
   // membership.
   void end_round(Job& job, const std::string& reason, bool counted, const std::string& cause = "");
+  // join()'s steps: the job a join names (created on first use); why it is refused (an error
+  // code and message), if it is; the node entered into the job, Waiting for a new one.
+  Job& job_for(const NodeSpec& spec, double now);
+  std::optional<std::pair<std::string, std::string>> join_refusal(const Job& job, ConnId conn,
+                                                                  const NodeSpec& spec) const;
+  Node& enter(Job& job, ConnId conn, NodeSpec spec, double now);
   void admit_newcomers(Job& job, const std::string& reason);
-  std::optional<std::string> policy_mismatch(const Job& job, const NodeSpec& spec);
+  std::optional<std::string> policy_mismatch(const Job& job, const NodeSpec& spec) const;
   void maybe_complete(Job& job);
   void tell_waiting(Job& job);
   void complete_round(Job& job);

@@ -1,4 +1,4 @@
-// StateMachine's job records (issue 14): what a replicated leader writes to etcd before its
+// StateMachine's job records: what a replicated leader writes to etcd before its
 // agents hear of a change, and how the next leader carries a job on from it. Same class, same
 // thread rules as state.cpp; docs/etcd.md "Job records" has the rules.
 #include <algorithm>

@@ -1,4 +1,4 @@
-// StateMachine::resume and the restore of a job from its agents' resumes (issue 10).
+// StateMachine::resume and the restore of a job from its agents' resumes.
 // Kept beside state.cpp so the resume rules read in one place; same class, same thread rules.
 #include <limits>
 #include <sstream>
@@ -87,7 +87,7 @@ void StateMachine::restore_job(ConnId conn, const ResumeRequest& r) {
 void StateMachine::resume_restoring(Job& job, ConnId conn, const ResumeRequest& r) {
   const Assignment& a = r.assignment;
   if (job.loaded && a.generation == job.generation) {
-    // Loaded from etcd (issue 14): the rank's secret is known; no trust on first use.
+    // Loaded from etcd: the rank's secret is known; no trust on first use.
     for (const RecordMember& m : job.round_members) {
       if (m.group_rank != a.group_rank || m.secret == r.secret) continue;
       out_.log("job " + job.id + ": refused the resume of " + who(r) + ": not the secret etcd holds for that rank");

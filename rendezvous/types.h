@@ -30,10 +30,10 @@ struct NodeSpec {
   int max_nodes = 1;             // --nnodes MAX
   int max_restarts = 0;          // --max_restarts (the job's budget; the first joiner's value wins)
   int master_port = 0;           // a free port this node offers, used when it becomes group rank 0
-  std::string env_check = "strict";  // strict | warn | off (issue 6)
+  std::string env_check = "strict";  // strict | warn | off
   nlohmann::json fingerprint = nlohmann::json::object();  // this node's software fingerprint
   Timeouts timeouts;
-  // Issue 17: this agent understands `waiting` (the counts of a gathering job); the server sends
+  // This agent understands `waiting` (the counts of a gathering job); the server sends
   // it to such nodes only, so agents that predate it never see it. Default false.
   bool progress = false;
 };
@@ -50,7 +50,7 @@ struct Assignment {
   int restart_count = 0;         // job-wide failure restarts so far (TORCHELASTIC_RESTART_COUNT)
   int max_restarts = 0;          // the job's budget (TORCHELASTIC_MAX_RESTARTS)
   // The per-node secret the server issues with a round (hex); the node proves itself with it in
-  // a resume (issue 10). Sent in the round message to its node only; empty from LocalRendezvous.
+  // a resume. Sent in the round message to its node only; empty from LocalRendezvous.
   std::string secret;
 };
 

@@ -1,0 +1,209 @@
+// What the state machine shows and how it compares nodes' environments: the status of jobs
+// (status(), gauges()) and the environment check as a RoundCheck. Pure, like state.cpp.
+#include "rendezvous/state.h"
+
+#include <algorithm>
+#include <set>
+#include <unordered_map>
+
+#include "rendezvous/env_check.h"
+
+namespace ddp::rdzv {
+
+namespace {
+
+// The members' fingerprints as the environment check names them: by host name, or by address
+// when there is none. Several agents on one host (tests, a fat node split in two) are told apart
+// by their address: "box (10.0.0.2)". Members without a fingerprint are left out.
+// Only the top-level sections ("python", "program", "env", ...) that differ on some node are
+// copied: a section equal everywhere cannot show a difference, and copying 100 fingerprints with
+// their hashed libraries would cost more than the comparison (bench/results-envcheck.md).
+std::vector<NodeFingerprint> env_nodes(const std::vector<const NodeSpec*>& members) {
+  std::unordered_map<std::string, int> uses;
+  const nlohmann::json* first = nullptr;
+  std::set<std::string> differing;
+  for (const NodeSpec* spec : members) {
+    const nlohmann::json& fp = spec->fingerprint;
+    if (fp.empty()) continue;
+    ++uses[spec->host.empty() ? spec->addr : spec->host];
+    if (first == nullptr) {
+      first = &fp;
+      continue;
+    }
+    for (auto it = fp.begin(); it != fp.end(); ++it) {
+      if (differing.count(it.key())) continue;
+      auto there = first->find(it.key());
+      if (there == first->end() || *there != it.value()) differing.insert(it.key());
+    }
+    for (auto it = first->begin(); it != first->end(); ++it) {
+      if (!fp.contains(it.key())) differing.insert(it.key());
+    }
+  }
+  std::vector<NodeFingerprint> prints;
+  prints.reserve(members.size());
+  for (const NodeSpec* spec : members) {
+    const nlohmann::json& fp = spec->fingerprint;
+    if (fp.empty()) continue;
+    nlohmann::json part = nlohmann::json::object();
+    for (const std::string& key : differing) {
+      auto it = fp.find(key);
+      if (it != fp.end()) part[key] = *it;
+    }
+    std::string name = spec->host.empty() ? spec->addr : spec->host;
+    if (uses[name] > 1 && !spec->host.empty() && !spec->addr.empty()) {
+      prints.push_back({name + " (" + spec->addr + ")", "", std::move(part)});
+    } else {
+      prints.push_back({name, spec->host.empty() ? "" : spec->addr, std::move(part)});
+    }
+  }
+  return prints;
+}
+
+}  // namespace
+
+RoundCheck make_env_round_check(std::function<void(const std::string&)> log) {
+  return [log = std::move(log)](const std::string& job_id,
+                                const std::vector<const NodeSpec*>& members) -> std::optional<std::string> {
+    // The strictest mode any member asked for: the outcome does not depend on who came first,
+    // and one node's --env_check=warn cannot switch the check off for nodes that want strict.
+    // (A node with --env_check=off sends no fingerprint and is not compared.)
+    EnvCheckMode mode = EnvCheckMode::off;
+    for (const NodeSpec* spec : members) {
+      EnvCheckMode m = parse_env_check_mode(spec->env_check).value_or(EnvCheckMode::strict);
+      if (m == EnvCheckMode::strict || (m == EnvCheckMode::warn && mode == EnvCheckMode::off)) mode = m;
+    }
+    if (mode == EnvCheckMode::off) return std::nullopt;
+    // The common case, a job that runs: every fingerprint equals the first. Decided by deep
+    // comparison without copying anything (copying 100 fingerprints costs more than comparing).
+    const nlohmann::json* first = nullptr;
+    bool all_same = true;
+    for (const NodeSpec* spec : members) {
+      if (spec->fingerprint.empty()) continue;
+      if (first == nullptr) {
+        first = &spec->fingerprint;
+      } else if (spec->fingerprint != *first) {
+        all_same = false;
+        break;
+      }
+    }
+    if (all_same) return std::nullopt;
+    std::vector<NodeFingerprint> prints = env_nodes(members);
+    if (prints.size() < 2) return std::nullopt;
+    EnvCheckResult result = compare_fingerprints(prints);
+    switch (env_check_verdict(mode, result)) {
+      case EnvVerdict::refuse:
+        return "job " + job_id + ": " + refusal_message(result);
+      case EnvVerdict::warn:
+        if (log) {  // one log line per difference, each with the job and the mode
+          for (const EnvDifference& d : result.differences) {
+            log("job " + job_id + ": environment differs (--env_check=" + to_string(mode) + "): " + d.message);
+          }
+        }
+        return std::nullopt;
+      default:
+        return std::nullopt;
+    }
+  };
+}
+
+nlohmann::json StateMachine::job_status(const Job& job, double now) const {
+  const std::string& id = job.id;
+  {
+    nlohmann::json nodes = nlohmann::json::array();
+    for (const auto& [conn, node] : job.nodes) {
+      // A finished node keeps the rank of its last round (finished jobs stay listed).
+      nodes.push_back({{"group_rank", node.state == NodeState::Running || node.state == NodeState::Succeeded ||
+                                              node.state == NodeState::Finished
+                                          ? node.group_rank
+                                          : -1},
+                       {"host", node.spec.host},
+                       {"addr", node.spec.addr},
+                       {"workers", node.spec.local_world_size},
+                       {"state", state_name(node.state)},
+                       {"last_heartbeat_age", now - node.last_seen}});
+      if (job.nodes.size() <= kStatusFingerprintNodes && !node.spec.fingerprint.empty()) {
+        nodes.back()["fingerprint"] = node.spec.fingerprint;
+      }
+    }
+    std::sort(nodes.begin(), nodes.end(), [](const nlohmann::json& a, const nlohmann::json& b) {
+      int ra = a["group_rank"], rb = b["group_rank"];
+      if ((ra < 0) != (rb < 0)) return ra >= 0;
+      return ra < rb;
+    });
+    // Whether the nodes' software agrees. Fingerprints themselves are listed for small
+    // jobs only, so the status reply stays far below the frame limit for 10,000 nodes.
+    std::vector<const Node*> members;  // in order of arrival, as in the round check
+    members.reserve(job.nodes.size());
+    for (const auto& [conn, node] : job.nodes) members.push_back(&node);
+    std::sort(members.begin(), members.end(), [](const Node* a, const Node* b) { return a->join_seq < b->join_seq; });
+    std::vector<const NodeSpec*> specs;
+    specs.reserve(members.size());
+    for (const Node* node : members) specs.push_back(&node->spec);
+    std::vector<NodeFingerprint> prints = env_nodes(specs);
+    nlohmann::json env = {{"checked_nodes", prints.size()}, {"agree", true}};
+    if (prints.size() > 1) {
+      EnvCheckResult cmp = compare_fingerprints(prints);
+      env["agree"] = cmp.empty();
+      if (!cmp.empty()) {
+        env["breaking"] = cmp.has_breaking();
+        env["message"] = cmp.message();
+      }
+    }
+    return {{"job_id", id},
+                    {"env", std::move(env)},
+                    {"state", state_name(job.state)},
+                    {"generation", job.generation},
+                    {"min_nodes", job.min_nodes},
+                    {"max_nodes", job.max_nodes},
+                    {"restarts_used", job.restarts_used},
+                    {"max_restarts", job.max_restarts},
+                    {"rebuilt_from_resumes", job.rebuilt_at.has_value()},
+                    {"rebuilt_seconds_ago", job.rebuilt_at ? nlohmann::json(now - *job.rebuilt_at) : nlohmann::json()},
+                    {"nodes", std::move(nodes)}};
+  }
+}
+
+nlohmann::json StateMachine::status() const {
+  const double now = clock_.now();
+  nlohmann::json jobs = nlohmann::json::array();
+  for (const auto& [id, job] : jobs_) {
+    jobs.push_back(job_status(job, now));
+    if (job.state == JobState::Succeeded || job.state == JobState::Failed) {
+      jobs.back()["finished"] = true;
+      jobs.back()["ended_seconds_ago"] = now - job.ended_at;
+      if (!job.end_summary.empty()) jobs.back()["summary"] = job.end_summary;
+    }
+  }
+  for (auto it = finished_.rbegin(); it != finished_.rend(); ++it) {  // newest first
+    if (it->forgotten_at <= now) continue;
+    nlohmann::json j = it->status;
+    j["finished"] = true;
+    j["ended_seconds_ago"] = now - it->ended_at;
+    jobs.push_back(std::move(j));
+  }
+  return {{"jobs", std::move(jobs)}};
+}
+
+Gauges StateMachine::gauges() const {
+  const double now = clock_.now();
+  Gauges g;
+  for (JobState s : {JobState::Gathering, JobState::Running, JobState::Succeeded, JobState::Failed, JobState::Restoring}) {
+    g.jobs_by_state[state_name(s)] = 0;
+  }
+  for (int s = 0; s < static_cast<int>(NodeState::kCount); ++s) g.nodes_by_state[state_name(static_cast<NodeState>(s))] = 0;
+  for (const auto& [id, job] : jobs_) {
+    ++g.jobs_by_state[state_name(job.state)];
+    for (int s = 0; s < static_cast<int>(NodeState::kCount); ++s) {
+      g.nodes_by_state[state_name(static_cast<NodeState>(s))] += job.counts[s];
+    }
+    double oldest = 0;
+    for (const auto& [conn, node] : job.nodes) oldest = std::max(oldest, now - node.last_seen);
+    g.oldest_heartbeat_age[id] = oldest;
+  }
+  for (const auto& f : finished_) {
+    if (f.forgotten_at > now) ++g.finished_jobs_kept;
+  }
+  return g;
+}
+
+}  // namespace ddp::rdzv
