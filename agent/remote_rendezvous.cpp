@@ -46,18 +46,6 @@ std::vector<boost::asio::ip::address> interface_addresses() {
   return out;
 }
 
-std::vector<std::string> split_endpoints(const std::string& list) {
-  std::vector<std::string> out;
-  std::string item;
-  std::istringstream in(list);
-  while (std::getline(in, item, ',')) {
-    auto b = item.find_first_not_of(" \t");
-    auto e = item.find_last_not_of(" \t");
-    if (b != std::string::npos) out.push_back(item.substr(b, e - b + 1));
-  }
-  return out;
-}
-
 std::chrono::steady_clock::duration seconds(double s) {
   return std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(s));
 }
@@ -95,20 +83,6 @@ constexpr double kQuietWait = 1.0;
 // Whole seconds left, rounded up ("587 s"): a countdown that says 0 s has ended.
 std::string seconds_left(double s) {
   return std::to_string(static_cast<long long>(std::ceil(std::max(0.0, s)))) + " s";
-}
-
-// "HOST:0" or "[V6]:0": torch 2.x writes --standalone as --rdzv_endpoint=localhost:0, a free
-// port on a server this node hosts. Sets `host` (brackets removed) when `endpoint` has port 0.
-bool zero_port_endpoint(const std::string& endpoint, std::string& host) {
-  const auto colon = endpoint.rfind(':');
-  if (colon == std::string::npos || endpoint.substr(colon + 1) != "0") return false;
-  host = endpoint.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  } else if (host.find(':') != std::string::npos) {
-    return false;  // a bare IPv6 address: parse_endpoint() says how to write it
-  }
-  return !host.empty();
 }
 
 // Where a hosted server listens for an endpoint naming `host` (docs/agent.md): the
@@ -171,32 +145,30 @@ RemoteRendezvous::RemoteRendezvous(boost::asio::io_context& io, RemoteRendezvous
     // A free port on loopback: the whole job is on this node.
     server_ = std::make_unique<rdzv::Server>(
         io_, tcp::endpoint(boost::asio::ip::address_v4::loopback(), 0), server_options);
-    endpoint_ = "127.0.0.1:" + std::to_string(server_->port());
-    endpoints_ = {endpoint_};
+    endpoints_ = {rdzv::Endpoint{"127.0.0.1", server_->port()}};
     return;
   }
-  endpoint_ = options_.endpoint;
-  endpoints_ = split_endpoints(options_.endpoint);
+  endpoints_ = options_.endpoints;
   if (endpoints_.empty()) throw std::invalid_argument("no endpoint given");
-  std::string zero_host;
-  if (endpoints_.size() == 1 && zero_port_endpoint(endpoints_[0], zero_host)) {
-    // Port 0: a free port, on a server only this node can host (nobody else can know the port).
-    if (!is_local_host(zero_host) || !options_.host_if_local) {
+  if (endpoints_.size() == 1 && endpoints_[0].port == 0) {
+    // Port 0: a free port, on a server only this node can host (nobody else can know the port);
+    // torch 2.x writes --standalone as --rdzv_endpoint=localhost:0.
+    const std::string host = endpoints_[0].host;
+    if (!is_local_host(host) || !options_.host_if_local) {
       throw std::invalid_argument("port 0 means a free port on a rendezvous this node hosts, so HOST must be "
                                   "this machine (e.g. localhost:0, as torch 2.x writes --standalone); give the "
-                                  "port of the rendezvous at " + zero_host);
+                                  "port of the rendezvous at " + host);
     }
-    server_ = std::make_unique<rdzv::Server>(io_, listen_endpoint(zero_host, 0), server_options);
-    const std::string shown = zero_host.find(':') != std::string::npos ? "[" + zero_host + "]" : zero_host;
-    endpoint_ = shown + ":" + std::to_string(server_->port());
-    endpoints_ = {endpoint_};
-    log("hosting the rendezvous server in-process on " + endpoint_ + " (port 0: a free one)");
+    server_ = std::make_unique<rdzv::Server>(io_, listen_endpoint(host, 0), server_options);
+    endpoints_[0].port = server_->port();
+    log("hosting the rendezvous server in-process on " + endpoints_[0].text() + " (port 0: a free one)");
     return;
   }
-  std::vector<std::pair<std::string, unsigned short>> parsed;
-  for (const std::string& e : endpoints_) parsed.push_back(rdzv::parse_endpoint(e));  // throws on a bad one
+  for (const rdzv::Endpoint& e : endpoints_) {
+    if (const std::string error = rdzv::connect_error(e); !error.empty()) throw std::invalid_argument(error);
+  }
   if (!options_.host_if_local) return;
-  for (const auto& [host, port] : parsed) {
+  for (const auto& [host, port] : endpoints_) {
     if (!is_local_host(host)) continue;
     // The in-process server speaks plain TCP only: with TLS the endpoint must be ddp-rendezvous.
     if (options_.tls) return;
@@ -204,7 +176,7 @@ RemoteRendezvous::RemoteRendezvous(boost::asio::io_context& io, RemoteRendezvous
     // that is free; later ones in the list are standbys for when that host dies). Someone
     // already bound it (the daemon, or an agent of this host that came first): try the next.
     try {
-      const tcp::endpoint listen = listen_endpoint(host, port);
+      const tcp::endpoint listen = listen_endpoint(host, static_cast<unsigned short>(port));
       server_ = std::make_unique<rdzv::Server>(io_, listen, server_options);
       log("hosting the rendezvous server in-process on port " + std::to_string(port) + " (listening on " +
           (listen.address().is_unspecified() ? std::string("every address") : listen.address().to_string()) + ")");
@@ -230,9 +202,9 @@ void RemoteRendezvous::start_replica(rdzv::ServerOptions server_options) {
   const auto address = boost::asio::ip::make_address(r.listen_addr, ec);
   if (ec) throw std::invalid_argument("cannot listen on " + r.listen_addr + ": not an IP address");
   replica_ = std::make_unique<rdzv::Replica>(io_, tcp::endpoint(address, 0), std::move(o));
-  endpoint_ = replica_->endpoint();
-  endpoints_ = {endpoint_};
-  log("hosting a replica of job " + options_.job_id + "'s rendezvous on " + endpoint_ + " (etcd key prefix " +
+  endpoints_ = {replica_->endpoint()};
+  log("hosting a replica of job " + options_.job_id + "'s rendezvous on " + replica_->endpoint().text() +
+      " (etcd key prefix " +
       r.prefix + ", lease TTL " + std::to_string(r.lease_ttl) + " s); the replicas elect their leader through etcd");
 }
 
@@ -274,7 +246,7 @@ void RemoteRendezvous::log(const std::string& line) const {
 
 std::string RemoteRendezvous::endpoint_list() const {
   std::string out;
-  for (const auto& e : endpoints_) out += (out.empty() ? "" : ", ") + e;
+  for (const auto& e : endpoints_) out += (out.empty() ? "" : ", ") + e.text();
   return out;
 }
 
@@ -312,7 +284,7 @@ void RemoteRendezvous::start_client() {
   ev.on_resumed = [this](std::uint64_t generation, int restart_count) {
     end_progress();
     log("resumed generation " + std::to_string(generation) + " (restart count " + std::to_string(restart_count) +
-        ") at " + endpoints_[current_] + ", " + secs(since(lost_at_)) +
+        ") at " + endpoints_[current_].text() + ", " + secs(since(lost_at_)) +
         " after losing the rendezvous; no worker was restarted");
   };
   ev.on_job_succeeded = [this] {
@@ -389,7 +361,7 @@ void RemoteRendezvous::show_progress() {
     const std::string& error = client_ ? client_->last_connect_error() : std::string();
     if (error.empty() && now - joined_at_ < seconds(kQuietWait)) return arm_progress_timer();
     key = "connect";
-    text = "connecting to the rendezvous at " + endpoints_[current_] +
+    text = "connecting to the rendezvous at " + endpoints_[current_].text() +
            (attempts > 1 ? ", attempt " + std::to_string(attempts) : std::string()) +
            (error.empty() ? "" : " (" + error + ")") + "; giving up in " + seconds_left(left) + " (join_timeout)";
   } else if (!joining_) {
@@ -398,11 +370,11 @@ void RemoteRendezvous::show_progress() {
   } else if (!waiting_) {
     if (now - joined_at_ < seconds(kQuietWait)) return arm_progress_timer();
     key = "joined";
-    text = "joined job " + job + " at " + endpoints_[current_] + "; waiting for the other nodes";
+    text = "joined job " + job + " at " + endpoints_[current_].text() + "; waiting for the other nodes";
   } else {
     const rdzv::Waiting& w = *waiting_;
     const double elapsed = std::chrono::duration<double>(now - waiting_at_).count();
-    text = "job " + job + " at " + endpoints_[current_] + ": ";
+    text = "job " + job + " at " + endpoints_[current_].text() + ": ";
     if (w.min_nodes == w.max_nodes) {
       text += std::to_string(w.waiting) + " of " + std::to_string(w.max_nodes) + " nodes joined";
     } else {
@@ -445,7 +417,7 @@ void RemoteRendezvous::on_lost(const std::string& why) {
     // We had a rendezvous: a fresh reconnect_timeout starts now; the workers keep running.
     reconnecting_ = true;
     lost_at_ = now;
-    lost_endpoint_ = endpoints_[current_];
+    lost_endpoint_ = endpoints_[current_].text();
     deadline_ = now + seconds(options_.reconnect_timeout);
     log("lost the rendezvous at " + lost_endpoint_ + " (" + why + "); the workers keep running while this node "
         "reconnects through " + endpoint_list() + " for up to " + secs(options_.reconnect_timeout) +
@@ -488,14 +460,21 @@ void RemoteRendezvous::on_lost(const std::string& why) {
 void RemoteRendezvous::on_redirect(const std::string& leader, const std::string& why) {
   if (closed_ || finished_) return;
   constexpr std::size_t kMaxEndpoints = 64;
-  auto it = std::find(endpoints_.begin(), endpoints_.end(), leader);
-  if (leader.empty() || std::chrono::steady_clock::now() >= deadline_ ||
+  // The decoder let only HOST:PORT through (valid_leader_endpoint); a leader that still does not
+  // parse is no leader known.
+  rdzv::Endpoint to;
+  try {
+    if (!leader.empty()) to = rdzv::parse_endpoint(leader, -1);
+  } catch (const rdzv::EndpointError&) {
+  }
+  auto it = std::find(endpoints_.begin(), endpoints_.end(), to);
+  if (!rdzv::connect_error(to).empty() || std::chrono::steady_clock::now() >= deadline_ ||
       (it == endpoints_.end() && endpoints_.size() >= kMaxEndpoints) ||
       (it != endpoints_.end() && static_cast<std::size_t>(it - endpoints_.begin()) == current_)) {
     on_lost(why);  // the next endpoint of the list, as after a failed attempt
     return;
   }
-  if (it == endpoints_.end()) it = endpoints_.insert(endpoints_.end(), leader);
+  if (it == endpoints_.end()) it = endpoints_.insert(endpoints_.end(), to);
   current_ = static_cast<std::size_t>(it - endpoints_.begin());
   if (leader != redirected_to_) log(why + ": going there");
   redirected_to_ = leader;

@@ -7,13 +7,14 @@
 // io_context thread. A hosted server lives as long as this object, which is why the hosting
 // agent stays until the job has ended on every node (it exits on on_job_succeeded/failed).
 //
-// The endpoint may be a list ("head:29400,standby:29400"). Losing the connection does
-// not stop the workers: the agent reconnects through every endpoint in turn, with jittered
-// backoff, for up to reconnect_timeout, and resumes its round (rendezvous/resume.h) with the
-// secret the server issued; worker failures and successes that happen meanwhile are kept and
-// sent after the resume. Only when reconnect_timeout passes does on_rendezvous_error fire
-// (exit 3). An agent whose host appears in the list hosts a standby server on the first of
-// its local endpoints that is free, so survivors can resume there when the host dies.
+// There may be several endpoints (--rdzv_endpoint=head:29400,standby:29400). Losing the
+// connection does not stop the workers: the agent reconnects through every endpoint in turn,
+// with jittered backoff, for up to reconnect_timeout, and resumes its round
+// (rendezvous/resume.h) with the secret the server issued; worker failures and successes that
+// happen meanwhile are kept and sent after the resume. Only when reconnect_timeout passes does
+// on_rendezvous_error fire (exit 3). An agent whose host appears in the list hosts a standby
+// server on the first of its local endpoints that is free, so survivors can resume there when
+// the host dies.
 //
 // With --rdzv_backend=etcd / etcd-v2 (docs/etcd.md "Agents on etcd") and `etcd_replica`,
 // the agent hosts a replica of its job's rendezvous (rdzv::Replica) on a free port of its node
@@ -33,6 +34,7 @@
 
 #include "agent/progress_line.h"
 #include "agent/rendezvous_handler.h"
+#include "rendezvous/endpoint.h"
 #include "rendezvous/etcd.h"
 
 namespace ddp::rdzv {
@@ -56,8 +58,8 @@ struct EtcdReplicaOptions {
 };
 
 struct RemoteRendezvousOptions {
-  std::string endpoint;          // HOST[:PORT][,HOST[:PORT]...] (port 29400 when absent), tried in
-                                 // order; empty with `standalone`
+  std::vector<rdzv::Endpoint> endpoints;  // the rendezvous, then its standbys, tried in order;
+                                         // empty with `standalone` and `etcd_replica`
   std::string job_id;            // --rdzv_id
   std::string token;             // shared token, empty = none
   std::shared_ptr<rdzv::TlsContext> tls;  // TLS to the rendezvous; null = plain TCP. With it the
@@ -75,7 +77,7 @@ struct RemoteRendezvousOptions {
   // the agent's own lines say what matters; environment differences (--env_check=warn) are
   // always shown.
   bool echo_server_log = false;
-  // Host a replica of the job's rendezvous on etcd and use it (`endpoint` unused).
+  // Host a replica of the job's rendezvous on etcd and use it (`endpoints` unused).
   // Unset (default): no replica.
   std::optional<EtcdReplicaOptions> etcd_replica;
 };
@@ -91,8 +93,8 @@ class RemoteRendezvous final : public RendezvousHandler {
   void report_success() override;
   void close() override;
 
-  // The endpoint list actually used (the free port with --standalone).
-  const std::string& endpoint() const { return endpoint_; }
+  // The endpoints actually used (the free port with --standalone).
+  const std::vector<rdzv::Endpoint>& endpoints() const { return endpoints_; }
 
  private:
   void start_replica(rdzv::ServerOptions server_options);
@@ -109,8 +111,7 @@ class RemoteRendezvous final : public RendezvousHandler {
   boost::asio::io_context& io_;
   RemoteRendezvousOptions options_;
   RendezvousEvents events_;
-  std::string endpoint_;
-  std::vector<std::string> endpoints_;
+  std::vector<rdzv::Endpoint> endpoints_;
   std::size_t current_ = 0;              // index in endpoints_ of the connection in use
   std::unique_ptr<rdzv::Server> server_;
   std::unique_ptr<rdzv::Replica> replica_;  // etcd backends

@@ -238,9 +238,12 @@ void resolve_rendezvous(const RawValues& raw, LaunchConfig& config,
     }
   } else if (auto h = raw.find("rdzv_endpoint"); h != nullptr && !trim(h->value).empty()) {
     // HOST:PORT,HOST:PORT,...: standby daemons, tried in order when one is lost (docs/cli.md).
-    // Every item must parse; the first is the rendezvous, the rest its standbys.
-    for (const std::string& item : split(trim(h->value), ',')) {
-      Endpoint e = parse_endpoint(Given{trim(item), h->source}, 29400);
+    // Every item must parse; the first is the rendezvous, the rest its standbys. Port 0 (a free
+    // port on a rendezvous this node hosts) has a meaning for a lone endpoint only.
+    const std::vector<std::string> items = split(trim(h->value), ',');
+    for (const std::string& item : items) {
+      Endpoint e = parse_endpoint(Given{trim(item), h->source}, rdzv::kDefaultRendezvousPort);
+      if (items.size() > 1 && e.port == 0) refuse(h->shown() + ": " + rdzv::connect_error(e));
       if (!config.rdzv_endpoint) {
         config.rdzv_endpoint = std::move(e);
       } else {

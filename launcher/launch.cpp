@@ -197,14 +197,17 @@ namespace {
 // address the kernel's routing picks for it (a UDP socket's connect sends nothing). "" when the
 // host does not resolve.
 std::string address_towards(const std::string& endpoint) {
-  std::string hostport = endpoint.substr(endpoint.find("//") + 2);
-  const auto colon = hostport.rfind(':');
-  std::string host = hostport.substr(0, colon), port = hostport.substr(colon + 1);
-  if (host.size() >= 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
+  Endpoint target;
+  try {
+    const auto scheme = endpoint.find("//");
+    target = rdzv::parse_endpoint(endpoint.substr(scheme == std::string::npos ? 0 : scheme + 2), 2379);
+  } catch (const rdzv::EndpointError&) {
+    return "";
+  }
   boost::asio::io_context io;
   boost::asio::ip::udp::resolver resolver(io);
   boost::system::error_code ec;
-  auto results = resolver.resolve(host, port, ec);
+  auto results = resolver.resolve(target.host, std::to_string(target.port), ec);
   if (ec) return "";
   for (const auto& entry : results) {
     boost::asio::ip::udp::socket socket(io);
@@ -315,8 +318,8 @@ std::unique_ptr<agent::RendezvousHandler> make_rendezvous(boost::asio::io_contex
   }
   if (!uses_local_rendezvous(config)) {
     agent::RemoteRendezvousOptions remote;
-    remote.endpoint = config.rdzv_endpoint ? config.rdzv_endpoint->text() : "";
-    for (const Endpoint& standby : config.rdzv_standby_endpoints) remote.endpoint += "," + standby.text();
+    if (config.rdzv_endpoint) remote.endpoints.push_back(*config.rdzv_endpoint);
+    for (const Endpoint& standby : config.rdzv_standby_endpoints) remote.endpoints.push_back(standby);
     remote.job_id = config.rdzv_id;
     remote.token = read_token(config);
     remote.tls = rendezvous_tls(config);
@@ -333,8 +336,9 @@ std::unique_ptr<agent::RendezvousHandler> make_rendezvous(boost::asio::io_contex
     try {
       return std::make_unique<agent::RemoteRendezvous>(io, remote);
     } catch (const std::invalid_argument& e) {
-      throw UsageError("ddplaunch: --rdzv_endpoint=" + remote.endpoint + ": " + e.what() +
-                       "; expected HOST:PORT");
+      std::string given;
+      for (const Endpoint& endpoint : remote.endpoints) given += (given.empty() ? "" : ",") + endpoint.text();
+      throw UsageError("ddplaunch: --rdzv_endpoint=" + given + ": " + e.what() + "; expected HOST:PORT");
     }
   }
   agent::LocalRendezvousOptions opts;
@@ -597,7 +601,7 @@ int check_env(const LaunchConfig& config) {
   }
   // Compare against the nodes already in that job, as the rendezvous would.
   const std::string endpoint = config.rdzv_endpoint->text();
-  auto result = rdzv::query_status(endpoint, read_token(config), 10.0, "", rendezvous_tls(config));
+  auto result = rdzv::query_status(*config.rdzv_endpoint, read_token(config), 10.0, "", rendezvous_tls(config));
   if (!result.error.empty()) {
     std::fprintf(stderr, "ddplaunch: --check_env: %s\n", result.error.c_str());
     return verdict(static_cast<int>(ExitCode::kRendezvousFailed),

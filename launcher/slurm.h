@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "launcher/command_line.h"
+#include "rendezvous/endpoint.h"
 
 namespace ddp::launcher {
 
@@ -37,9 +38,9 @@ std::string first_host(const std::string& list);
 // a map; ddplaunch gives std::getenv.
 using EnvLookup = std::function<const char*(const char*)>;
 
-// The Rendezvous port Slurm jobs use when their endpoint comes from the node list (torchrun's
-// c10d default).
-constexpr int kSlurmRendezvousPort = 29400;
+// The Rendezvous port Slurm jobs use when their endpoint comes from the node list: the
+// rendezvous' default port (torchrun's c10d default).
+constexpr int kSlurmRendezvousPort = rdzv::kDefaultRendezvousPort;
 // The grace between SIGTERM and SIGKILL inside Slurm when none is given: five seconds less than
 // Slurm's default KillWait (30 s), so that the workers' checkpoint and ddplaunch's own report
 // finish before Slurm's SIGKILL (docs/slurm.md).

@@ -20,36 +20,6 @@ steady::duration to_duration(double seconds) {
 }
 }  // namespace
 
-std::pair<std::string, unsigned short> parse_endpoint(const std::string& endpoint) {
-  std::string host = endpoint, port = "29400";
-  if (!endpoint.empty() && endpoint[0] == '[') {
-    auto close = endpoint.find(']');
-    if (close == std::string::npos) throw std::invalid_argument("bad endpoint \"" + endpoint + "\": missing ']'");
-    host = endpoint.substr(1, close - 1);
-    if (close + 1 < endpoint.size()) {
-      if (endpoint[close + 1] != ':') throw std::invalid_argument("bad endpoint \"" + endpoint + "\"");
-      port = endpoint.substr(close + 2);
-    }
-  } else if (auto colon = endpoint.rfind(':'); colon != std::string::npos) {
-    if (endpoint.find(':') != colon) {
-      throw std::invalid_argument("bad endpoint \"" + endpoint + "\": write IPv6 addresses as [ADDR]:PORT");
-    }
-    host = endpoint.substr(0, colon);
-    port = endpoint.substr(colon + 1);
-  }
-  if (host.empty()) throw std::invalid_argument("bad endpoint \"" + endpoint + "\": no host (expected HOST:PORT)");
-  std::size_t used = 0;
-  long value = -1;
-  try {
-    value = std::stol(port, &used);
-  } catch (const std::exception&) {
-  }
-  if (used != port.size() || value < 1 || value > 65535) {
-    throw std::invalid_argument("bad endpoint \"" + endpoint + "\": port must be 1..65535");
-  }
-  return {host, static_cast<unsigned short>(value)};
-}
-
 std::shared_ptr<Client> Client::create(asio::io_context& io, ClientOptions options, ClientEvents events) {
   return std::make_shared<Client>(io, std::move(options), std::move(events));
 }
@@ -74,19 +44,15 @@ double Client::seconds_left() const {
   return std::chrono::duration<double>(deadline_ - steady::now()).count();
 }
 
-void Client::connect(const std::string& endpoint, double timeout_s) {
-  endpoint_text_ = endpoint;
+void Client::connect(const Endpoint& endpoint, double timeout_s) {
+  endpoint_text_ = endpoint.text();
   deadline_ = steady::now() + to_duration(timeout_s);
-  try {
-    auto [host, port] = parse_endpoint(endpoint);
-    host_ = host;
-    port_ = std::to_string(port);
-    // Messages name the port too, also when the endpoint left it to its default.
-    endpoint_text_ = (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + port_;
-  } catch (const std::invalid_argument& e) {
-    asio::post(io_, [self = shared_from_this(), what = std::string(e.what())] { self->fail(what); });
+  if (const std::string error = connect_error(endpoint); !error.empty()) {
+    asio::post(io_, [self = shared_from_this(), what = "rendezvous endpoint " + error] { self->fail(what); });
     return;
   }
+  host_ = endpoint.host;
+  port_ = std::to_string(endpoint.port);
   try_connect();
 }
 
@@ -254,46 +220,10 @@ void Client::handle(Message& m) {
   switch (m.type) {
     case MessageType::heartbeat_ack:
       return;
-    case MessageType::challenge: {
-      const Challenge& c = std::get<Challenge>(m.body);
-      if (c.protocol_version != kProtocolVersion) {
-        fail("rendezvous " + endpoint_text_ + " speaks protocol version " + std::to_string(c.protocol_version) +
-             ", this agent " + std::to_string(kProtocolVersion) +
-             ": run the same ddplaunch version on every node and the rendezvous server");
-        return;
-      }
-      server_nonce_ = c.nonce;
-      client_nonce_ = random_hex();
-      Hello h;
-      h.job_id = options_.job_id;
-      h.client_nonce = client_nonce_;
-      if (!options_.token.empty()) h.proof = auth_proof(options_.token, "hello", server_nonce_, client_nonce_, h.job_id);
-      send(make_hello(h));
-      return;
-    }
-    case MessageType::welcome: {
-      const Welcome& w = std::get<Welcome>(m.body);
-      if (!options_.token.empty() &&
-          !proofs_equal(w.proof, auth_proof(options_.token, "server", server_nonce_, client_nonce_, options_.job_id))) {
-        fail("rendezvous " + endpoint_text_ + " could not prove it knows this job's secret: it is not the server "
-             "the token_file is for (or its secret differs)");
-        return;
-      }
-      welcomed_ = true;
-      if (pending_resume_) {
-        ResumeRequest r = std::move(*pending_resume_);
-        pending_resume_.reset();
-        resume(std::move(r));
-      }
-      if (pending_join_) {
-        NodeSpec spec = std::move(*pending_join_);
-        pending_join_.reset();
-        join(std::move(spec));
-      }
-      for (const Message& report : pending_reports_) send(report);
-      pending_reports_.clear();
-      return;
-    }
+    case MessageType::challenge:
+      return on_challenge(std::get<Challenge>(m.body));
+    case MessageType::welcome:
+      return on_welcome(std::get<Welcome>(m.body));
     case MessageType::round: {
       const Assignment& a = std::get<Assignment>(m.body);
       if (!a.secret.empty()) secret_ = a.secret;
@@ -323,44 +253,86 @@ void Client::handle(Message& m) {
       if (events_.on_job_failed) events_.on_job_failed(f.failure, f.summary);
       return;
     }
-    case MessageType::not_leader: {
-      // Issue 14: a follower replica. Followed only after its welcome, which proved (with a token)
-      // that it is a genuine server of this job: an unauthenticated peer cannot redirect agents.
-      const std::string leader = std::get<NotLeader>(m.body).leader;
-      const bool genuine = welcomed_;
-      // A follower's connection never served: the owner's retry is not a reconnect. A leader that
-      // stepped down had served it: its loss starts a reconnect (the workers keep running).
-      welcomed_ = served_;
-      if (!genuine) {
-        fail("rendezvous " + endpoint_text_ + " sent not_leader before its welcome (ignored)", true);
-        return;
-      }
-      const std::string why = "rendezvous " + endpoint_text_ + " is a follower replica; " +
-                              (leader.empty() ? "no replica leads at the moment" : "the leader is " + leader);
-      if (!events_.on_redirect || closed_) {
-        fail(why, true);
-        return;
-      }
-      closed_ = true;
-      shutdown();
-      events_.on_redirect(leader, why);
-      return;
-    }
-    case MessageType::error: {
-      const ErrorMessage& e = std::get<ErrorMessage>(m.body);
-      // Dropped for silence while alive (the machine stalled, or its beats were delayed past
-      // heartbeat_timeout): not a refusal. Like a lost connection, the owner reconnects and
-      // resumes; the server answers that the round ended, and the node rejoins.
-      const bool dropped_for_silence = e.code == "heartbeat_timeout";
-      fail("rendezvous " + endpoint_text_ + (dropped_for_silence ? " dropped this node: " : " refused: ") +
-               (e.message.empty() ? "(no message)" : e.message) + " [" + (e.code.empty() ? "?" : e.code) + "]",
-           dropped_for_silence);
-      return;
-    }
+    case MessageType::not_leader:
+      return on_not_leader(std::get<NotLeader>(m.body).leader);
+    case MessageType::error:
+      return on_error_message(std::get<ErrorMessage>(m.body));
     default:
       // Client messages and status replies are not for an agent; ignored like future notices.
       return;
   }
+}
+
+// The server's challenge: answered by hello, with the proof of the token when there is one.
+void Client::on_challenge(const Challenge& c) {
+  if (c.protocol_version != kProtocolVersion) {
+    fail("rendezvous " + endpoint_text_ + " speaks protocol version " + std::to_string(c.protocol_version) +
+         ", this agent " + std::to_string(kProtocolVersion) +
+         ": run the same ddplaunch version on every node and the rendezvous server");
+    return;
+  }
+  server_nonce_ = c.nonce;
+  client_nonce_ = random_hex();
+  Hello h;
+  h.job_id = options_.job_id;
+  h.client_nonce = client_nonce_;
+  if (!options_.token.empty()) h.proof = auth_proof(options_.token, "hello", server_nonce_, client_nonce_, h.job_id);
+  send(make_hello(h));
+}
+
+// The server proved the token (when there is one): what waited for the welcome goes out.
+void Client::on_welcome(const Welcome& w) {
+  if (!options_.token.empty() &&
+      !proofs_equal(w.proof, auth_proof(options_.token, "server", server_nonce_, client_nonce_, options_.job_id))) {
+    fail("rendezvous " + endpoint_text_ + " could not prove it knows this job's secret: it is not the server "
+         "the token_file is for (or its secret differs)");
+    return;
+  }
+  welcomed_ = true;
+  if (pending_resume_) {
+    ResumeRequest r = std::move(*pending_resume_);
+    pending_resume_.reset();
+    resume(std::move(r));
+  }
+  if (pending_join_) {
+    NodeSpec spec = std::move(*pending_join_);
+    pending_join_.reset();
+    join(std::move(spec));
+  }
+  for (const Message& report : pending_reports_) send(report);
+  pending_reports_.clear();
+}
+
+// A follower replica. Followed only after its welcome, which proved (with a token) that it is a
+// genuine server of this job: an unauthenticated peer cannot redirect agents.
+void Client::on_not_leader(const std::string& leader) {
+  const bool genuine = welcomed_;
+  // A follower's connection never served: the owner's retry is not a reconnect. A leader that
+  // stepped down had served it: its loss starts a reconnect (the workers keep running).
+  welcomed_ = served_;
+  if (!genuine) {
+    fail("rendezvous " + endpoint_text_ + " sent not_leader before its welcome (ignored)", true);
+    return;
+  }
+  const std::string why = "rendezvous " + endpoint_text_ + " is a follower replica; " +
+                          (leader.empty() ? "no replica leads at the moment" : "the leader is " + leader);
+  if (!events_.on_redirect || closed_) {
+    fail(why, true);
+    return;
+  }
+  closed_ = true;
+  shutdown();
+  events_.on_redirect(leader, why);
+}
+
+void Client::on_error_message(const ErrorMessage& e) {
+  // Dropped for silence while alive (the machine stalled, or its beats were delayed past
+  // heartbeat_timeout): not a refusal. Like a lost connection, the owner reconnects and
+  // resumes; the server answers that the round ended, and the node rejoins.
+  const bool dropped_for_silence = e.code == "heartbeat_timeout";
+  fail("rendezvous " + endpoint_text_ + (dropped_for_silence ? " dropped this node: " : " refused: ") +
+           (e.message.empty() ? "(no message)" : e.message) + " [" + (e.code.empty() ? "?" : e.code) + "]",
+       dropped_for_silence);
 }
 
 void Client::join(NodeSpec spec) {

@@ -7,7 +7,7 @@
 //
 // Typical use (agent/remote_rendezvous.*):
 //   auto c = Client::create(io, options, events);
-//   c->connect("10.0.0.1:29400", join_timeout);   // retries until the deadline
+//   c->connect(parse_endpoint("10.0.0.1:29400"), join_timeout);  // retries until the deadline
 //   c->join(spec);                                 // sent once the server welcomed us
 //   ... on_round -> start workers; report_failure()/report_success(); on_restart -> join() again
 #pragma once
@@ -22,6 +22,7 @@
 
 #include <boost/asio.hpp>
 
+#include "rendezvous/endpoint.h"
 #include "rendezvous/protocol.h"
 #include "rendezvous/resume.h"
 #include "rendezvous/stream.h"
@@ -37,7 +38,7 @@ struct ClientOptions {
   double heartbeat_timeout = 5.0;      // the server silent this long = error (replaced at join())
   std::size_t max_frame_bytes = kDefaultMaxFrameBytes;
   double max_retry_delay = 1.0;        // cap of the jittered connect backoff (s)
-  // Issue 14: a refused connection ends the attempt at once (on_disconnected) instead of being
+  // A refused connection ends the attempt at once (on_disconnected) instead of being
   // retried until the deadline: a leader named by a follower that refuses has died. Default off.
   bool give_up_when_refused = false;
   // A connected peer must send a rendezvous challenge within this (s), else the attempt counts as
@@ -58,11 +59,11 @@ struct ClientEvents {
   // Connection refused past the deadline, closed, server silent, version or token mismatch,
   // refused join or round, join timeout. The client is closed when this fires.
   std::function<void(const std::string& message)> on_error;
-  // Issue 10: when set, losing the connection (cannot connect before the deadline, closed by
+  // When set, losing the connection (cannot connect before the deadline, closed by
   // the peer, server silent past heartbeat_timeout, a failed send) fires this instead of
   // on_error, so that the owner can reconnect and resume. Refusals still go to on_error.
   std::function<void(const std::string& message)> on_disconnected;
-  // Issue 14: the server is a follower replica (not_leader, after its welcome): connect to
+  // The server is a follower replica (not_leader, after its welcome): connect to
   // `leader` ("" = none known) instead. The client is closed when this fires. Unset: handled
   // as on_disconnected.
   std::function<void(const std::string& leader, const std::string& message)> on_redirect;
@@ -70,26 +71,24 @@ struct ClientEvents {
   std::function<void(std::uint64_t generation, int restart_count)> on_resumed;
   // Progress worth a log line ("connect to rendezvous ...: Connection refused (retrying for 598 s)").
   std::function<void(const std::string& message)> on_log;
-  // Issue 17: how many nodes of the job wait, and how long is left (while the job gathers).
+  // How many nodes of the job wait, and how long is left (while the job gathers).
   // When set, join() asks the server for these (NodeSpec::progress).
   std::function<void(const Waiting& waiting)> on_waiting;
 };
-
-// Splits "HOST:PORT", "[V6]:PORT" or "HOST" (port 29400). Throws std::invalid_argument.
-std::pair<std::string, unsigned short> parse_endpoint(const std::string& endpoint);
 
 class Client : public std::enable_shared_from_this<Client> {
  public:
   static std::shared_ptr<Client> create(boost::asio::io_context& io, ClientOptions options, ClientEvents events);
 
-  // Connects to HOST:PORT, retrying refused or failed connections until `timeout_s` has passed,
-  // then says hello. REQUIRES: called once. Errors arrive through on_error.
-  void connect(const std::string& endpoint, double timeout_s);
+  // Connects to `endpoint`, retrying refused or failed connections until `timeout_s` has passed,
+  // then says hello. REQUIRES: called once. Errors arrive through on_error, an endpoint that
+  // cannot be connected to (no port, port 0: rdzv::connect_error) among them.
+  void connect(const Endpoint& endpoint, double timeout_s);
   // Joins (or rejoins after on_restart) the job. Before the server's welcome the join is queued.
   // An empty spec.addr is filled with the local address of the connection (MASTER_ADDR must be
   // reachable; never reverse DNS); an empty spec.job_id with options.job_id.
   void join(NodeSpec spec);
-  // Resumes the round this node ran before its previous connection went away (issue 10).
+  // Resumes the round this node ran before its previous connection went away.
   // Queued until the server's welcome, like join().
   void resume(ResumeRequest request);
   // The per-node secret the server sent with the last round ("" before any round).
@@ -116,6 +115,10 @@ class Client : public std::enable_shared_from_this<Client> {
   void on_connected();
   void read_more();
   void handle(Message& message);
+  void on_challenge(const Challenge& challenge);
+  void on_welcome(const Welcome& welcome);
+  void on_not_leader(const std::string& leader);
+  void on_error_message(const ErrorMessage& error);
   void send(const Message& message);
   void send_frame(Frame frame);
   bool identify(const char* data, std::size_t n);
@@ -141,7 +144,7 @@ class Client : public std::enable_shared_from_this<Client> {
   double retry_delay_ = 0.05;
   std::chrono::steady_clock::time_point last_retry_log_{};
   bool welcomed_ = false;
-  bool served_ = false;  // the server sent something after its welcome: it led (issue 14)
+  bool served_ = false;  // the server sent something after its welcome: it led
   bool closed_ = false;
   bool finished_ = false;  // the job succeeded or failed: a close is expected
   std::optional<NodeSpec> pending_join_;

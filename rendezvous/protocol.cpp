@@ -1,6 +1,6 @@
 #include "rendezvous/protocol.h"
 
-#include "rendezvous/resume.h"
+#include "rendezvous/endpoint.h"
 
 #include <algorithm>
 #include <cctype>
@@ -10,71 +10,6 @@
 namespace ddp::rdzv {
 
 using nlohmann::json;
-
-void write_frame_header(std::uint32_t length, unsigned char out[kFrameHeaderBytes]) {
-  out[0] = static_cast<unsigned char>(length >> 24);
-  out[1] = static_cast<unsigned char>(length >> 16);
-  out[2] = static_cast<unsigned char>(length >> 8);
-  out[3] = static_cast<unsigned char>(length);
-}
-
-std::uint32_t read_frame_header(const unsigned char in[kFrameHeaderBytes]) {
-  return (std::uint32_t{in[0]} << 24) | (std::uint32_t{in[1]} << 16) |
-         (std::uint32_t{in[2]} << 8) | std::uint32_t{in[3]};
-}
-
-std::optional<ProtocolError> check_frame_length(std::uint32_t length, std::size_t max_frame_bytes) {
-  if (length == 0) return ProtocolError{"bad_frame", "empty frame: every frame must carry one JSON message"};
-  if (length > max_frame_bytes) {
-    return ProtocolError{"too_large", "frame of " + std::to_string(length) + " bytes exceeds the limit of " +
-                                          std::to_string(max_frame_bytes) + " bytes"};
-  }
-  return std::nullopt;
-}
-
-Frame encode_frame(const json& payload) {
-  std::string text = payload.dump(-1, ' ', false, json::error_handler_t::replace);
-  std::string frame(kFrameHeaderBytes, '\0');
-  write_frame_header(static_cast<std::uint32_t>(text.size()), reinterpret_cast<unsigned char*>(frame.data()));
-  frame += text;
-  return std::make_shared<const std::string>(std::move(frame));
-}
-
-// ---- FrameReader ----
-
-void FrameReader::feed(const char* data, std::size_t size) {
-  if (failed_) return;
-  // Compact before growing: consumed bytes are dropped once they are half the buffer.
-  if (pos_ > 0 && pos_ * 2 >= buf_.size()) {
-    buf_.erase(0, pos_);
-    pos_ = 0;
-  }
-  buf_.append(data, size);
-}
-
-FrameReader::Result FrameReader::next(std::string& payload) {
-  if (failed_) return Result::error;
-  const std::size_t have = buf_.size() - pos_;
-  if (have < kFrameHeaderBytes) return Result::need_more;
-  const std::uint32_t length = read_frame_header(reinterpret_cast<const unsigned char*>(buf_.data() + pos_));
-  if (auto err = check_frame_length(length, max_frame_bytes_)) {
-    error_ = *err;
-    failed_ = true;
-    buf_.clear();
-    buf_.shrink_to_fit();
-    pos_ = 0;
-    return Result::error;
-  }
-  if (have - kFrameHeaderBytes < length) return Result::need_more;
-  payload.assign(buf_, pos_ + kFrameHeaderBytes, length);
-  pos_ += kFrameHeaderBytes + length;
-  if (pos_ == buf_.size()) {
-    buf_.clear();
-    pos_ = 0;
-    if (buf_.capacity() > 65536) buf_.shrink_to_fit();  // give back a buffer grown for one big frame
-  }
-  return Result::frame;
-}
 
 // ---- message types ----
 
@@ -345,7 +280,8 @@ std::optional<std::string> read_hello(const json& j, Hello& h, const char* what)
 }
 
 // Decodes the body of a message whose type is known; the first problem is returned.
-std::optional<std::string> decode_body(MessageType type, const json& j, Message& m) {
+// The messages of a connection itself: the handshake, heartbeats, leaving, errors.
+std::optional<std::string> decode_connection_body(MessageType type, const json& j, Message& m) {
   switch (type) {
     case MessageType::greeting: {
       Fields f(j, "greeting");
@@ -363,30 +299,6 @@ std::optional<std::string> decode_body(MessageType type, const json& j, Message&
       m.body = std::move(h);
       return err;
     }
-    case MessageType::join: {
-      Fields f(j, "join");
-      NodeSpec spec;
-      if (const json* node = f.require("node")) {
-        if (auto err = read_node_spec(*node, spec)) f.fail(*err);
-      }
-      m.body = std::move(spec);
-      return f.error();
-    }
-    case MessageType::failure: {
-      Fields f(j, "failure");
-      WorkerFailure w;
-      if (const json* failure = f.require("failure")) {
-        if (auto err = read_failure(*failure, w)) return err;
-      }
-      m.body = std::move(w);
-      return f.error();
-    }
-    case MessageType::heartbeat:
-    case MessageType::success:
-    case MessageType::leave:
-    case MessageType::heartbeat_ack:
-      m.body = Empty{};
-      return std::nullopt;
     case MessageType::challenge: {
       Fields f(j, "challenge");
       Challenge c;
@@ -411,6 +323,39 @@ std::optional<std::string> decode_body(MessageType type, const json& j, Message&
       f.string("code", e.code, 64, true);
       f.string("message", e.message, kMaxReasonBytes, true);
       m.body = std::move(e);
+      return f.error();
+    }
+    case MessageType::heartbeat:
+    case MessageType::success:
+    case MessageType::leave:
+    case MessageType::heartbeat_ack:
+      m.body = Empty{};
+      return std::nullopt;
+    default:
+      break;
+  }
+  return std::string("unknown message type");
+}
+
+// The messages of a job's rounds: joining, failures, assignments, restarts, the job's end.
+std::optional<std::string> decode_round_body(MessageType type, const json& j, Message& m) {
+  switch (type) {
+    case MessageType::join: {
+      Fields f(j, "join");
+      NodeSpec spec;
+      if (const json* node = f.require("node")) {
+        if (auto err = read_node_spec(*node, spec)) f.fail(*err);
+      }
+      m.body = std::move(spec);
+      return f.error();
+    }
+    case MessageType::failure: {
+      Fields f(j, "failure");
+      WorkerFailure w;
+      if (const json* failure = f.require("failure")) {
+        if (auto err = read_failure(*failure, w)) return err;
+      }
+      m.body = std::move(w);
       return f.error();
     }
     case MessageType::round: {
@@ -451,10 +396,23 @@ std::optional<std::string> decode_body(MessageType type, const json& j, Message&
       m.body = std::move(jf);
       return f.error();
     }
+    default:
+      break;
+  }
+  return std::string("unknown message type");
+}
+
+// The messages that keep a job going across losses and show it: resume, progress, replicas,
+// status.
+std::optional<std::string> decode_continuity_body(MessageType type, const json& j, Message& m) {
+  switch (type) {
     case MessageType::resume: {
       auto decoded = decode_resume(j);
-      if (auto* err = std::get_if<ProtocolError>(&decoded)) return err->message;
-      m.body = std::move(std::get<ResumeRequest>(decoded));
+      if (auto* err = std::get_if<std::string>(&decoded)) return *err;
+      ResumeRequest& r = std::get<ResumeRequest>(decoded);
+      // The same limits as a join's spec (fingerprint shape, sizes): a resume is no back door.
+      if (auto err = validate_node_spec(r.node)) return "invalid resume message: \"node\": " + *err;
+      m.body = std::move(r);
       return std::nullopt;
     }
     case MessageType::resumed: {
@@ -500,13 +458,45 @@ std::optional<std::string> decode_body(MessageType type, const json& j, Message&
       m.body = std::move(r);
       return f.error();
     }
+    default:
+      break;
+  }
+  return std::string("unknown message type");
+}
+
+std::optional<std::string> decode_body(MessageType type, const json& j, Message& m) {
+  switch (type) {
+    case MessageType::greeting:
+    case MessageType::hello:
+    case MessageType::status:
+    case MessageType::challenge:
+    case MessageType::welcome:
+    case MessageType::error:
+    case MessageType::heartbeat:
+    case MessageType::success:
+    case MessageType::leave:
+    case MessageType::heartbeat_ack:
+      return decode_connection_body(type, j, m);
+    case MessageType::join:
+    case MessageType::failure:
+    case MessageType::round:
+    case MessageType::restart:
+    case MessageType::job_succeeded:
+    case MessageType::job_failed:
+      return decode_round_body(type, j, m);
+    case MessageType::resume:
+    case MessageType::resumed:
+    case MessageType::waiting:
+    case MessageType::not_leader:
+    case MessageType::status_reply:
+      return decode_continuity_body(type, j, m);
   }
   return std::string("unknown message type");
 }
 
 }  // namespace
 
-// Issue 14: job records in etcd (rendezvous/job_record.cpp) reuse the message field checks.
+// Job records in etcd (rendezvous/job_record.cpp) reuse the message field checks.
 std::optional<std::string> decode_timeouts(const json& j, Timeouts& t) { return read_timeouts(j, t); }
 std::optional<std::string> decode_failure(const json& j, WorkerFailure& w) { return read_failure(j, w); }
 
@@ -572,8 +562,11 @@ Decoded decode(std::string_view payload) {
 
 // ---- encoding ----
 
-json to_json(const Message& m) {
-  json j = {{"type", to_string(m.type)}};
+namespace {
+
+// The fields of the messages of a connection itself (the handshake, errors); none for the
+// others.
+void add_connection_fields(const Message& m, json& j) {
   switch (m.type) {
     case MessageType::greeting: {
       const auto& g = std::get<Greeting>(m.body);
@@ -590,17 +583,6 @@ json to_json(const Message& m) {
       j["proof"] = h.proof;
       break;
     }
-    case MessageType::join:
-      j["node"] = std::get<NodeSpec>(m.body);
-      break;
-    case MessageType::failure:
-      j["failure"] = std::get<WorkerFailure>(m.body);
-      break;
-    case MessageType::heartbeat:
-    case MessageType::success:
-    case MessageType::leave:
-    case MessageType::heartbeat_ack:
-      break;
     case MessageType::challenge: {
       const auto& c = std::get<Challenge>(m.body);
       j["protocol_version"] = c.protocol_version;
@@ -620,6 +602,35 @@ json to_json(const Message& m) {
       j["message"] = e.message;
       break;
     }
+    default:
+      break;
+  }
+}
+
+}  // namespace
+
+json to_json(const Message& m) {
+  json j = {{"type", to_string(m.type)}};
+  switch (m.type) {
+    case MessageType::join:
+      j["node"] = std::get<NodeSpec>(m.body);
+      break;
+    case MessageType::failure:
+      j["failure"] = std::get<WorkerFailure>(m.body);
+      break;
+    case MessageType::greeting:
+    case MessageType::hello:
+    case MessageType::status:
+    case MessageType::challenge:
+    case MessageType::welcome:
+    case MessageType::error:
+      add_connection_fields(m, j);
+      break;
+    case MessageType::heartbeat:
+    case MessageType::success:
+    case MessageType::leave:
+    case MessageType::heartbeat_ack:
+      break;
     case MessageType::round:
       j["assignment"] = std::get<Assignment>(m.body);
       break;
@@ -742,25 +753,14 @@ Message make_not_leader(const std::string& leader) { return message(MessageType:
 bool valid_leader_endpoint(std::string_view text) {
   if (text.empty()) return true;
   if (text.size() > kMaxEndpointBytes) return false;
-  const auto colon = text.rfind(':');
-  if (colon == std::string_view::npos || colon == 0) return false;
-  std::string_view host = text.substr(0, colon), port = text.substr(colon + 1);
-  if (host.front() == '[') {
-    if (host.size() < 3 || host.back() != ']') return false;
-    host = host.substr(1, host.size() - 2);
-  } else if (host.find(':') != std::string_view::npos) {
-    return false;  // a bare IPv6 address needs brackets
+  try {
+    // The one endpoint syntax, in its canonical form (what Endpoint::text() writes): no blanks,
+    // no leading zeros, brackets around an IPv6 address and only there; a port to connect to.
+    const Endpoint e = parse_endpoint(text, -1);
+    return connect_error(e).empty() && e.text() == text;
+  } catch (const EndpointError&) {
+    return false;
   }
-  for (char c : host) {
-    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-' && c != '_' && c != ':') return false;
-  }
-  if (port.empty() || port.size() > 5) return false;
-  unsigned value = 0;
-  for (char c : port) {
-    if (c < '0' || c > '9') return false;
-    value = value * 10 + static_cast<unsigned>(c - '0');
-  }
-  return value >= 1 && value <= 65535;
 }
 
 Frame encode_greeting() {
@@ -779,103 +779,5 @@ Message make_heartbeat() { return message(MessageType::heartbeat, Empty{}); }
 Message make_failure(const WorkerFailure& failure) { return message(MessageType::failure, failure); }
 Message make_success() { return message(MessageType::success, Empty{}); }
 Message make_leave() { return message(MessageType::leave, Empty{}); }
-
-std::optional<ProtocolError> check_first_message(const Message& message) {
-  if (message.type != MessageType::hello && message.type != MessageType::status) {
-    return ProtocolError{"bad_message", std::string("the first message must be \"hello\" or \"status\", got \"") +
-                                            to_string(message.type) + "\""};
-  }
-  const Hello& h = std::get<Hello>(message.body);
-  if (h.protocol_version != kProtocolVersion) {
-    return ProtocolError{"version_mismatch", "protocol version " + std::to_string(h.protocol_version) +
-                                                 " is not supported; this server speaks version " +
-                                                 std::to_string(kProtocolVersion) +
-                                                 ": run the same ddplaunch version on every node and the rendezvous server"};
-  }
-  if (message.type == MessageType::hello && h.job_id.empty()) {
-    return ProtocolError{"bad_message", "hello carries no job_id (--rdzv_id)"};
-  }
-  return std::nullopt;
-}
-
-std::optional<ProtocolError> check_greeting(const Greeting& greeting) {
-  if (greeting.magic != kMagic) {
-    return ProtocolError{"bad_message", "greeting names \"" + printable_excerpt(greeting.magic) +
-                                            "\", not \"" + std::string(kMagic) + "\": this is a ddp-rendezvous server"};
-  }
-  if (greeting.protocol_version != kProtocolVersion) {
-    return ProtocolError{"version_mismatch", "protocol version " + std::to_string(greeting.protocol_version) +
-                                                 " is not supported; this server speaks version " +
-                                                 std::to_string(kProtocolVersion) +
-                                                 ": run the same ddplaunch version on every node and the rendezvous server"};
-  }
-  return std::nullopt;
-}
-
-std::string printable_excerpt(std::string_view bytes, std::size_t max) {
-  std::string out;
-  std::size_t i = 0;
-  for (; i < bytes.size() && out.size() < max; ++i) {
-    const auto c = static_cast<unsigned char>(bytes[i]);
-    if (c == ' ' || c == '\t' || c == '\r' || c == '\n') {
-      // A text protocol's lines and indentation read as single spaces.
-      if (!out.empty() && out.back() != ' ') out += ' ';
-    } else if (c > 0x20 && c < 0x7f && c != '\\') {
-      out += static_cast<char>(c);
-    } else {
-      static const char hex[] = "0123456789abcdef";
-      out += "\\x";
-      out += hex[c >> 4];
-      out += hex[c & 15];
-    }
-  }
-  if (i < bytes.size()) out += "...";
-  return out;
-}
-
-ServerCheck check_server_start(std::string_view bytes, bool closed) {
-  using V = ServerCheck::Verdict;
-  const auto not_ours = [&](const std::string& why) {
-    return ServerCheck{V::refuse, "is not a ddp-rendezvous server (" + why + ")"};
-  };
-  if (bytes.empty()) {
-    return closed ? ServerCheck{V::refuse, "closed the connection before saying anything (a ddp-rendezvous server "
-                                           "started with --tls_cert does that to a client without tls_ca)"}
-                  : ServerCheck{};
-  }
-  // A TLS record (alert 0x15 or handshake 0x16, version 3.x): a TLS server refusing plain text.
-  const auto first = static_cast<unsigned char>(bytes[0]);
-  if ((first == 0x15 || first == 0x16) && (bytes.size() < 2 || bytes[1] == '\x03')) {
-    return ServerCheck{V::refuse, "speaks TLS (it answered with a TLS record): if it is a ddp-rendezvous server "
-                                  "started with --tls_cert, give this client its CA with tls_ca (docs/security.md)"};
-  }
-  const std::string answered = "it answered '" + printable_excerpt(bytes, 120) + "'";
-  // The first frame must be a challenge: a small length (so a zero first byte) and a JSON object.
-  if (bytes[0] != '\0') return not_ours(answered);
-  if (bytes.size() >= kFrameHeaderBytes) {
-    const std::uint32_t length = read_frame_header(reinterpret_cast<const unsigned char*>(bytes.data()));
-    if (length == 0 || length > kMaxChallengeBytes) return not_ours(answered);
-    if (bytes.size() > kFrameHeaderBytes && bytes[kFrameHeaderBytes] != '{') return not_ours(answered);
-    if (bytes.size() >= kFrameHeaderBytes + length) {
-      Decoded d = decode(bytes.substr(kFrameHeaderBytes, length));
-      if (!d.error && d.message->type == MessageType::error) {  // a rendezvous server refusing at once
-        const ErrorMessage& e = std::get<ErrorMessage>(d.message->body);
-        return ServerCheck{V::refuse, "refused the connection: " + e.message + " [" + e.code + "]"};
-      }
-      if (d.error || d.message->type != MessageType::challenge) return not_ours(answered);
-      const Challenge& c = std::get<Challenge>(d.message->body);
-      if (c.protocol_version != kProtocolVersion) {
-        return ServerCheck{V::refuse, "is a ddp-rendezvous server of protocol version " +
-                                          std::to_string(c.protocol_version) + "; this program speaks version " +
-                                          std::to_string(kProtocolVersion) +
-                                          ": run the same ddplaunch version on every node and the rendezvous server"};
-      }
-      if (c.magic != kMagic) return not_ours(answered);
-      return ServerCheck{V::rendezvous, ""};
-    }
-  }
-  if (closed) return not_ours(answered + ", then closed the connection");
-  return ServerCheck{};
-}
 
 }  // namespace ddp::rdzv

@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "rendezvous/json_depth.h"  // json_depth
+#include "rendezvous/resume.h"      // ResumeRequest
 #include "rendezvous/types.h"
 
 namespace ddp::rdzv {
@@ -174,22 +175,13 @@ struct JobFailed {
 struct StatusReply {
   nlohmann::json status;
 };
-// resume (issue 10, rendezvous/resume.h): what an agent that lost its rendezvous connection
-// knows, so that a restarted, crashed or standby daemon can rebuild the job and the round goes on.
-struct ResumeRequest {
-  std::string job_id;        // --rdzv_id; equals node.job_id
-  std::string secret;        // the per-node secret the server issued with the round (hex)
-  NodeSpec node;             // this node's spec: nnodes, budget, timeouts, fingerprint (policy)
-  Assignment assignment;     // the round it runs: generation, group rank, world, master,
-                             // restart count and budget
-};
 // resumed: the round goes on as it was (no restart).
 struct Resumed {
   std::uint64_t generation = 0;
   int restart_count = 0;
   bool rebuilt = false;  // the server rebuilt the job from its agents' resumes
 };
-// waiting (issue 17): what the waiting nodes of a gathering job wait for. Sent when the counts
+// waiting: what the waiting nodes of a gathering job wait for. Sent when the counts
 // change, at most once a second per job (the agent counts the seconds down itself).
 struct Waiting {
   std::string job_id;
@@ -200,7 +192,7 @@ struct Waiting {
   std::optional<double> join_left;       // s until join_timeout fails the job (fewer than MIN)
   std::optional<double> last_call_left;  // s until the round completes below MAX (MIN reached)
 };
-// not_leader (issue 14): a follower replica of a replicated daemon (--etcd, docs/etcd.md) sends
+// not_leader: a follower replica of a replicated daemon (--etcd, docs/etcd.md) sends
 // it after its welcome (so a token-holding client knows it is genuine) and closes. `leader` is the
 // leader's HOST:PORT, or "" when no replica leads at the moment (the client tries its other
 // endpoints).
@@ -250,7 +242,8 @@ Message make_heartbeat_ack();
 Message make_status_reply(nlohmann::json status);
 Message make_waiting(const Waiting& waiting);
 Message make_not_leader(const std::string& leader);
-// "" or HOST:PORT / [V6]:PORT with a port 1..65535, host of letters, digits, '.', '-', '_', ':'.
+// "" (no leader known) or an endpoint to connect to, HOST:PORT or [V6]:PORT, written as
+// Endpoint::text() writes it (rendezvous/endpoint.h).
 bool valid_leader_endpoint(std::string_view text);
 
 // Message builders (client -> server).

@@ -9,11 +9,6 @@ namespace ddp::rdzv {
 
 namespace asio = boost::asio;
 
-std::string join_host_port(const std::string& host, unsigned short port) {
-  const bool v6 = host.find(':') != std::string::npos && host.front() != '[';
-  return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
-}
-
 Replica::Replica(asio::io_context& io, const asio::ip::tcp::endpoint& listen, ReplicaOptions options)
     : io_(io), log_(std::move(options.log)), leadership_timer_(io) {
   ServerOptions server_options = std::move(options.server);
@@ -22,13 +17,15 @@ Replica::Replica(asio::io_context& io, const asio::ip::tcp::endpoint& listen, Re
     if (election_) election_->write(std::move(w));
   };
   server_ = std::make_unique<Server>(io_, listen, std::move(server_options));
-  endpoint_ = join_host_port(options.advertise_host, server_->port());
+  std::string host = options.advertise_host;
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  endpoint_ = Endpoint{host, server_->port()};
 
   ElectionOptions e;
   e.etcd = std::move(options.etcd);
   e.key = options.prefix + "leader";
   e.records_prefix = options.prefix + "jobs/";
-  e.me = endpoint_;
+  e.me = endpoint_.text();
   e.lease_ttl = options.lease_ttl;
   std::weak_ptr<bool> alive = alive_;
   // Every callback runs on the election thread: it posts to the io_context and does nothing there

@@ -18,6 +18,7 @@
 #include <boost/asio/steady_timer.hpp>
 
 #include "rendezvous/election.h"
+#include "rendezvous/endpoint.h"
 #include "rendezvous/server.h"
 
 namespace ddp::rdzv {
@@ -45,8 +46,8 @@ class Replica {
   // Closes the server and stops the election: a leader revokes its lease (one etcd call's
   // deadline at most), so that another replica takes over at once instead of after the TTL.
   void stop();
-  // HOST:PORT, as the leader key names this replica.
-  const std::string& endpoint() const { return endpoint_; }
+  // Where agents reach this replica; the leader key names it as endpoint().text().
+  const Endpoint& endpoint() const { return endpoint_; }
   bool leading() const { return server_ && server_->leading(); }
 
  private:
@@ -57,12 +58,9 @@ class Replica {
   std::unique_ptr<Server> server_;
   std::unique_ptr<Election> election_;  // declared after server_: stopped before it goes
   boost::asio::steady_timer leadership_timer_;
-  std::string endpoint_;
+  Endpoint endpoint_;
   bool stopped_ = false;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
-
-// HOST:PORT with brackets around an IPv6 HOST.
-std::string join_host_port(const std::string& host, unsigned short port);
 
 }  // namespace ddp::rdzv

@@ -36,7 +36,7 @@ Server::Server(asio::io_context& io, const tcp::endpoint& endpoint, ServerOption
 }
 
 void Server::make_state() {
-  // The environment check of issue 6 runs unless the owner installs its own check.
+  // The environment check (rendezvous/env_check.h) runs unless the owner installs its own check.
   state_.emplace(clock_, static_cast<Outbox&>(*this),
                  options_.round_check ? options_.round_check
                                       : make_env_round_check([this](const std::string& line) { log(line); }));
@@ -218,7 +218,7 @@ void Server::handle_first(Session& session, const Message& message) {
                                                    : auth_proof(*secret, "server", session.nonce, hello.client_nonce,
                                                                 hello.job_id))));
   if (!leading_) {
-    // After the welcome, whose proof tells the agent this follower is genuine (issue 14).
+    // After the welcome, whose proof tells the agent this follower is genuine.
     session.redirected = true;
     session.send(encode(make_not_leader(leader_)));
     session.close_after_flush();
@@ -286,7 +286,7 @@ void Server::handle(Session& session, Message& message) {
   }
 }
 
-// Issue 10: an agent that lost its rendezvous gives back its round. The codec validated it whole
+// An agent that lost its rendezvous gives back its round. The codec validated it whole
 // (decode_resume) before the state machine sees it; any error closes this connection only.
 void Server::handle_resume(Session& session, ResumeRequest& r) {
   if (r.job_id != session.job_id) {

@@ -38,16 +38,16 @@ struct ServerOptions {
   double idle_timeout = 60.0;                       // after hello, before join: dropped when silent (s)
   double tick_interval = 0.01;                      // how often deadlines are checked (s)
   std::function<void(const std::string&)> log;      // one line per event; empty = silent
-  RoundCheck round_check;                           // issue 6: the environment check
+  RoundCheck round_check;                           // the environment check (rendezvous/env_check.h)
   std::shared_ptr<TlsContext> tls;                  // TLS for every connection; null (default) = plain TCP
-  // Issue 15: the state machine's lifecycle events (event log, metrics); empty = none.
+  // The state machine's lifecycle events (event log, metrics); empty = none.
   std::function<void(const metrics::Event&)> on_event;
-  Retention retention;                              // issue 17: finished jobs kept in status
-  // Issue 14: one replica of several (--etcd): starts as a follower until set_leadership(true).
+  Retention retention;                              // finished jobs kept in status
+  // One replica of several (--etcd): starts as a follower until set_leadership(true).
   // false (default): a lone daemon, always leading.
   bool replicated = false;
-  // Issue 14 (docs/etcd.md "Job records"): where a leader's job records go (the election thread
-  // writes them to etcd and answers with records_written()). While a write is in flight, what the
+  // Where a leader's job records go (docs/etcd.md "Job records"): the election thread writes
+  // them to etcd and answers with records_written(). While a write is in flight, what the
   // state machine says to agents waits for it. Empty (default): nothing is written.
   std::function<void(RecordWrite)> write_records;
 };
@@ -67,7 +67,7 @@ class Server : private SessionHandler, private Outbox {
   // Closes the acceptor and every connection; pending handlers finish on the io_context.
   void stop();
 
-  // Issue 14 (rendezvous/election.*): whether this replica leads; else the leader's HOST:PORT
+  // Whether this replica leads (rendezvous/election.*); else the leader's HOST:PORT
   // ("" = none known). A follower welcomes agents, then answers not_leader and closes. Losing
   // leadership sends not_leader to every connection, closes it and forgets every job: the next
   // leader rebuilds them from the agents' resumes, and this replica holds no stale state if it
@@ -123,7 +123,7 @@ class Server : private SessionHandler, private Outbox {
   ServerOptions options_;
   Secrets secrets_;
   SteadyClock clock_;
-  std::optional<StateMachine> state_;  // replaced when leadership is lost (issue 14)
+  std::optional<StateMachine> state_;  // replaced when leadership is lost
   bool leading_ = true;
   std::string leader_;
   boost::asio::ip::tcp::acceptor acceptor_;
@@ -137,7 +137,7 @@ class Server : private SessionHandler, private Outbox {
   std::uint64_t next_id_ = 1;
   Frame heartbeat_ack_;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
-  // Issue 14: what waits for job records to be written (empty unless options_.write_records).
+  // What waits for job records to be written (empty unless options_.write_records).
   std::vector<Outgoing> staged_;                               // said by the current call
   std::deque<Outgoing> held_;                                  // waiting for their write, in order
   std::map<std::string, std::optional<std::string>> unwritten_;  // job -> record (nullopt = delete)

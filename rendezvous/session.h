@@ -70,7 +70,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::string job_id;      // from hello
   std::string nonce;       // the challenge sent to this connection (hex)
   bool member = false;     // joined a job: the state machine watches its heartbeats
-  bool redirected = false;     // issue 14: told not_leader (a follower replica); ignored from then on
+  bool redirected = false;     // told not_leader (a follower replica); ignored from then on
   bool greeted = false;        // sent its greeting (optional, at most one, before hello)
   bool authenticated = false;  // said a valid hello or status
   bool all_jobs = true;        // status shows every job (open server or cluster secret), else job_id's

@@ -24,18 +24,15 @@ namespace ddp::rdzv {
 namespace asio = boost::asio;
 using asio::ip::tcp;
 
-StatusResult query_status(const std::string& endpoint, const std::string& token, double timeout_s,
+StatusResult query_status(const Endpoint& endpoint, const std::string& token, double timeout_s,
                           const std::string& job_id, const std::shared_ptr<TlsContext>& tls) {
   StatusResult result;
-  std::string host;
-  unsigned short port = 0;
-  try {
-    std::tie(host, port) = parse_endpoint(endpoint);
-  } catch (const std::invalid_argument& e) {
-    result.error = e.what();
-    result.usage_error = true;
+  if (std::string error = connect_error(endpoint); !error.empty()) {
+    result.error = "rendezvous endpoint " + error;
     return result;
   }
+  const std::string& host = endpoint.host;
+  const auto port = static_cast<unsigned short>(endpoint.port);
   asio::io_context io(1);
   tcp::resolver resolver(io);
   tcp::socket socket(io);
@@ -53,7 +50,7 @@ StatusResult query_status(const std::string& endpoint, const std::string& token,
   std::vector<char> buf(65536);
   std::string payload;
   Frame request;
-  const std::string where = "rendezvous " + host + ":" + std::to_string(port);
+  const std::string where = "rendezvous " + endpoint.text();
   // Until the peer proved to be a rendezvous server (check_server_start): what it sent so far.
   bool connected = false;
   bool identified = false;
@@ -150,7 +147,7 @@ StatusResult query_status(const std::string& endpoint, const std::string& token,
 
 namespace {
 
-// The job's "env" field (issue 6) as text: whether its nodes' software agrees, and where not.
+// The job's "env" field (the environment check) as text: whether its nodes' software agrees, and where not.
 std::string environment_lines(const nlohmann::json& env) {
   const std::size_t checked = env.value("checked_nodes", std::size_t{0});
   std::ostringstream os;
@@ -242,9 +239,13 @@ std::string format_watch(const nlohmann::json& status, const std::string& header
   return os.str();
 }
 
-int watch_status(const std::string& endpoint, const std::string& token, double timeout_s, const std::string& job_id,
+int watch_status(const Endpoint& endpoint, const std::string& token, double timeout_s, const std::string& job_id,
                  double interval_s, bool as_json,
                  const std::shared_ptr<TlsContext>& tls) {
+  if (const std::string error = connect_error(endpoint); !error.empty()) {
+    std::fprintf(stderr, "ddp-rendezvous status: rendezvous endpoint %s\n", error.c_str());
+    return 2;
+  }
   struct sigaction sa {};
   sa.sa_handler = on_watch_signal;
   sigemptyset(&sa.sa_mask);
@@ -253,14 +254,8 @@ int watch_status(const std::string& endpoint, const std::string& token, double t
   sigaction(SIGINT, &sa, &old_int);
   sigaction(SIGTERM, &sa, &old_term);
   const bool tty = ::isatty(STDOUT_FILENO) == 1;
-  int rc = 0;
   while (!g_watch_stop) {
     StatusResult r = query_status(endpoint, token, std::min(timeout_s, std::max(1.0, interval_s * 2)), job_id, tls);
-    if (r.usage_error) {
-      std::fprintf(stderr, "ddp-rendezvous status: %s\n", r.error.c_str());
-      rc = 2;
-      break;
-    }
     if (g_watch_stop) break;
     std::string frame;
     if (as_json) {
@@ -268,13 +263,13 @@ int watch_status(const std::string& endpoint, const std::string& token, double t
       j["time"] = static_cast<double>(std::time(nullptr));
       frame = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
     } else {
-      const std::string header = "ddp-rendezvous status " + endpoint + "   " + utc_stamp(0) + "   every " +
+      const std::string header = "ddp-rendezvous status " + endpoint.text() + "   " + utc_stamp(0) + "   every " +
                                  [&] { std::ostringstream o; o << interval_s; return o.str(); }() +
                                  " s (Ctrl-C to stop)";
       try {
         frame = r.error.empty() ? format_watch(r.status, header) : header + "\n\n" + r.error + "\n(retrying)\n";
       } catch (const nlohmann::json::exception& e) {
-        frame = header + "\n\n" + endpoint + " sent a malformed status: " + e.what() + "\n";
+        frame = header + "\n\n" + endpoint.text() + " sent a malformed status: " + e.what() + "\n";
       }
       frame = tty ? "\x1b[H\x1b[2J" + frame : frame + "\n";
     }
@@ -285,12 +280,12 @@ int watch_status(const std::string& endpoint, const std::string& token, double t
   }
   sigaction(SIGINT, &old_int, nullptr);
   sigaction(SIGTERM, &old_term, nullptr);
-  return rc;
+  return 0;
 }
 
 std::string format_status(const nlohmann::json& status) {
   std::ostringstream os;
-  // Issue 14: a replica of --etcd says whether it leads, and who does (docs/etcd.md).
+  // A replica of --etcd says whether it leads, and who does (docs/etcd.md).
   if (auto r = status.find("replica"); r != status.end() && r->is_object()) {
     const bool leading = r->value("leading", false);
     const std::string leader = r->contains("leader") && r->at("leader").is_string() ? r->at("leader").get<std::string>()
@@ -317,7 +312,7 @@ std::string format_status(const nlohmann::json& status) {
        << ":" << job.at("max_nodes").get<int>() << ", restarts used " << job.at("restarts_used").get<int>() << "/"
        << job.at("max_restarts").get<int>() << ", " << job.at("nodes").size() << " nodes\n";
     if (job.contains("env")) os << environment_lines(job.at("env"));
-    // Issue 10: a job this daemon learned from its agents' resumes after a restart or failover.
+    // A job this daemon learned from its agents' resumes after a restart or failover.
     if (job.value("rebuilt_from_resumes", false) && job.contains("rebuilt_seconds_ago") &&
         job.at("rebuilt_seconds_ago").is_number()) {
       const double ago = job.at("rebuilt_seconds_ago").get<double>();

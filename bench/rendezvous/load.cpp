@@ -18,6 +18,7 @@
 
 #include "rendezvous/auth.h"
 #include "rendezvous/client.h"
+#include "rendezvous/endpoint.h"
 #include "rendezvous/protocol.h"
 
 namespace asio = boost::asio;
@@ -140,8 +141,8 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   raise_nofile(static_cast<std::size_t>(k) + 16);
 
-  auto [host, port] = parse_endpoint(endpoint);
-  tcp::endpoint ep(asio::ip::make_address(host), port);
+  const Endpoint parsed = parse_endpoint(endpoint);
+  tcp::endpoint ep(asio::ip::make_address(parsed.host), static_cast<unsigned short>(parsed.port));
   Load l;
   l.job = job;
   if (!token_file.empty()) l.secret = read_secret_file(token_file);

@@ -1,4 +1,4 @@
-// ddp-rdzv-restart-bench (issue 10): K real agent-side rendezvous clients (agent/remote_rendezvous,
+// ddp-rdzv-restart-bench: K real agent-side rendezvous clients (agent/remote_rendezvous,
 // the code every ddplaunch runs) form one job on a real ddp-rendezvous daemon; the daemon is
 // SIGKILLed, stays away for --gap seconds, and is started again on the same port. Measures the
 // time from the new daemon listening to every agent resumed (no restart), and checks that no
@@ -82,7 +82,7 @@ double log_time(const std::string& path, const std::string& what) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"ddp-rendezvous restart benchmark (issue 10)"};
+  CLI::App app{"ddp-rendezvous restart benchmark"};
   std::string daemon;
   int agents = 100;
   double gap = 2.0;
@@ -119,7 +119,7 @@ int main(int argc, char** argv) {
   asio::post(io, [&] {
     for (int i = 0; i < agents; ++i) {
       ddp::agent::RemoteRendezvousOptions o;
-      o.endpoint = "127.0.0.1:" + std::to_string(port);
+      o.endpoints = {ddp::rdzv::Endpoint{"127.0.0.1", port}};
       o.job_id = "restart-bench";
       o.host_if_local = false;
       o.connect_timeout = deadline_s;

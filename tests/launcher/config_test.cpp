@@ -161,7 +161,7 @@ const std::vector<FlagCase>& flag_cases() {
       {"env_check", "warn", [](const LaunchConfig& c) { CHECK(c.env_check == EnvCheckMode::kWarn); }},
       {"env_lock", "requirements.txt", [](const LaunchConfig& c) { CHECK(c.env_lock == "requirements.txt"); }},
       {"check_env", nullptr, [](const LaunchConfig& c) { CHECK(c.check_env); }},
-      // torchrun 2.x (issue 9).
+      // torchrun 2.x's newer flags.
       {"virtual_local_rank", nullptr, [](const LaunchConfig& c) { CHECK(c.virtual_local_rank); }},
       {"numa_binding", "exclusive", [](const LaunchConfig& c) {
          CHECK(c.numa_binding == ddp::agent::NumaMode::kExclusive); }},
@@ -423,6 +423,10 @@ TEST_SUITE("bad values exit 2 naming the flag and the accepted forms") {
         {{"--rdzv_backend=c10d", "--rdzv_endpoint=host:99999", "t.py"}, {"--rdzv_endpoint=host:99999", "HOST[:PORT]"}},
         {{"--rdzv_backend=c10d", "--rdzv_endpoint=bad host", "t.py"}, {"--rdzv_endpoint=bad host", "not a host"}},
         {{"--rdzv_backend=c10d", "--rdzv_endpoint=[::1", "t.py"}, {"missing ']'"}},
+        {{"--rdzv_backend=c10d", "--rdzv_endpoint=fe80::1:29400", "t.py"}, {"not an IPv6 address", "[ADDRESS]:PORT"}},
+        {{"--rdzv_backend=c10d", "--rdzv_endpoint=[head]:1", "t.py"}, {"--rdzv_endpoint=[head]:1", "not an IPv6 address"}},
+        {{"--rdzv_backend=c10d", "--rdzv_endpoint=head:", "t.py"}, {"--rdzv_endpoint=head:", "empty port"}},
+        {{"--rdzv_backend=c10d", "--rdzv_endpoint=a:1,b:0", "t.py"}, {"b:0: port 0", "cannot be connected to"}},
         {{"--rdzv_id=", "t.py"}, {"--rdzv_id=", "must not be empty"}},
         {{"--master_port=70000", "t.py"}, {"--master_port=70000", "0..65535"}},
         {{"--master_addr=a b", "t.py"}, {"--master_addr=a b", "not a host"}},
@@ -569,6 +573,12 @@ TEST_SUITE("rendezvous settings resolve like torchrun") {
     CHECK(d.rdzv_endpoint->host == "::1");
     CHECK(d.rdzv_endpoint->port == 5000);
     CHECK(d.rdzv_endpoint->text() == "[::1]:5000");
+    // A bare IPv6 address is the host alone, the same as in the rendezvous client.
+    const LaunchConfig e = parse({"--rdzv_backend=c10d", "--rdzv_endpoint=::1", "t.py"}).config;
+    CHECK(*e.rdzv_endpoint == ddp::rdzv::parse_endpoint("::1"));
+    CHECK(e.rdzv_endpoint->text() == "[::1]:29400");
+    // Port 0 alone: a free port on a rendezvous this node hosts (torch 2.x's --standalone form).
+    CHECK(parse({"--rdzv_backend=c10d", "--rdzv_endpoint=localhost:0", "t.py"}).config.rdzv_endpoint->port == 0);
   }
 
   TEST_CASE("unknown --rdzv_conf keys are kept and warned about") {
@@ -662,7 +672,7 @@ TEST_SUITE("torchrun 2.x command lines are accepted") {
     CHECK(contains(out.str(), "SYNOPSIS"));
   }
 
-  TEST_CASE("issue 12's names --health_check, --health_check_interval, --max_restarts_without_progress are exact aliases") {
+  TEST_CASE("the requested names --health_check, --health_check_interval, --max_restarts_without_progress are exact aliases") {
     ScopedEnv env;
     const LaunchConfig c = parse({"--health_check=true", "--health-check-interval=7",
                                   "--max_restarts_without_progress", "3", "t.py"}).config;
@@ -865,7 +875,7 @@ TEST_SUITE("help reads like a man page and exits 0") {
         if (dashed(f.name) != f.name) CHECK(contains(help, "--" + dashed(f.name)));
       }
       CHECK(contains(help, "--nproc_per_node, --nproc-per-node N|auto|cpu|gpu"));
-      // Issue 17: the master port's default says what happens (a free port on one node).
+      // The master port's default says what happens (a free port on one node).
       std::string flat;  // the help with its line wrapping undone
       for (char c : help) {
         if (c == '\n' || c == ' ') {
@@ -908,7 +918,7 @@ TEST_SUITE("help reads like a man page and exits 0") {
   }
 }
 
-// Issue 13: --in_memory_restart, from the command line or PET_IN_MEMORY_RESTART.
+// --in_memory_restart, from the command line or PET_IN_MEMORY_RESTART.
 TEST_CASE("--in_memory_restart is off, on or auto (the default); anything else is refused with the accepted values") {
   ScopedEnv env;
   CHECK(parse({"t.py"}).config.in_memory_restart == LaunchConfig::InMemoryRestart::kAuto);
@@ -925,7 +935,7 @@ TEST_CASE("--in_memory_restart is off, on or auto (the default); anything else i
   CHECK(contains(refusal({"t.py"}).what(), "sometimes"));
 }
 
-// Issue 10: a list of rendezvous endpoints (standby daemons) and reconnect_timeout.
+// A list of rendezvous endpoints (standby daemons) and reconnect_timeout.
 TEST_CASE("--rdzv_endpoint takes a list of standby endpoints; the first is the rendezvous and a bad item is refused") {
   ScopedEnv env;
   const Result r = parse({"--rdzv_backend=c10d", "--nnodes=2", "--rdzv_endpoint=head:29401,standby:29402,third",

@@ -60,6 +60,28 @@ TEST_SUITE("http parser") {
     HttpRequestParser p;
     REQUIRE(p.feed("garbage\r\n") == Result::error);
     CHECK(p.error_status() == 400);
+    HttpRequestParser pieces;  // also when it arrives in pieces
+    CHECK(pieces.feed("POST /met") == Result::need_more);
+    REQUIRE(pieces.feed("rics HTTP/1.1\r\nHost: a\r\n") == Result::error);
+    CHECK(pieces.error_status() == 405);
+  }
+  TEST_CASE("a head with bare LF line ends is read as if they were CRLF") {
+    HttpRequestParser p;
+    REQUIRE(p.feed("GET /healthz HTTP/1.0\nHost: a\n\n") == Result::complete);
+    CHECK(p.request().path == "/healthz");
+  }
+  TEST_CASE("a request that announces a body is refused with 413: GET and HEAD have none") {
+    auto status_of = [](const std::string& text) {
+      HttpRequestParser p;
+      REQUIRE(p.feed(text) == Result::error);
+      return p.error_status();
+    };
+    CHECK(status_of("GET /metrics HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello") == 413);
+    CHECK(status_of("GET /metrics HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n") == 413);
+    CHECK(status_of("GET /metrics HTTP/1.1\r\nBad Header\r\n\r\n") == 400);
+    HttpRequestParser empty;
+    CHECK(empty.feed("HEAD /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n") == Result::complete);
+    CHECK(empty.request().method == "HEAD");
   }
   TEST_CASE("a head larger than the limit is refused with 431 and never buffered past it") {
     HttpRequestParser p(1024);

@@ -55,7 +55,7 @@ struct TestAgent {
     e.on_error = [raw](const std::string& m) { raw->errors.push_back(m); };
     e.on_log = [raw](const std::string& m) { raw->logs.push_back(m); };
     a->client = Client::create(io, o, e);
-    a->client->connect("127.0.0.1:" + std::to_string(port), connect_timeout);
+    a->client->connect(Endpoint{"127.0.0.1", port}, connect_timeout);
     a->client->join(spec);
     return a;
   }

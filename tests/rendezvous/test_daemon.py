@@ -210,6 +210,8 @@ class DaemonTest(unittest.TestCase):
                            (["--token-file", "/nonexistent/token"], "cannot read the token file /nonexistent/token"),
                            (["--host", "not-an-ip"], "not an IP address"),
                            (["status", "--endpoint", "127.0.0.1:notaport"], "port must be"),
+                           (["status", "--endpoint", "127.0.0.1:0"], "port 0 (a free port) cannot be connected to"),
+                           (["status", "--endpoint", "fe80::1:29400"], "[ADDRESS]:PORT"),
                            (["status", "--interval", "0"], "--interval")):
             r = subprocess.run([BIN, *args], capture_output=True, text=True, timeout=30)
             self.assertEqual(r.returncode, 2, args)
@@ -431,8 +433,9 @@ class SecretsTest(unittest.TestCase):
 
 
 class HostileClientTest(unittest.TestCase):
-    """Each attack of issue 11 against a daemon without a secret (the worst case): the attacker is
-    refused or contained, the daemon keeps running and an honest client is still served."""
+    """Each attack of the threat model (docs/security.md) against a daemon without a secret (the
+    worst case): the attacker is refused or contained, the daemon keeps running and an honest
+    client is still served."""
 
     def setUp(self):
         self.daemon = Daemon()
@@ -567,7 +570,7 @@ def python_with_http_server():
 
 
 class OtherServiceTest(unittest.TestCase):
-    """Issue 17: a client that reached some other service on the endpoint names it at once (exit 3),
+    """A client that reached some other service on the endpoint names it at once (exit 3),
     instead of waiting out join_timeout or reporting a frame of 1213486160 bytes."""
 
     def start_http_server(self):
@@ -662,7 +665,7 @@ class OtherServiceTest(unittest.TestCase):
 
 
 class TlsTest(unittest.TestCase):
-    """TLS (issue 11 item 2, docs/security.md) with a throwaway CA made by the openssl CLI."""
+    """TLS (docs/security.md) with a throwaway CA made by the openssl CLI."""
 
     @classmethod
     def setUpClass(cls):

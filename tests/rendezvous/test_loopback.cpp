@@ -216,7 +216,7 @@ TEST_CASE("connect gives up at its deadline with the reason") {
   CHECK(agent->errors[0].find("gave up") != std::string::npos);
 }
 
-TEST_CASE("a client told to give up when refused ends its attempt at the first refusal (issue 14)") {
+TEST_CASE("a client told to give up when refused ends its attempt at the first refusal") {
   asio::io_context io;
   unsigned short port;
   {
@@ -231,7 +231,7 @@ TEST_CASE("a client told to give up when refused ends its attempt at the first r
   e.on_disconnected = [&](const std::string& m) { lost.push_back(m); };
   e.on_error = [&](const std::string& m) { errors.push_back(m); };
   auto client = Client::create(io, o, e);
-  client->connect("127.0.0.1:" + std::to_string(port), 30.0);  // a deadline far beyond the wait below
+  client->connect(Endpoint{"127.0.0.1", port}, 30.0);  // a deadline far beyond the wait below
   REQUIRE(run_until(io, [&] { return !lost.empty() || !errors.empty(); }, 5));
   REQUIRE(lost.size() == 1);
   CHECK(errors.empty());
@@ -270,7 +270,7 @@ TEST_CASE("status lists jobs with generation, state and nodes") {
   StatusResult result;
   std::atomic<bool> answered{false};  // result is written by t before this turns true
   std::thread t([&] {
-    result = query_status("127.0.0.1:" + std::to_string(server.port()), "tok", 5);
+    result = query_status(Endpoint{"127.0.0.1", server.port()}, "tok", 5);
     answered = true;
   });
   run_until(io, [&] { return answered.load(); }, 10);

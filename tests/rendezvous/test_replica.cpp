@@ -1,6 +1,6 @@
-// Issue 14: a replica that does not lead (Server::set_leadership, ServerOptions::replicated),
+// A replica that does not lead (Server::set_leadership, ServerOptions::replicated),
 // the not_leader message on both ends, and what a hostile peer can do with it. One io_context on
-// the test thread drives the server and the clients (waits have deadlines, no sleeps). Issue 14
+// the test thread drives the server and the clients (waits have deadlines, no sleeps). Etcd
 // job records: the server holds what it says until its records are written (a recorder here).
 #include <doctest/doctest.h>
 
@@ -41,7 +41,7 @@ struct Redirected {
     e.on_disconnected = [this](const std::string& m) { lost.push_back(m); };
     e.on_error = [this](const std::string& m) { errors.push_back(m); };
     client = Client::create(io, o, e);
-    client->connect("127.0.0.1:" + std::to_string(port), 5);
+    client->connect(Endpoint{"127.0.0.1", port}, 5);
     client->join(node_spec(job, "h", 1, 1));
   }
 };
@@ -152,7 +152,7 @@ TEST_CASE("a peer that sends not_leader before any welcome, or a malformed one, 
   }
 }
 
-// Issue 14, job records: the server's side of "written before agents are told". The writes go to
+// Job records: the server's side of "written before agents are told". The writes go to
 // a recorder here (the transaction itself is tested on a real etcd by tests/agent/test_etcd_records.py).
 TEST_CASE("a leader holds a round's messages until its job records are written, one write per round") {
   asio::io_context io;
