@@ -291,8 +291,10 @@ class BindWhatWasAsked(LaunchTestCase):
                 "--rdzv_id=bind", "--rdzv_conf=join_timeout=300", "--python", PYTHON,
                 self.script("w.py", MARK_WORKER), self.out]
         node = self.spawn_launch(args)
+        # The line is written by the agent's console thread after the port opened: wait for both.
         try:
-            wait_for(lambda: processes.port_open(port) or node.poll() is not None, DEADLINE, "the hosted server")
+            wait_for(lambda: (processes.port_open(port) and "listening on 127.0.0.1" in node.stderr())
+                     or node.poll() is not None, DEADLINE, "the hosted server and its line")
         except TimeoutError as e:
             self.fail("%s\n%s" % (e, node.describe()))
         self.assertIsNone(node.poll(), node.describe())
@@ -304,7 +306,6 @@ class BindWhatWasAsked(LaunchTestCase):
         for addr in non_loopback_addresses():
             self.assertFalse(tcp_accepts(addr, port), "the server is reachable on %s" % addr)
         self.assertTrue(tcp_accepts("127.0.0.1", port))
-        self.assertIn("listening on 127.0.0.1", node.stderr())
 
     def test_localhost_port_0_hosts_the_rendezvous_on_a_free_port_as_torch_2_standalone_does(self):
         r = self.launch(["--nnodes=1", "--nproc_per_node=2", "--rdzv_backend=c10d", "--rdzv_endpoint=localhost:0",
