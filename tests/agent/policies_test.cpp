@@ -238,7 +238,7 @@ TEST_SUITE("crash loops and no-restart exit codes end the job instead of restart
   }
 }
 
-TEST_SUITE("standbys start once the round is up, and the first join waits for them to load") {
+TEST_SUITE("standbys start once the round is up and the first join waits for them to load") {
   struct Look {
     double now;
     bool stepped;
@@ -319,7 +319,7 @@ TEST_SUITE("standbys start once the round is up, and the first join waits for th
   }
 }
 
-TEST_SUITE("restartable workers park at a restart, within the park timeout") {
+TEST_SUITE("restartable workers park at a restart within the park timeout") {
   ParkView worker(bool restartable, bool hung, bool channel_open, ParkState park = ParkState::kNo, bool alive = true) {
     ParkView v;
     v.ref = {100, 3, 1};
