@@ -26,6 +26,7 @@
 #include "agent/devices.h"
 #include "agent/exit_codes.h"
 #include "agent/failure.h"
+#include "agent/failure_policy.h"
 #include "agent/file_timer.h"
 #include "agent/hang_policy.h"
 #include "agent/health_schedule.h"
@@ -749,81 +750,48 @@ struct Agent::Impl {
   void record_failure(Worker& w) {
     w.recorded = true;
     crash_loop.worker_failed(w.rank, w.status.exit_code, w.status.signal, w.hung);
-    LocalFailure lf;
-    auto& f = lf.failure;
-    f.host = options.node.host;
-    f.rank = w.rank;
-    f.local_rank = w.local_rank;
-    f.exit_code = w.status.exit_code;
-    f.signal = w.status.signal;
-    f.pid = w.pid;
-    // Exits reaped in one batch happened in an order we cannot know: they share a time.
-    f.timestamp = failure_report_pending && !failures.empty() ? failures.front().failure.timestamp : now_seconds();
-    ErrorFileContent content = read_error_file(w.error_file);
-    if (content.present) {
-      lf.error_file = w.error_file;
-      f.error_file_message = summarise_error_file(content);
-      if (content.timestamp > 0) f.timestamp = content.timestamp;
-    } else if (!content.problem.empty()) {
-      lf.error_file = w.error_file;
-      f.error_file_message = content.problem;
-    } else {
-      f.error_file_message = stderr_tail_message(w);
-    }
-    if (!w.note.empty()) {
-      f.error_file_message = f.error_file_message.empty() ? w.note : w.note + "\n" + f.error_file_message;
+    FailedWorker fw;
+    fw.ref = ref(w);
+    fw.exit_code = w.status.exit_code;
+    fw.signal = w.status.signal;
+    fw.note = w.note;
+    fw.error_file = w.error_file;
+    fw.error = read_error_file(w.error_file);
+    if (!fw.error.present && fw.error.problem.empty()) {
+      if (w.stderr_tail) {
+        fw.stderr_tail = w.stderr_tail->text();
+      } else if (!w.stderr_log.empty()) {
+        fw.stderr_tail = tail_of_file(w.stderr_log);
+        fw.stderr_log = w.stderr_log;
+      }
     }
     for (const auto& path : {w.stdout_log, w.stderr_log}) {
-      if (!path.empty()) lf.log_files.push_back(path);
+      if (!path.empty()) fw.log_files.push_back(path);
     }
+    // Exits reaped in one batch happened in an order we cannot know: they share a time.
+    const double seen =
+        failure_report_pending && !failures.empty() ? failures.front().failure.timestamp : now_seconds();
+    LocalFailure lf = describe_failure(fw, options.node.host, seen);
     nlohmann::json fields = exit_fields(w);
     fields["error_file"] = lf.error_file;
     fields["log_files"] = lf.log_files;
-    record_event("worker_exited", f.signal != 0 ? "signal" : "exit_code", {w.rank}, std::move(fields),
-                 f.error_file_message);
+    record_event("worker_exited", lf.failure.signal != 0 ? "signal" : "exit_code", {w.rank}, std::move(fields),
+                 lf.failure.error_file_message);
     failures.push_back(std::move(lf));
   }
 
-  // When a worker wrote no error file, the last lines of its stderr stand in for the traceback
-  // (pytorch#113546): from its pipe when tee'd, from stderr.log when redirected. Empty when its
-  // stderr went straight to the console, where the user already sees it.
-  static std::string stderr_tail_message(const Worker& w) {
-    std::string tail;
-    std::string where;
-    if (w.stderr_tail) {
-      tail = w.stderr_tail->text();
-    } else if (!w.stderr_log.empty()) {
-      tail = tail_of_file(w.stderr_log);
-      where = " (" + w.stderr_log + ")";
-    }
-    if (tail.empty()) return {};
-    const std::string head = w.status.signal != 0 ? "Signal " + std::to_string(w.status.signal) + " (" +
-                                                        signal_name(w.status.signal) + ") received by PID " +
-                                                        std::to_string(w.pid)
-                                                  : "the worker wrote no error file";
-    return head + "; the last lines of its stderr" + where + ":\n" + tail;
-  }
-
-  // Tells the rendezvous about the failure that explains this round's others (rdzv::explains: a
-  // death by signal before exits with a code, then the earliest). REQUIRES: failures not empty.
+  // Tells the rendezvous about the failure that explains this round's others (root_cause).
+  // REQUIRES: failures not empty.
   void report_failure() {
     failure_report_pending = false;
-    auto first = std::min_element(failures.begin(), failures.end(), [](const LocalFailure& a, const LocalFailure& b) {
-      return rdzv::explains(a.failure, b.failure);
-    });
     last_failures = failures;
-    reported_this_round = first->failure;
+    reported_this_round = root_cause(failures).failure;
     if (crash_loop.fatal()) {
       // A --no_restart_exit_codes exit: the whole job ends, on every node (end_job_everywhere).
       reported_this_round->fatal = crash_loop.reason();
       fatal_reported = true;
     }
-    say("worker " + std::to_string(first->failure.rank) + " (local rank " +
-        std::to_string(first->failure.local_rank) + ", pid " + std::to_string(first->failure.pid) + ") " +
-        (first->failure.signal ? "was killed by " + signal_name(first->failure.signal)
-                               : "exited with code " + std::to_string(first->failure.exit_code)) +
-        (parking_others() ? "; the other workers park, to go on from memory (in-memory restart)"
-                          : "; stopped the other workers"));
+    say(failure_line(*reported_this_round, parking_others()));
     rendezvous->report_failure(*reported_this_round);
   }
 
@@ -1012,20 +980,9 @@ struct Agent::Impl {
     if (state == State::kDone) return;
     if (state == State::kRunning) board.abandon_round();
     when_stopped([this, first, summary] {
-      std::string error_file;
-      std::vector<std::string> log_files;
-      std::vector<LocalFailure> others;
-      for (const auto& lf : last_failures) {
-        const auto& f = lf.failure;
-        if (f.host == first.host && f.pid == first.pid && f.rank == first.rank) {
-          error_file = lf.error_file;
-          log_files = lf.log_files;
-        } else {
-          others.push_back(lf);
-        }
-      }
-      OutputQueue::console().write(
-          STDERR_FILENO, format_failure_summary(options.command.program, first, error_file, others, log_files));
+      const SummaryParts parts = summary_parts(last_failures, first);
+      OutputQueue::console().write(STDERR_FILENO, format_failure_summary(options.command.program, first, parts.error_file,
+                                                                         parts.others, parts.log_files));
       if (!summary.empty()) say("job failed: " + summary);
       finish(static_cast<int>(ExitCode::kJobFailed));
     });
@@ -1039,18 +996,9 @@ struct Agent::Impl {
   // says it has stopped.
   void end_job_everywhere() {
     if (!fatal_reported && !failure_report_pending) {
-      rdzv::WorkerFailure f;
-      if (reported_this_round) {
-        f = *reported_this_round;
-      } else {
-        // This node saw no failure in the round (a peer's ended it): the report names no worker.
-        f.host = options.node.host;
-        f.exit_code = 1;
-        f.timestamp = now_seconds();
-      }
-      f.fatal = crash_loop.reason();
       fatal_reported = true;
-      rendezvous->report_failure(f);
+      rendezvous->report_failure(fatal_report(reported_this_round ? &*reported_this_round : nullptr, options.node.host,
+                                              crash_loop.reason(), now_seconds()));
     }
     say("the job fails: " + crash_loop.reason() + "; stopping the workers");
     if (state == State::kRunning) board.abandon_round();

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "agent/crash_loop.h"
+#include "agent/failure_policy.h"
 #include "agent/hang_policy.h"
 #include "agent/health_schedule.h"
 #include "agent/park_policy.h"
@@ -17,6 +18,7 @@
 #include "agent/standby_schedule.h"
 
 using namespace ddp::agent;
+namespace rdzv = ddp::rdzv;
 
 namespace {
 
@@ -578,5 +580,130 @@ TEST_SUITE("health checks keep a failing node out of the job and end its round w
       health.command(row.gpus, row.previous, again);
       CHECK(again.empty());
     }
+  }
+}
+
+TEST_SUITE("a failed round is reported by the failure that explains the others") {
+  rdzv::WorkerFailure failure(int rank, int exit_code, int signal, double timestamp) {
+    rdzv::WorkerFailure f;
+    f.host = "node1";
+    f.rank = rank;
+    f.local_rank = rank;
+    f.pid = 100 + rank;
+    f.exit_code = exit_code;
+    f.signal = signal;
+    f.timestamp = timestamp;
+    return f;
+  }
+
+  TEST_CASE("a death by signal explains exits with a code; then the earliest; then the lowest rank") {
+    struct Row {
+      std::string name;
+      std::vector<rdzv::WorkerFailure> seen;
+      int root_rank;
+    };
+    const std::vector<Row> rows = {
+        {"one failure", {failure(3, 1, 0, 10)}, 3},
+        {"a signal over an earlier exit code", {failure(1, 1, 0, 10), failure(2, 0, SIGKILL, 11)}, 2},
+        {"the earliest of two exit codes", {failure(1, 1, 0, 11), failure(2, 1, 0, 10)}, 2},
+        {"the lower rank at the same time", {failure(4, 1, 0, 10), failure(2, 1, 0, 10)}, 2},
+    };
+    for (const auto& row : rows) {
+      CAPTURE(row.name);
+      std::vector<LocalFailure> failures;
+      for (const auto& f : row.seen) failures.push_back(LocalFailure{f, "", {}});
+      CHECK(root_cause(failures).failure.rank == row.root_rank);
+    }
+  }
+
+  TEST_CASE("a failure is described by its error file, else by its stderr's last lines, headed by the agent's note") {
+    ErrorFileContent present;
+    present.present = true;
+    present.message = "RuntimeError: boom";
+    present.timestamp = 77;
+    ErrorFileContent broken;
+    broken.problem = "error file /x/error.json: not JSON";
+    struct Row {
+      std::string name;
+      int signal;
+      std::string note;
+      ErrorFileContent error;
+      std::string tail, stderr_log;
+      std::string message, error_file;
+      double timestamp;
+    };
+    const std::vector<Row> rows = {
+        {"its error file, with the file's time", 0, "", present, "", "", summarise_error_file(present), "/x/error.json",
+         77},
+        {"an error file that cannot be read says why", 0, "", broken, "", "", broken.problem, "/x/error.json", 50},
+        {"no error file: the tail of its tee'd stderr", 0, "", {}, "line\n", "",
+         "the worker wrote no error file; the last lines of its stderr:\nline\n", "", 50},
+        {"killed: the signal heads the tail of stderr.log, which is named", SIGSEGV, "", {}, "line\n", "/x/stderr.log",
+         "Signal 11 (SIGSEGV) received by PID 107; the last lines of its stderr (/x/stderr.log):\nline\n", "", 50},
+        {"nothing to show", 0, "", {}, "", "", "", "", 50},
+        {"the agent's note heads it", SIGABRT, "rank 7 made no progress", {}, "", "", "rank 7 made no progress", "",
+         50},
+        {"the agent's note and the error file", 0, "its timer expired", present, "", "",
+         "its timer expired\n" + summarise_error_file(present), "/x/error.json", 77},
+    };
+    for (const auto& row : rows) {
+      CAPTURE(row.name);
+      FailedWorker w;
+      w.ref = {107, 7, 3};
+      w.exit_code = row.signal ? 0 : 1;
+      w.signal = row.signal;
+      w.note = row.note;
+      w.error_file = "/x/error.json";
+      w.error = row.error;
+      w.stderr_tail = row.tail;
+      w.stderr_log = row.stderr_log;
+      w.log_files = {"/x/stdout.log"};
+      const LocalFailure lf = describe_failure(w, "node1", 50);
+      CHECK(lf.failure.host == "node1");
+      CHECK(lf.failure.rank == 7);
+      CHECK(lf.failure.local_rank == 3);
+      CHECK(lf.failure.pid == 107);
+      CHECK(lf.failure.signal == row.signal);
+      CHECK(lf.failure.error_file_message == row.message);
+      CHECK(lf.error_file == row.error_file);
+      CHECK(lf.failure.timestamp == doctest::Approx(row.timestamp));
+      CHECK(lf.log_files == std::vector<std::string>{"/x/stdout.log"});
+    }
+  }
+
+  TEST_CASE("the agent says how the root cause ended and whether the others park or stop") {
+    CHECK(failure_line(failure(3, 0, SIGKILL, 0), false) ==
+          "worker 3 (local rank 3, pid 103) was killed by SIGKILL; stopped the other workers");
+    CHECK(failure_line(failure(3, 2, 0, 0), true) ==
+          "worker 3 (local rank 3, pid 103) exited with code 2; the other workers park, to go on from memory "
+          "(in-memory restart)");
+  }
+
+  TEST_CASE("a fatal report carries this node's failure, or names no worker when a peer's ended the round") {
+    const auto mine = failure(2, 3, 0, 10);
+    const auto reported = fatal_report(&mine, "node1", "the reason", 99);
+    CHECK(reported.rank == 2);
+    CHECK(reported.timestamp == doctest::Approx(10));
+    CHECK(reported.fatal == "the reason");
+    const auto anonymous = fatal_report(nullptr, "node1", "the reason", 99);
+    CHECK(anonymous.host == "node1");
+    CHECK(anonymous.exit_code == 1);
+    CHECK(anonymous.timestamp == doctest::Approx(99));
+    CHECK(anonymous.fatal == "the reason");
+  }
+
+  TEST_CASE("the summary takes the root's files when it failed here and lists the others") {
+    std::vector<LocalFailure> seen = {{failure(1, 1, 0, 10), "/1/error.json", {"/1/stderr.log"}},
+                                      {failure(2, 0, SIGKILL, 11), "", {"/2/stderr.log"}}};
+    auto parts = summary_parts(seen, failure(2, 0, SIGKILL, 11));
+    CHECK(parts.error_file.empty());
+    CHECK(parts.log_files == std::vector<std::string>{"/2/stderr.log"});
+    REQUIRE(parts.others.size() == 1);
+    CHECK(parts.others[0].failure.rank == 1);
+    auto elsewhere = failure(5, 0, SIGKILL, 9);
+    elsewhere.host = "node2";
+    parts = summary_parts(seen, elsewhere);
+    CHECK(parts.log_files.empty());
+    CHECK(parts.others.size() == 2);
   }
 }
