@@ -289,7 +289,7 @@ struct Agent::Impl {
   int filtered_fds[2] = {-1, -1};
   int filtered_attempt = -1;
   std::map<std::string, std::string> inherited;
-  // Issue 13: the standby waiting for each local rank's next worker (pid 0: none), with the
+  // Standbys: the standby waiting for each local rank's next worker (pid 0: none), with the
   // agent's end of its socket.
   struct Standby {
     int pid = 0;
@@ -328,7 +328,7 @@ struct Agent::Impl {
   std::vector<int> previous_pids;  // of the last round's workers (the built-in GPU check looks for them)
   std::uint64_t generation = 0;  // of the current (or last) round; 0 before the first
 
-  // The one place the agent records a lifecycle event (issue 15): the event log and the metrics
+  // The one place the agent records a lifecycle event: the event log and the metrics
   // consume it.
   void record_event(const char* type, const std::string& cause, std::vector<int> ranks,
                     nlohmann::json fields = nlohmann::json::object(), const std::string& message = "") {
@@ -1107,7 +1107,7 @@ struct Agent::Impl {
     processes->signal_process(it->pid, r.signal);
   }
 
-  // ---- standbys (issue 13, agent/standby.h) --------------------------------------------------
+  // ---- standbys (agent/standby.h) ------------------------------------------------------------
 
   // The standby's command line, fixed for the run (docs/agent.md, "Standby workers"): a worker
   // SDK program's own (it waits inside the SDK), or the Python bootstrap's.
