@@ -539,13 +539,7 @@ struct Agent::Impl {
     if (file_timer) file_timer->clear();
     state = State::kRunning;
     generation = a.generation;
-    {
-      std::vector<int> ranks;
-      for (int lr = 0; lr < round.local_world_size; ++lr) ranks.push_back(a.rank_offset + lr);
-      record_event("round", "complete", std::move(ranks),
-                   {{"group_rank", a.group_rank}, {"group_world_size", a.group_world_size}, {"world_size", a.world_size},
-                    {"master", a.master_addr + ":" + std::to_string(a.master_port)}, {"restart_count", a.restart_count}});
-    }
+    record_round(a);
     const auto argv = worker_argv(options.command);
     try {
       for (int lr = 0; lr < round.local_world_size; ++lr) start_worker(round, lr, argv);
@@ -563,6 +557,14 @@ struct Agent::Impl {
     if (options.hang.enabled() || options.on_progress) schedule_progress_check();
     if (health.enabled()) schedule_health_check(health.first_while_running(monotonic_seconds()));
     schedule_standbys();
+  }
+
+  void record_round(const rdzv::Assignment& a) {
+    std::vector<int> ranks;
+    for (int lr = 0; lr < options.node.local_world_size; ++lr) ranks.push_back(a.rank_offset + lr);
+    record_event("round", "complete", std::move(ranks),
+                 {{"group_rank", a.group_rank}, {"group_world_size", a.group_world_size}, {"world_size", a.world_size},
+                  {"master", a.master_addr + ":" + std::to_string(a.master_port)}, {"restart_count", a.restart_count}});
   }
 
   // After a failed start: the workers that could not exec are gone already (reaped by
