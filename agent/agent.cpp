@@ -983,8 +983,9 @@ struct Agent::Impl {
     if (state == State::kRunning) board.abandon_round();
     when_stopped([this, first, summary] {
       const SummaryParts parts = summary_parts(last_failures, first);
-      OutputQueue::console().write(STDERR_FILENO, format_failure_summary(options.command.program, first, parts.error_file,
-                                                                         parts.others, parts.log_files));
+      const std::string text =
+          format_failure_summary(options.command.program, first, parts.error_file, parts.others, parts.log_files);
+      OutputQueue::console().write(STDERR_FILENO, text);
       if (!summary.empty()) say("job failed: " + summary);
       finish(static_cast<int>(ExitCode::kJobFailed));
     });

@@ -21,7 +21,8 @@ HangVerdict HangWatch::check(const std::vector<WatchedWorker>& workers, double n
   verdict.hang = true;
   verdict.sigkill_at = now + kDumpGrace;
   for (const auto& h : hangs) {
-    auto it = std::find_if(workers.begin(), workers.end(), [&](const WatchedWorker& w) { return w.ref.local_rank == h.slot; });
+    auto it = std::find_if(workers.begin(), workers.end(),
+                           [&](const WatchedWorker& w) { return w.ref.local_rank == h.slot; });
     if (it == workers.end() || it->hung) continue;
     HungWorker hw;
     hw.pid = it->ref.pid;
