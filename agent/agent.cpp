@@ -36,6 +36,7 @@
 #include "agent/shutdown_policy.h"
 #include "agent/standby.h"
 #include "agent/standby_schedule.h"
+#include "agent/tee_pipe.h"
 #include "agent/worker_channel.h"
 #include "agent/worker_link.h"
 
@@ -64,112 +65,6 @@ double now_seconds() {
 int open_log(const std::string& path) {
   return ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
 }
-
-// Where the lines of one tee'd stream go besides its log file. Shared with the TeePipe, so it
-// stays valid however long the pipe outlives the agent's state.
-struct LineSinks {
-  int console_fd = -1;                 // STDOUT/STDERR, or -1 when not shown (--local_ranks_filter)
-  std::string prefix;                  // of console lines and of filtered lines
-  int filtered_fd = -1;                // <attempt dir>/filtered_<stream>.log, or -1
-  std::vector<std::string> filters;    // --duplicate-<stream>-filters
-  std::shared_ptr<LineTail> tail;      // the stderr tail of the failure summary, or null
-};
-
-// One tee'd stream of one worker: raw bytes to its log file, whole prefixed lines to the
-// console (both through bounded queues: a stalled destination never blocks the event loop),
-// matching lines to the filtered file, the last lines to the tail. Shared by the pending read
-// (which keeps it alive) and the worker that owns it.
-class TeePipe : public std::enable_shared_from_this<TeePipe> {
- public:
-  TeePipe(asio::io_context& io, int read_fd, int file_fd, std::shared_ptr<OutputQueue> files, LineSinks sinks)
-      : pipe_(io, read_fd),
-        file_fd_(file_fd),
-        files_(std::move(files)),
-        sinks_(std::move(sinks)),
-        splitter_([this](std::string_view line) { emit_line(line); }) {}
-  ~TeePipe() { close(); }
-
-  void start() {
-    boost::system::error_code ignored;
-    pipe_.non_blocking(true, ignored);
-    wait_readable();
-  }
-
-  // Reads what the pipe already holds without waiting, then closes it. Called when the
-  // worker has exited: its last output is in the pipe even if our wait has not fired yet, but
-  // a grandchild may keep the pipe open, so we do not wait for end of file.
-  void drain_and_close() {
-    if (closed_) return;
-    read_available(64);  // bounded: a grandchild may write forever
-    close();
-  }
-
- private:
-  // We wait for readability and read ourselves (rather than async_read_some) so that a drain
-  // never races with a read the reactor already performed into our buffer.
-  void wait_readable() {
-    pipe_.async_wait(asio::posix::descriptor_base::wait_read,
-                     [self = shared_from_this()](const boost::system::error_code& ec) {
-                       if (self->closed_ || ec) return;
-                       if (self->read_available()) self->wait_readable();
-                     });
-  }
-
-  // Reads until the pipe is empty, or at most `max_reads` buffers: a worker that writes without
-  // pause must not keep the event loop (heartbeats) from its other work; the next wait fires at
-  // once for the rest. Returns false at end of file (and closes).
-  bool read_available(int max_reads = 16) {
-    const int fd = pipe_.native_handle();
-    for (int reads = 0; reads < max_reads; ++reads) {
-      ssize_t n = ::read(fd, buffer_.data(), buffer_.size());
-      if (n > 0) {
-        consume(static_cast<std::size_t>(n));
-        continue;
-      }
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
-      close();  // end of file, or an error we cannot recover from
-      return false;
-    }
-    return true;
-  }
-
-  void consume(std::size_t n) {
-    if (file_fd_ >= 0) files_->write(file_fd_, std::string(buffer_.data(), n));
-    splitter_.feed(std::string_view(buffer_.data(), n));
-  }
-
-  void emit_line(std::string_view line) {
-    if (sinks_.tail) sinks_.tail->add(line);
-    if (sinks_.console_fd < 0 && sinks_.filtered_fd < 0) return;
-    std::string out;
-    out.reserve(sinks_.prefix.size() + line.size() + 1);
-    out += sinks_.prefix;
-    out += line;
-    if (out.back() != '\n') out += '\n';
-    if (sinks_.filtered_fd >= 0 && matches_any(line, sinks_.filters)) files_->write(sinks_.filtered_fd, out);
-    // One write per line: lines never interleave mid-line.
-    if (sinks_.console_fd >= 0) OutputQueue::console().write(sinks_.console_fd, std::move(out));
-  }
-
-  void close() {
-    if (closed_) return;
-    closed_ = true;
-    splitter_.finish();
-    boost::system::error_code ignored;
-    pipe_.close(ignored);
-    if (file_fd_ >= 0) files_->close_after(file_fd_);
-    file_fd_ = -1;
-  }
-
-  asio::posix::stream_descriptor pipe_;
-  int file_fd_;
-  std::shared_ptr<OutputQueue> files_;
-  LineSinks sinks_;
-  LineSplitter splitter_;
-  std::array<char, 32768> buffer_{};
-  bool closed_ = false;
-};
 
 struct Worker {
   int local_rank = 0;
