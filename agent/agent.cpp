@@ -13,8 +13,6 @@
 #include <functional>
 #include <map>
 #include <optional>
-#include <set>
-#include <sstream>
 
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/write.hpp>
@@ -24,12 +22,21 @@
 #include <boost/filesystem.hpp>
 
 #include "agent/containment.h"
+#include "agent/crash_loop.h"
 #include "agent/devices.h"
 #include "agent/exit_codes.h"
 #include "agent/failure.h"
+#include "agent/failure_policy.h"
 #include "agent/file_timer.h"
+#include "agent/hang_policy.h"
+#include "agent/health_schedule.h"
 #include "agent/logs.h"
+#include "agent/park_policy.h"
+#include "agent/policy.h"
+#include "agent/shutdown_policy.h"
 #include "agent/standby.h"
+#include "agent/standby_schedule.h"
+#include "agent/tee_pipe.h"
 #include "agent/worker_channel.h"
 #include "agent/worker_link.h"
 
@@ -39,26 +46,15 @@ namespace ddp::agent {
 
 namespace {
 
-// How often the agent looks whether a new round's workers have reported a step, to start the
-// next standbys (schedule_standbys).
-constexpr double kStandbyStepPoll = 0.1;
-
 double monotonic_seconds() {
   using namespace std::chrono;
   return duration<double>(steady_clock::now().time_since_epoch()).count();
 }
 
-std::chrono::steady_clock::duration to_duration(double seconds) {
-  return std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(seconds));
-}
-
-// "5", "5.3": a stall in seconds, to a tenth.
-std::string tenths(double seconds) {
-  std::ostringstream os;
-  os.setf(std::ios::fixed);
-  os.precision(seconds < 100 ? 1 : 0);
-  os << seconds;
-  return os.str();
+// A time of monotonic_seconds() as the steady clock's time point.
+std::chrono::steady_clock::time_point steady_time(double seconds) {
+  using namespace std::chrono;
+  return steady_clock::time_point(duration_cast<steady_clock::duration>(duration<double>(seconds)));
 }
 
 double now_seconds() {
@@ -66,122 +62,9 @@ double now_seconds() {
   return duration<double>(system_clock::now().time_since_epoch()).count();
 }
 
-// "30", "0.5": a duration in seconds as a person writes it (not std::to_string's "30.000000").
-std::string seconds_text(double seconds) {
-  std::ostringstream os;
-  os << seconds;
-  return os.str();
-}
-
 int open_log(const std::string& path) {
   return ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
 }
-
-// Where the lines of one tee'd stream go besides its log file. Shared with the TeePipe, so it
-// stays valid however long the pipe outlives the agent's state.
-struct LineSinks {
-  int console_fd = -1;                 // STDOUT/STDERR, or -1 when not shown (--local_ranks_filter)
-  std::string prefix;                  // of console lines and of filtered lines
-  int filtered_fd = -1;                // <attempt dir>/filtered_<stream>.log, or -1
-  std::vector<std::string> filters;    // --duplicate-<stream>-filters
-  std::shared_ptr<LineTail> tail;      // the stderr tail of the failure summary, or null
-};
-
-// One tee'd stream of one worker: raw bytes to its log file, whole prefixed lines to the
-// console (both through bounded queues: a stalled destination never blocks the event loop),
-// matching lines to the filtered file, the last lines to the tail. Shared by the pending read
-// (which keeps it alive) and the worker that owns it.
-class TeePipe : public std::enable_shared_from_this<TeePipe> {
- public:
-  TeePipe(asio::io_context& io, int read_fd, int file_fd, std::shared_ptr<OutputQueue> files, LineSinks sinks)
-      : pipe_(io, read_fd),
-        file_fd_(file_fd),
-        files_(std::move(files)),
-        sinks_(std::move(sinks)),
-        splitter_([this](std::string_view line) { emit_line(line); }) {}
-  ~TeePipe() { close(); }
-
-  void start() {
-    boost::system::error_code ignored;
-    pipe_.non_blocking(true, ignored);
-    wait_readable();
-  }
-
-  // Reads what the pipe already holds without waiting, then closes it. Called when the
-  // worker has exited: its last output is in the pipe even if our wait has not fired yet, but
-  // a grandchild may keep the pipe open, so we do not wait for end of file.
-  void drain_and_close() {
-    if (closed_) return;
-    read_available(64);  // bounded: a grandchild may write forever
-    close();
-  }
-
- private:
-  // We wait for readability and read ourselves (rather than async_read_some) so that a drain
-  // never races with a read the reactor already performed into our buffer.
-  void wait_readable() {
-    pipe_.async_wait(asio::posix::descriptor_base::wait_read,
-                     [self = shared_from_this()](const boost::system::error_code& ec) {
-                       if (self->closed_ || ec) return;
-                       if (self->read_available()) self->wait_readable();
-                     });
-  }
-
-  // Reads until the pipe is empty, or at most `max_reads` buffers: a worker that writes without
-  // pause must not keep the event loop (heartbeats) from its other work; the next wait fires at
-  // once for the rest. Returns false at end of file (and closes).
-  bool read_available(int max_reads = 16) {
-    const int fd = pipe_.native_handle();
-    for (int reads = 0; reads < max_reads; ++reads) {
-      ssize_t n = ::read(fd, buffer_.data(), buffer_.size());
-      if (n > 0) {
-        consume(static_cast<std::size_t>(n));
-        continue;
-      }
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
-      close();  // end of file, or an error we cannot recover from
-      return false;
-    }
-    return true;
-  }
-
-  void consume(std::size_t n) {
-    if (file_fd_ >= 0) files_->write(file_fd_, std::string(buffer_.data(), n));
-    splitter_.feed(std::string_view(buffer_.data(), n));
-  }
-
-  void emit_line(std::string_view line) {
-    if (sinks_.tail) sinks_.tail->add(line);
-    if (sinks_.console_fd < 0 && sinks_.filtered_fd < 0) return;
-    std::string out;
-    out.reserve(sinks_.prefix.size() + line.size() + 1);
-    out += sinks_.prefix;
-    out += line;
-    if (out.back() != '\n') out += '\n';
-    if (sinks_.filtered_fd >= 0 && matches_any(line, sinks_.filters)) files_->write(sinks_.filtered_fd, out);
-    // One write per line: lines never interleave mid-line.
-    if (sinks_.console_fd >= 0) OutputQueue::console().write(sinks_.console_fd, std::move(out));
-  }
-
-  void close() {
-    if (closed_) return;
-    closed_ = true;
-    splitter_.finish();
-    boost::system::error_code ignored;
-    pipe_.close(ignored);
-    if (file_fd_ >= 0) files_->close_after(file_fd_);
-    file_fd_ = -1;
-  }
-
-  asio::posix::stream_descriptor pipe_;
-  int file_fd_;
-  std::shared_ptr<OutputQueue> files_;
-  LineSinks sinks_;
-  LineSplitter splitter_;
-  std::array<char, 32768> buffer_{};
-  bool closed_ = false;
-};
 
 struct Worker {
   int local_rank = 0;
@@ -199,13 +82,11 @@ struct Worker {
   bool recorded = false;                  // its failure is in `failures`
   std::string note;                       // why the agent stopped it; heads its failure message
   // In-memory restart (docs/agent.md, "In-memory restart: the worker channel"): the agent's end
-  // of its channel (null without one), what it last said, and where it stands at a restart:
-  // kAsked to park (its abandoned word is set, the park deadline runs), kParked (waits for its
-  // next assignment; kept across the restart).
+  // of its channel (null without one), what it last said, and where it stands at a restart
+  // (agent/park_policy.h).
   std::shared_ptr<WorkerLink> link;
   bool restartable = false;
-  enum class Park { kNo, kAsked, kParked };
-  Park park = Park::kNo;
+  ParkState park = ParkState::kNo;
   int64_t parked_step = -1;
   std::string marker;  // its DDPLAUNCH_SUPERVISOR value, for the environment of its next assignment
 };
@@ -273,7 +154,14 @@ struct Agent::Impl {
         inherited(current_environment()),
         standbys(static_cast<std::size_t>(std::max(0, this->options.node.local_world_size))),
         board(this->options.node.local_world_size),
-        monitor(this->options.hang, this->options.node.local_world_size) {}
+        grace(this->options.shutdown_timeout, this->options.kill_timeout),
+        hang(this->options.hang, this->options.node.local_world_size),
+        crash_loop(this->options.max_restarts_without_progress, this->options.no_restart_exit_codes),
+        standby_schedule(this->options.standby_delay, this->options.standby_delay_max,
+                         this->options.standby_ready_timeout),
+        parking(this->options.in_memory_restart, this->options.park_timeout),
+        health(this->options.health_check, this->options.health_check_interval,
+               this->options.health_check_timeout) {}
 
   asio::io_context& io;
   AgentOptions options;
@@ -287,7 +175,6 @@ struct Agent::Impl {
   asio::steady_timer health_timer;    // the next --check_health (retry before a join, or periodic)
   asio::steady_timer health_deadline; // kills a check that runs too long
   asio::steady_timer standby_timer;   // starts the next standbys once the round is up (schedule_standbys)
-  double standbys_wait_since = 0;      // when the round began, for standby_delay_max
   asio::steady_timer standby_ready_timer;  // joins without the standbys' word (standby_ready_timeout)
   asio::steady_timer park_timer;      // stops the workers asked to park that did not (park_timeout)
   // Tee'd output into log files: its own queue and thread, so a stalled console does not
@@ -297,7 +184,7 @@ struct Agent::Impl {
   int filtered_fds[2] = {-1, -1};
   int filtered_attempt = -1;
   std::map<std::string, std::string> inherited;
-  // Issue 13: the standby waiting for each local rank's next worker (pid 0: none), with the
+  // Standbys: the standby waiting for each local rank's next worker (pid 0: none), with the
   // agent's end of its socket.
   struct Standby {
     int pid = 0;
@@ -318,35 +205,25 @@ struct Agent::Impl {
   std::function<void()> after_stop;
   bool failure_report_pending = false;  // a failure was seen; its report is posted, not yet sent
   State state = State::kIdle;
-  bool awaiting_standbys = false;  // the first join waits for the standbys (join_when_standbys_ready)
   int exit_code = static_cast<int>(ExitCode::kSuccess);
   int handled_signal = 0;
   bool omp_warned = false;
   ProgressBoard board;   // the workers' heartbeats
-  HangMonitor monitor;   // what the board says about this round
   std::unique_ptr<FileTimerServer> file_timer;  // TORCHELASTIC_ENABLE_FILE_TIMER=1
-  // Crash loops: the best step and checkpoint any round reported, and the restarts in a row
-  // that got no further (--crash_loop_limit).
-  int64_t job_best_step = -1, job_best_checkpoint = -1;
-  int restarts_without_progress = 0;
+  // The policies (agent/*_policy.h, agent/*_schedule.h): they decide, Impl carries it out.
+  ShutdownGrace grace;
+  HangWatch hang;
+  CrashLoopPolicy crash_loop;  // the job's end instead of a restart: no-restart codes, crash loops
+  StandbySchedule standby_schedule;
+  ParkPolicy parking;
+  HealthSchedule health;
   int round_restart_count = 0;
-  // Set when the job must end instead of restarting (--no_restart_exit_codes, a crash loop).
-  std::string stop_reason;
-  bool fatal_reported = false;  // the rendezvous was told stop_reason (a fatal failure report)
+  bool fatal_reported = false;  // the rendezvous was told crash_loop.reason() (a fatal failure report)
   std::optional<rdzv::WorkerFailure> reported_this_round;  // what this node reported, if anything
-  // --check_health: the running check (0: none), what to do with its result, whether the last
-  // one failed (a passing one after that is said), and pids of the last round's workers (the
-  // built-in GPU check looks for them).
-  int health_pid = 0;
-  bool health_timed_out = false;
-  std::function<void(bool ok, const std::string& why)> health_then;
-  bool health_failing = false;
-  bool gpu_skip_said = false;
-  std::vector<int> previous_pids;
-  std::set<int> stale_health_pids;  // checks abandoned for a newer one: their exits are ignored
+  std::vector<int> previous_pids;  // of the last round's workers (the built-in GPU check looks for them)
   std::uint64_t generation = 0;  // of the current (or last) round; 0 before the first
 
-  // The one place the agent records a lifecycle event (issue 15): the event log and the metrics
+  // The one place the agent records a lifecycle event: the event log and the metrics
   // consume it.
   void record_event(const char* type, const std::string& cause, std::vector<int> ranks,
                     nlohmann::json fields = nlohmann::json::object(), const std::string& message = "") {
@@ -366,6 +243,42 @@ struct Agent::Impl {
 
   static nlohmann::json exit_fields(const Worker& w) {
     return {{"local_rank", w.local_rank}, {"pid", w.pid}, {"exit_code", w.status.exit_code}, {"signal", w.status.signal}};
+  }
+
+  // Runs `then` at `at` (monotonic_seconds()) unless `timer` is cancelled or re-armed first: how
+  // the deadlines the policies name are kept.
+  static void arm(asio::steady_timer& timer, double at, std::function<void()> then) {
+    timer.expires_at(steady_time(at));
+    timer.async_wait([then = std::move(then)](const boost::system::error_code& ec) {
+      if (!ec) then();
+    });
+  }
+
+  // ---- the workers as the policies see them ------------------------------------------------
+
+  static WorkerRef ref(const Worker& w) { return {w.pid, w.rank, w.local_rank}; }
+
+  ParkView park_view(const Worker& w) const {
+    return {ref(w), w.alive, w.restartable, w.hung, w.link && w.link->is_open(), w.park};
+  }
+
+  // Whether `w` is kept across the stop in progress (in-memory restart): asked to park, or parked.
+  bool kept(const Worker& w) const { return ParkPolicy::kept(park_view(w)); }
+
+  // Every worker has exited or parked: the stop is over.
+  bool settled() const {
+    std::vector<ParkView> views;
+    for (const auto& w : workers) views.push_back(park_view(w));
+    return ParkPolicy::settled(views);
+  }
+
+  // The workers a stop waits for: live, not kept.
+  std::vector<WorkerRef> still_running() const {
+    std::vector<WorkerRef> out;
+    for (const auto& w : workers) {
+      if (w.alive && !kept(w)) out.push_back(ref(w));
+    }
+    return out;
   }
 
   int run() {
@@ -446,25 +359,8 @@ struct Agent::Impl {
 
   void join_round() {
     state = State::kJoining;
-    if (!options.health_check.empty()) {
-      run_health_check([this](bool ok, const std::string& why) {
-        if (state != State::kJoining) return;
-        if (ok) {
-          if (health_failing) say("health check passes again; this node joins the job");
-          health_failing = false;
-          join_now();
-          return;
-        }
-        if (!health_failing) {
-          say("health check failed: " + why + "; this node stays out of the job and checks again every " +
-              seconds_text(options.health_check_interval) + " s");
-        }
-        health_failing = true;
-        health_timer.expires_after(to_duration(options.health_check_interval));
-        health_timer.async_wait([this](const boost::system::error_code& ec) {
-          if (!ec && state == State::kJoining) join_round();
-        });
-      });
+    if (health.enabled()) {
+      run_health_check(HealthPurpose::kBeforeJoin);
       return;
     }
     join_now();
@@ -489,15 +385,15 @@ struct Agent::Impl {
     // worker to become.
     if (options.standby || options.in_memory_restart) processes->reap_exited();
     if (state != State::kJoining) return;
-    if (!stop_reason.empty()) {
+    if (crash_loop.fatal()) {
       // A round after this node's fatal report: the rendezvous did not take it (a daemon that
       // predates it, or one that restarted meanwhile). The decision stands: the job ends here.
       say("the rendezvous started a new round despite this node's decision; leaving the job");
       rendezvous->close();
       if (reported_this_round) {
-        on_job_failed(*reported_this_round, stop_reason);
+        on_job_failed(*reported_this_round, crash_loop.reason());
       } else {
-        say("job failed: " + stop_reason);
+        say("job failed: " + crash_loop.reason());
         finish(static_cast<int>(ExitCode::kJobFailed));
       }
       return;
@@ -523,7 +419,7 @@ struct Agent::Impl {
     previous_pids.clear();
     parked_workers.clear();
     for (auto& w : workers) {
-      if (w.alive && w.park == Worker::Park::kParked && w.link && w.link->is_open()) {
+      if (w.alive && w.park == ParkState::kParked && w.link && w.link->is_open()) {
         parked_workers.emplace(w.local_rank, std::move(w));  // keeps its GPU memory: not a previous pid
         continue;
       }
@@ -534,17 +430,11 @@ struct Agent::Impl {
     reported_this_round.reset();
     round_restart_count = a.restart_count;
     board.reset();
-    monitor.reset(monotonic_seconds());
+    hang.round_started(monotonic_seconds());
     if (file_timer) file_timer->clear();
     state = State::kRunning;
     generation = a.generation;
-    {
-      std::vector<int> ranks;
-      for (int lr = 0; lr < round.local_world_size; ++lr) ranks.push_back(a.rank_offset + lr);
-      record_event("round", "complete", std::move(ranks),
-                   {{"group_rank", a.group_rank}, {"group_world_size", a.group_world_size}, {"world_size", a.world_size},
-                    {"master", a.master_addr + ":" + std::to_string(a.master_port)}, {"restart_count", a.restart_count}});
-    }
+    record_round(a);
     const auto argv = worker_argv(options.command);
     try {
       for (int lr = 0; lr < round.local_world_size; ++lr) start_worker(round, lr, argv);
@@ -560,8 +450,16 @@ struct Agent::Impl {
       return;
     }
     if (options.hang.enabled() || options.on_progress) schedule_progress_check();
-    if (!options.health_check.empty()) schedule_health_check();
+    if (health.enabled()) schedule_health_check(health.first_while_running(monotonic_seconds()));
     schedule_standbys();
+  }
+
+  void record_round(const rdzv::Assignment& a) {
+    std::vector<int> ranks;
+    for (int lr = 0; lr < options.node.local_world_size; ++lr) ranks.push_back(a.rank_offset + lr);
+    record_event("round", "complete", std::move(ranks),
+                 {{"group_rank", a.group_rank}, {"group_world_size", a.group_world_size}, {"world_size", a.world_size},
+                  {"master", a.master_addr + ":" + std::to_string(a.master_port)}, {"restart_count", a.restart_count}});
   }
 
   // After a failed start: the workers that could not exec are gone already (reaped by
@@ -695,11 +593,11 @@ struct Agent::Impl {
   // ---- worker exits ----------------------------------------------------------------------
 
   void on_exit(int pid, ExitStatus st) {
-    if (pid == health_pid && pid != 0) {
-      on_health_exit(st);
-      return;
+    switch (health.exited(pid)) {
+      case HealthSchedule::Exit::kCheck: on_health_exit(st); return;
+      case HealthSchedule::Exit::kStale: return;
+      case HealthSchedule::Exit::kNotOurs: break;
     }
-    if (stale_health_pids.erase(pid) > 0) return;
     for (auto& sb : standbys) {
       if (sb.pid == pid && pid != 0) {
         on_standby_exit(sb, st);
@@ -758,98 +656,56 @@ struct Agent::Impl {
 
   void record_failure(Worker& w) {
     w.recorded = true;
-    if (stop_reason.empty() && w.status.signal == 0 && !w.hung &&
-        std::count(options.no_restart_exit_codes.begin(), options.no_restart_exit_codes.end(), w.status.exit_code)) {
-      stop_reason = "worker " + std::to_string(w.rank) + " exited with code " + std::to_string(w.status.exit_code) +
-                    ", which --no_restart_exit_codes lists: not restarting";
-    }
-    LocalFailure lf;
-    auto& f = lf.failure;
-    f.host = options.node.host;
-    f.rank = w.rank;
-    f.local_rank = w.local_rank;
-    f.exit_code = w.status.exit_code;
-    f.signal = w.status.signal;
-    f.pid = w.pid;
-    // Exits reaped in one batch happened in an order we cannot know: they share a time.
-    f.timestamp = failure_report_pending && !failures.empty() ? failures.front().failure.timestamp : now_seconds();
-    ErrorFileContent content = read_error_file(w.error_file);
-    if (content.present) {
-      lf.error_file = w.error_file;
-      f.error_file_message = summarise_error_file(content);
-      if (content.timestamp > 0) f.timestamp = content.timestamp;
-    } else if (!content.problem.empty()) {
-      lf.error_file = w.error_file;
-      f.error_file_message = content.problem;
-    } else {
-      f.error_file_message = stderr_tail_message(w);
-    }
-    if (!w.note.empty()) {
-      f.error_file_message = f.error_file_message.empty() ? w.note : w.note + "\n" + f.error_file_message;
+    crash_loop.worker_failed(w.rank, w.status.exit_code, w.status.signal, w.hung);
+    FailedWorker fw;
+    fw.ref = ref(w);
+    fw.exit_code = w.status.exit_code;
+    fw.signal = w.status.signal;
+    fw.note = w.note;
+    fw.error_file = w.error_file;
+    fw.error = read_error_file(w.error_file);
+    if (!fw.error.present && fw.error.problem.empty()) {
+      if (w.stderr_tail) {
+        fw.stderr_tail = w.stderr_tail->text();
+      } else if (!w.stderr_log.empty()) {
+        fw.stderr_tail = tail_of_file(w.stderr_log);
+        fw.stderr_log = w.stderr_log;
+      }
     }
     for (const auto& path : {w.stdout_log, w.stderr_log}) {
-      if (!path.empty()) lf.log_files.push_back(path);
+      if (!path.empty()) fw.log_files.push_back(path);
     }
+    // Exits reaped in one batch happened in an order we cannot know: they share a time.
+    const double seen =
+        failure_report_pending && !failures.empty() ? failures.front().failure.timestamp : now_seconds();
+    LocalFailure lf = describe_failure(fw, options.node.host, seen);
     nlohmann::json fields = exit_fields(w);
     fields["error_file"] = lf.error_file;
     fields["log_files"] = lf.log_files;
-    record_event("worker_exited", f.signal != 0 ? "signal" : "exit_code", {w.rank}, std::move(fields),
-                 f.error_file_message);
+    record_event("worker_exited", lf.failure.signal != 0 ? "signal" : "exit_code", {w.rank}, std::move(fields),
+                 lf.failure.error_file_message);
     failures.push_back(std::move(lf));
   }
 
-  // When a worker wrote no error file, the last lines of its stderr stand in for the traceback
-  // (pytorch#113546): from its pipe when tee'd, from stderr.log when redirected. Empty when its
-  // stderr went straight to the console, where the user already sees it.
-  static std::string stderr_tail_message(const Worker& w) {
-    std::string tail;
-    std::string where;
-    if (w.stderr_tail) {
-      tail = w.stderr_tail->text();
-    } else if (!w.stderr_log.empty()) {
-      tail = tail_of_file(w.stderr_log);
-      where = " (" + w.stderr_log + ")";
-    }
-    if (tail.empty()) return {};
-    const std::string head = w.status.signal != 0 ? "Signal " + std::to_string(w.status.signal) + " (" +
-                                                        signal_name(w.status.signal) + ") received by PID " +
-                                                        std::to_string(w.pid)
-                                                  : "the worker wrote no error file";
-    return head + "; the last lines of its stderr" + where + ":\n" + tail;
-  }
-
-  // Tells the rendezvous about the failure that explains this round's others (rdzv::explains: a
-  // death by signal before exits with a code, then the earliest). REQUIRES: failures not empty.
+  // Tells the rendezvous about the failure that explains this round's others (root_cause).
+  // REQUIRES: failures not empty.
   void report_failure() {
     failure_report_pending = false;
-    auto first = std::min_element(failures.begin(), failures.end(), [](const LocalFailure& a, const LocalFailure& b) {
-      return rdzv::explains(a.failure, b.failure);
-    });
     last_failures = failures;
-    reported_this_round = first->failure;
-    if (!stop_reason.empty()) {
+    reported_this_round = root_cause(failures).failure;
+    if (crash_loop.fatal()) {
       // A --no_restart_exit_codes exit: the whole job ends, on every node (end_job_everywhere).
-      reported_this_round->fatal = stop_reason;
+      reported_this_round->fatal = crash_loop.reason();
       fatal_reported = true;
     }
-    say("worker " + std::to_string(first->failure.rank) + " (local rank " +
-        std::to_string(first->failure.local_rank) + ", pid " + std::to_string(first->failure.pid) + ") " +
-        (first->failure.signal ? "was killed by " + signal_name(first->failure.signal)
-                               : "exited with code " + std::to_string(first->failure.exit_code)) +
-        (parking_others() ? "; the other workers park, to go on from memory (in-memory restart)"
-                          : "; stopped the other workers"));
+    say(failure_line(*reported_this_round, parking_others()));
     rendezvous->report_failure(*reported_this_round);
-  }
-
-  // Whether a restart asks this live worker to park instead of stopping it: it said it is
-  // restartable, is not hung, and its channel is open (stop_workers).
-  bool can_park(const Worker& w) const {
-    return options.in_memory_restart && w.restartable && !w.hung && w.link && w.link->is_open();
   }
 
   // Whether the restart now under way keeps some live worker (it parks, not stops).
   bool parking_others() const {
-    return std::any_of(workers.begin(), workers.end(), [this](const Worker& w) { return w.alive && can_park(w); });
+    return std::any_of(workers.begin(), workers.end(),
+                       [this](const Worker& w) { return w.alive && parking.may_park(park_view(w)); });
   }
 
   // ---- stopping ----------------------------------------------------------------------------
@@ -871,41 +727,35 @@ struct Agent::Impl {
     stop_workers(SIGTERM, std::move(then), park);
   }
 
-  // Whether `w` is kept across the stop in progress (in-memory restart): asked to park, or parked.
-  static bool kept(const Worker& w) { return w.alive && w.park != Worker::Park::kNo; }
-
-  // Every worker has exited or parked: the stop is over.
-  bool settled() const {
-    return std::all_of(workers.begin(), workers.end(),
-                       [](const Worker& w) { return !w.alive || w.park == Worker::Park::kParked; });
-  }
-
   // Sends `signo` to every live worker's process group; SIGKILL after --shutdown_timeout.
-  // With `park` and in-memory restart, a worker that said it is restartable is asked to park
-  // instead (its abandoned word), and stopped like the others only when it has not parked
-  // within the park deadline. `then` runs once every worker has exited or parked.
+  // With `park` and in-memory restart, a worker that may park is asked to park instead (its
+  // abandoned word), and stopped like the others only when it has not parked within the park
+  // deadline (agent/park_policy.h). `then` runs once every worker has exited or parked.
   void stop_workers(int signo, std::function<void()> then, bool park = false) {
     after_stop = std::move(then);
     state = State::kStopping;
     bool signalled = false, asked = false;
     for (auto& w : workers) {
       if (!w.alive) continue;
-      if (park && can_park(w)) {
-        if (w.park == Worker::Park::kNo) {
-          w.park = Worker::Park::kAsked;
+      switch (parking.at_stop(park_view(w), park)) {
+        case AtStop::kAskToPark:
+          w.park = ParkState::kAsked;
           board.abandon_slot(w.local_rank);
-        }
-        asked = asked || w.park == Worker::Park::kAsked;
-        continue;
+          asked = true;
+          break;
+        case AtStop::kKeep:
+          asked = asked || w.park == ParkState::kAsked;
+          break;
+        case AtStop::kSignal:
+          w.park = ParkState::kNo;
+          signalled = true;
+          processes->signal_group(w.pid, signo);
+          break;
       }
-      w.park = Worker::Park::kNo;
-      signalled = true;
-      processes->signal_group(w.pid, signo);
     }
     if (asked) {
-      park_timer.expires_after(to_duration(options.park_timeout));
-      park_timer.async_wait([this](const boost::system::error_code& ec) {
-        if (!ec && state == State::kStopping) stop_kept_workers("");
+      arm(park_timer, parking.deadline(monotonic_seconds()), [this] {
+        if (state == State::kStopping) stop_kept_workers("");
       });
     }
     if (settled()) {
@@ -920,20 +770,22 @@ struct Agent::Impl {
   // Stops the workers that were kept (asked to park, or parked) like any other: the job ends
   // (`why`), or, with an empty `why`, the park deadline passed for those that did not park.
   void stop_kept_workers(const std::string& why) {
-    bool signalled = false;
+    std::vector<Worker*> stopped;
+    std::vector<ParkView> overdue;
     for (auto& w : workers) {
-      if (!kept(w)) continue;
-      if (why.empty() && w.park == Worker::Park::kParked) continue;
-      if (why.empty()) {
-        say("worker " + std::to_string(w.rank) + " (pid " + std::to_string(w.pid) + ") did not park within " +
-            seconds_text(options.park_timeout) + " s of the restart (in-memory restart); stopping it");
-      }
-      w.park = Worker::Park::kNo;
-      signalled = true;
-      processes->signal_group(w.pid, SIGTERM);
+      if (!kept(w) || (why.empty() && w.park == ParkState::kParked)) continue;
+      stopped.push_back(&w);
+      overdue.push_back(park_view(w));
+    }
+    if (why.empty()) {
+      for (const auto& line : parking.overdue(overdue)) say(line);
+    }
+    for (Worker* w : stopped) {
+      w->park = ParkState::kNo;
+      processes->signal_group(w->pid, SIGTERM);
     }
     park_timer.cancel();
-    if (signalled) arm_kill_timer();
+    if (!stopped.empty()) arm_kill_timer();
   }
 
   // A worker kept across a restart that cannot be kept any more (`why`): stopped like any other
@@ -941,7 +793,7 @@ struct Agent::Impl {
   void stop_kept_worker(Worker& w, const std::string& why) {
     if (!kept(w)) return;
     say("worker " + std::to_string(w.rank) + " (pid " + std::to_string(w.pid) + ") " + why + "; stopping it");
-    w.park = Worker::Park::kNo;
+    w.park = ParkState::kNo;
     if (state == State::kStopping) {
       processes->signal_group(w.pid, SIGTERM);
       arm_kill_timer();
@@ -952,37 +804,25 @@ struct Agent::Impl {
 
   // SIGKILL, --shutdown_timeout from now, to the workers still running then (kept ones aside).
   void arm_kill_timer() {
-    kill_timer.expires_after(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-        std::chrono::duration<double>(options.shutdown_timeout)));
-    kill_timer.async_wait([this](const boost::system::error_code& ec) {
-      if (ec) return;  // cancelled: every worker exited in time
-      for (auto& w : workers) {
-        if (!w.alive || kept(w)) continue;
-        say("worker " + std::to_string(w.rank) + " (pid " + std::to_string(w.pid) + ") still runs " +
-            seconds_text(options.shutdown_timeout) + " s after it was asked to stop; sending SIGKILL");
-      }
+    arm(kill_timer, grace.terminated(monotonic_seconds()), [this] {
+      for (const auto& line : grace.overdue(still_running())) say(line);
       kill_now();
     });
   }
 
   // SIGKILLs every live worker's group, and gives up on those that still have not exited
-  // --kill_timeout later: a process stuck in the kernel (state D) cannot be killed, and must
-  // not hang the agent (and with it the job) forever.
+  // --kill_timeout later (agent/shutdown_policy.h).
   void kill_now() {
     for (auto& w : workers) {
       if (w.alive && !kept(w)) processes->signal_group(w.pid, SIGKILL);
     }
-    give_up_timer.expires_after(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-        std::chrono::duration<double>(options.kill_timeout)));
-    give_up_timer.async_wait([this](const boost::system::error_code& ec) {
-      if (ec || state != State::kStopping) return;
+    arm(give_up_timer, grace.killed(monotonic_seconds()), [this] {
+      if (state != State::kStopping) return;
+      const auto lines = grace.give_up(still_running());
+      std::size_t line = 0;
       for (auto& w : workers) {
         if (!w.alive || kept(w)) continue;
-        say("worker " + std::to_string(w.rank) + " (pid " + std::to_string(w.pid) + ") has not exited " +
-            seconds_text(options.kill_timeout) +
-            " s after SIGKILL; it is probably stuck in the kernel (see /proc/" + std::to_string(w.pid) +
-            "/stack and its state in /proc/" + std::to_string(w.pid) +
-            "/status); giving up on it. It may still hold resources such as GPU memory.");
+        say(lines[line++]);
         w.alive = false;
         w.given_up = true;
         record_event("worker_exited", "given_up", {w.rank}, exit_fields(w), "did not exit after SIGKILL");
@@ -992,6 +832,7 @@ struct Agent::Impl {
   }
 
   void stop_done() {
+    grace.settled();
     kill_timer.cancel();
     give_up_timer.cancel();
     dump_timer.cancel();
@@ -1031,7 +872,7 @@ struct Agent::Impl {
   void on_restart(const std::string& reason, bool counted, bool failing, bool failure) {
     if (state == State::kDone || handled_signal) return;
     if (counted) note_round_progress();
-    if (!stop_reason.empty()) {
+    if (crash_loop.fatal()) {
       end_job_everywhere();
       return;
     }
@@ -1046,20 +887,10 @@ struct Agent::Impl {
     if (state == State::kDone) return;
     if (state == State::kRunning) board.abandon_round();
     when_stopped([this, first, summary] {
-      std::string error_file;
-      std::vector<std::string> log_files;
-      std::vector<LocalFailure> others;
-      for (const auto& lf : last_failures) {
-        const auto& f = lf.failure;
-        if (f.host == first.host && f.pid == first.pid && f.rank == first.rank) {
-          error_file = lf.error_file;
-          log_files = lf.log_files;
-        } else {
-          others.push_back(lf);
-        }
-      }
-      OutputQueue::console().write(
-          STDERR_FILENO, format_failure_summary(options.command.program, first, error_file, others, log_files));
+      const SummaryParts parts = summary_parts(last_failures, first);
+      const std::string text =
+          format_failure_summary(options.command.program, first, parts.error_file, parts.others, parts.log_files);
+      OutputQueue::console().write(STDERR_FILENO, text);
       if (!summary.empty()) say("job failed: " + summary);
       finish(static_cast<int>(ExitCode::kJobFailed));
     });
@@ -1073,20 +904,11 @@ struct Agent::Impl {
   // says it has stopped.
   void end_job_everywhere() {
     if (!fatal_reported && !failure_report_pending) {
-      rdzv::WorkerFailure f;
-      if (reported_this_round) {
-        f = *reported_this_round;
-      } else {
-        // This node saw no failure in the round (a peer's ended it): the report names no worker.
-        f.host = options.node.host;
-        f.exit_code = 1;
-        f.timestamp = now_seconds();
-      }
-      f.fatal = stop_reason;
       fatal_reported = true;
-      rendezvous->report_failure(f);
+      rendezvous->report_failure(fatal_report(reported_this_round ? &*reported_this_round : nullptr, options.node.host,
+                                              crash_loop.reason(), now_seconds()));
     }
-    say("the job fails: " + stop_reason + "; stopping the workers");
+    say("the job fails: " + crash_loop.reason() + "; stopping the workers");
     if (state == State::kRunning) board.abandon_round();
     when_stopped([this] {
       state = State::kJoining;
@@ -1101,47 +923,40 @@ struct Agent::Impl {
       if (w.local_rank >= board.slots()) continue;
       ProgressSample sample = board.read(w.local_rank);
       if (options.on_progress && sample.beats != 0) options.on_progress(w.local_rank, sample.step, now);
-      monitor.observe(w.local_rank, sample, now);
+      hang.observe(w.local_rank, sample, now);
     }
   }
 
-  // Samples often enough that a hang is declared within 2% of the timeout (at most every second).
+  // Samples the board every hang.period(), until a hang is seen (agent/hang_policy.h).
   void schedule_progress_check() {
-    const double period = !options.hang.enabled() || options.hang.automatic
-                              ? 1.0
-                              : std::clamp(options.hang.timeout / 50.0, 0.02, 1.0);
-    progress_timer.expires_after(to_duration(period));
-    progress_timer.async_wait([this](const boost::system::error_code& ec) {
-      if (ec || state != State::kRunning) return;
+    arm(progress_timer, monotonic_seconds() + hang.period(), [this] {
+      if (state != State::kRunning) return;
       const double now = monotonic_seconds();
       sample_progress(now);
-      auto hangs = options.hang.enabled() ? monitor.check(now) : std::vector<Hang>{};
-      if (!hangs.empty()) {
-        declare_hangs(hangs);
+      std::vector<WatchedWorker> watched;
+      for (const auto& w : workers) {
+        if (w.alive) watched.push_back({ref(w), w.python, w.hung});
+      }
+      const HangVerdict verdict = hang.check(watched, now);
+      if (!verdict.hang) {
+        schedule_progress_check();
         return;
       }
-      schedule_progress_check();
+      declare_hangs(verdict);
     });
   }
 
-  // Each hung worker is asked for its stacks (Python: SIGABRT, which faulthandler answers with
-  // every thread's traceback before the process dies) or, when it cannot answer, killed; its
-  // exit is then a failure like any other, headed by what the board said about it.
-  void declare_hangs(const std::vector<Hang>& hangs) {
-    for (const auto& h : hangs) {
-      auto it = std::find_if(workers.begin(), workers.end(),
-                             [&](const Worker& w) { return w.alive && w.local_rank == h.slot; });
-      if (it == workers.end() || it->hung) continue;
-      it->hung = true;
-      it->note = "rank " + std::to_string(it->rank) + " made no progress for " + tenths(h.stalled_for) +
-                 " s (last step " + std::to_string(h.step) + (h.phase.empty() ? "" : ", phase " + h.phase) +
-                 "; --hang_timeout " + seconds_text(h.timeout) + " s)";
-      say(it->note + (it->python ? "; sending SIGABRT for its Python stacks" : "; killing it"));
-      processes->signal_process(it->pid, it->python ? SIGABRT : SIGKILL);
+  // Each hung worker is sent its dump signal; its exit is then a failure like any other, headed
+  // by what the board said about it. Those still alive after the dump grace are killed.
+  void declare_hangs(const HangVerdict& verdict) {
+    for (const auto& h : verdict.declared) {
+      Worker* w = live_worker(h.pid);
+      w->hung = true;
+      w->note = h.note;
+      say(h.message);
+      processes->signal_process(h.pid, h.signal);
     }
-    dump_timer.expires_after(std::chrono::seconds(5));
-    dump_timer.async_wait([this](const boost::system::error_code& ec) {
-      if (ec) return;
+    arm(dump_timer, verdict.sigkill_at, [this] {
       for (auto& w : workers) {
         if (w.alive && w.hung) processes->signal_group(w.pid, SIGKILL);
       }
@@ -1151,23 +966,7 @@ struct Agent::Impl {
   // After a failed round: did any rank get beyond the job's best step or checkpoint?
   void note_round_progress() {
     sample_progress(monotonic_seconds());
-    const bool progressed = monitor.best_step() > job_best_step || monitor.best_checkpoint() > job_best_checkpoint;
-    job_best_step = std::max(job_best_step, monitor.best_step());
-    job_best_checkpoint = std::max(job_best_checkpoint, monitor.best_checkpoint());
-    if (progressed) {
-      restarts_without_progress = 0;
-    } else if (round_restart_count > 0) {
-      ++restarts_without_progress;
-    }
-    const int limit = options.max_restarts_without_progress;
-    if (limit > 0 && restarts_without_progress >= limit && stop_reason.empty()) {
-      const std::string best = job_best_step < 0 && job_best_checkpoint < 0
-                                   ? "no rank ever reported a step or a checkpoint"
-                                   : "no rank reported a step beyond " + std::to_string(job_best_step) +
-                                         " or a checkpoint beyond " + std::to_string(job_best_checkpoint);
-      stop_reason = std::to_string(restarts_without_progress) + " restart(s) in a row made no progress (" + best +
-                    "); --crash_loop_limit=" + std::to_string(limit);
-    }
+    crash_loop.round_ended(hang.monitor().best_step(), hang.monitor().best_checkpoint(), round_restart_count);
   }
 
   bool start_file_timer() {
@@ -1197,7 +996,7 @@ struct Agent::Impl {
     processes->signal_process(it->pid, r.signal);
   }
 
-  // ---- standbys (issue 13, agent/standby.h) --------------------------------------------------
+  // ---- standbys (agent/standby.h) ------------------------------------------------------------
 
   // The standby's command line, fixed for the run (docs/agent.md, "Standby workers"): a worker
   // SDK program's own (it waits inside the SDK), or the Python bootstrap's.
@@ -1260,28 +1059,26 @@ struct Agent::Impl {
   }
 
   // Joins once every standby started with the agent has said it is ready (or has ended), at most
-  // standby_ready_timeout later. Joining first would make a node that comes back into a running
-  // job stop every other node's workers for as long as its own take to load.
+  // standby_ready_timeout later (agent/standby_schedule.h).
   void join_when_standbys_ready() {
-    bool waiting = false;
+    std::vector<int> waiting;
     for (int lr = 0; lr < static_cast<int>(standbys.size()); ++lr) {
       Standby& sb = standbys[lr];
       if (sb.pid == 0) continue;
       sb.watch = std::make_shared<asio::posix::stream_descriptor>(io, sb.fd);
       watch_standby(lr);
-      waiting = true;
+      waiting.push_back(lr);
     }
-    if (!waiting) {
+    const auto deadline = standby_schedule.await_ready(waiting, monotonic_seconds());
+    if (!deadline) {
       join_round();
       return;
     }
-    awaiting_standbys = true;
-    standby_ready_timer.expires_after(to_duration(options.standby_ready_timeout));
-    standby_ready_timer.async_wait([this](const boost::system::error_code& ec) {
-      if (ec || !awaiting_standbys || state == State::kDone) return;
-      awaiting_standbys = false;
-      say("standbys: not all of them said they are ready within " + seconds_text(options.standby_ready_timeout) +
-          " s (DDPLAUNCH_STANDBY_READY_TIMEOUT); joining the job without waiting for them");
+    arm(standby_ready_timer, *deadline, [this] {
+      if (state == State::kDone) return;
+      const auto line = standby_schedule.ready_timed_out();
+      if (!line) return;
+      say(*line);
       for (auto& sb : standbys) unwatch(sb);
       join_round();
     });
@@ -1292,7 +1089,7 @@ struct Agent::Impl {
     const int pid = sb.pid;
     sb.watch->async_wait(asio::posix::stream_descriptor::wait_read,
                          [this, local_rank, pid](const boost::system::error_code& ec) {
-                           if (ec || !awaiting_standbys || standbys[local_rank].pid != pid) return;
+                           if (ec || !standby_schedule.awaiting() || standbys[local_rank].pid != pid) return;
                            on_standby_readable(local_rank);
                          });
   }
@@ -1315,7 +1112,7 @@ struct Agent::Impl {
       return;
     }
     unwatch(sb);
-    join_if_standbys_ready();
+    join_if_standbys_ready(local_rank);
   }
 
   // Stops watching the standby's socket; `fd` stays open and is the standby's again.
@@ -1327,34 +1124,24 @@ struct Agent::Impl {
     sb.watch.reset();
   }
 
-  void join_if_standbys_ready() {
-    if (!awaiting_standbys || state == State::kDone) return;
-    for (const auto& sb : standbys) {
-      if (sb.watch) return;
-    }
-    awaiting_standbys = false;
+  // The standby of `local_rank` is no longer waited for: join when it was the last.
+  void join_if_standbys_ready(int local_rank) {
+    if (!standby_schedule.ready(local_rank) || state == State::kDone) return;
     standby_ready_timer.cancel();
     join_round();
   }
 
-  // The next standbys start once every worker of the round has reported a step on the progress
-  // board (the round is up: its imports, process group and checkpoint load are done), at the
-  // earliest standby_delay and at the latest standby_delay_max after the round began (a program
-  // that reports no steps). Started at once, their imports (a Python standby's `import torch`
-  // is 1.5-2 s of CPU) would compete with the new round's start on a small machine.
+  // The next standbys start once the round is up (agent/standby_schedule.h).
   void schedule_standbys() {
     if (!options.standby) return;
-    standbys_wait_since = monotonic_seconds();
-    wait_for_standby_start(options.standby_delay);
+    look_for_standby_start(standby_schedule.round_started(monotonic_seconds()));
   }
 
-  void wait_for_standby_start(double seconds) {
-    standby_timer.expires_after(to_duration(seconds));
-    standby_timer.async_wait([this](const boost::system::error_code& ec) {
-      if (ec || state == State::kDone) return;
-      const double waited = monotonic_seconds() - standbys_wait_since;
-      if (waited < options.standby_delay_max && !round_has_stepped()) {
-        wait_for_standby_start(std::min(kStandbyStepPoll, options.standby_delay_max - waited));
+  void look_for_standby_start(double at) {
+    arm(standby_timer, at, [this] {
+      if (state == State::kDone) return;
+      if (const auto next = standby_schedule.look(monotonic_seconds(), round_has_stepped())) {
+        look_for_standby_start(*next);
         return;
       }
       start_standbys();
@@ -1548,18 +1335,19 @@ struct Agent::Impl {
     if (w == nullptr || m.type == WorkerMessage::Type::kStandbyReady) return;  // a standby's word, read late
     if (m.type == WorkerMessage::Type::kRestartable) {
       w->restartable = m.restartable;
-      if (!m.restartable && w->park == Worker::Park::kAsked) stop_kept_worker(*w, "said it is no longer restartable");
+      if (ParkPolicy::restartable_word(park_view(*w), m.restartable) == OnWord::kStop) {
+        stop_kept_worker(*w, "said it is no longer restartable");
+      }
       return;
     }
-    if (!w->restartable) {
+    const OnWord word = ParkPolicy::parked_word(park_view(*w), state == State::kStopping);
+    if (word == OnWord::kBreak) {
       w->link->close();
       on_link_lost(pid, "it said it parked without having said it is restartable");
       return;
     }
-    if (w->park == Worker::Park::kParked) return;
-    // A worker being stopped (signalled) dies of it, parked or not.
-    if (state == State::kStopping && w->park == Worker::Park::kNo) return;
-    w->park = Worker::Park::kParked;
+    if (word != OnWord::kParked) return;
+    w->park = ParkState::kParked;
     w->parked_step = m.step;
     if (w->marker.empty()) w->marker = environ_value(pid, Containment::kMarkerVariable);
     record_event("worker_parked", "", {w->rank}, {{"local_rank", w->local_rank}, {"pid", pid}, {"step", m.step}});
@@ -1590,7 +1378,7 @@ struct Agent::Impl {
     unwatch(sb);
     ::close(sb.fd);
     sb = {};
-    join_if_standbys_ready();
+    join_if_standbys_ready(local_rank);
   }
 
   void stop_standbys() {
@@ -1607,109 +1395,77 @@ struct Agent::Impl {
 
   std::string health_log_path() const { return options.log_dir + "/" + options.run_id + "/health_check.log"; }
 
-  // The command of --check_health, with the built-in GPU check first when GPUs are visible.
-  std::string health_command() {
-    std::string gpu;
-    if (count_visible_gpus() > 0) {
-      std::string pids;
-      for (int pid : previous_pids) pids += (pids.empty() ? "" : "|") + std::to_string(pid);
-      gpu = "nvidia-smi --query-gpu=index,memory.used --format=csv,noheader >/dev/null 2>&1 || "
-            "{ echo 'built-in GPU check: nvidia-smi gets no answer from every GPU'; exit 1; }; ";
-      if (!pids.empty()) {
-        gpu += "held=$(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null | grep -Ex '" + pids +
-               "'); [ -z \"$held\" ] || { echo \"built-in GPU check: GPU memory still held by the last "
-               "round's workers (pids $held)\"; exit 1; }; ";
-      }
-    } else if (!gpu_skip_said) {
-      gpu_skip_said = true;
-      say("built-in GPU health check skipped: no GPU is visible on this node");
-    }
-    if (options.health_check == "gpu") return gpu.empty() ? "true" : gpu + "true";
-    return gpu + options.health_check;
-  }
-
-  // Runs the check in a process of its own (reaped like a worker, never blocking the loop); its
-  // output goes to <log_dir>/<run_id>/health_check.log, whose tail explains a failure.
-  void run_health_check(std::function<void(bool, const std::string&)> then) {
-    if (health_pid != 0) {
-      // A periodic check still runs when a join needs one: it is of the last round; start over.
-      processes->signal_group(health_pid, SIGKILL);
-      stale_health_pids.insert(health_pid);
-      health_pid = 0;
+  // Runs the check for `purpose` in a process of its own (reaped like a worker, never blocking the
+  // loop); its output goes to <log_dir>/<run_id>/health_check.log, whose tail explains a failure.
+  void run_health_check(HealthPurpose purpose) {
+    if (const int stale = health.supersede()) {
+      processes->signal_group(stale, SIGKILL);
       health_deadline.cancel();
     }
-    health_then = std::move(then);
     const std::string log = health_log_path();
     boost::system::error_code ignored;
     boost::filesystem::create_directories(boost::filesystem::path(log).parent_path(), ignored);
     const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    std::string note;
     SpawnRequest req;
-    req.argv = {"/bin/sh", "-c", health_command()};
+    req.argv = {"/bin/sh", "-c", health.command(count_visible_gpus(), previous_pids, note)};
+    if (!note.empty()) say(note);
     req.env = inherited;
     req.stdout_fd = req.stderr_fd = fd;
+    int pid = 0;
     try {
-      health_pid = processes->spawn(req);
+      pid = processes->spawn(req);
     } catch (const std::exception& e) {
       if (fd >= 0) ::close(fd);
-      auto then_now = std::move(health_then);
-      asio::post(io, [then_now, why = std::string(e.what())] { then_now(false, why); });
+      asio::post(io, [this, purpose, why = std::string(e.what())] { on_health_result(purpose, false, why); });
       return;
     }
     if (fd >= 0) ::close(fd);
-    health_timed_out = false;
-    health_deadline.expires_after(to_duration(options.health_check_timeout));
-    health_deadline.async_wait([this](const boost::system::error_code& ec) {
-      if (ec || health_pid == 0) return;
-      health_timed_out = true;
-      processes->signal_group(health_pid, SIGKILL);
+    arm(health_deadline, health.started(pid, purpose, monotonic_seconds()), [this] {
+      if (const int overdue = health.deadline_passed()) processes->signal_group(overdue, SIGKILL);
     });
   }
 
   void on_health_exit(ExitStatus st) {
-    health_pid = 0;
     health_deadline.cancel();
-    std::string why;
-    if (!st.success()) {
-      why = "`" + options.health_check + "` ";
-      why += health_timed_out ? "ran longer than " + seconds_text(options.health_check_timeout) + " s (killed)"
-             : st.signal ? "was killed by " + signal_name(st.signal)
-                         : "exited with code " + std::to_string(st.exit_code);
-      const std::string tail = tail_of_file(health_log_path(), 5, 1024);
-      if (!tail.empty()) why += ": " + tail;
-      while (!why.empty() && (why.back() == '\n' || why.back() == ' ')) why.pop_back();
-    }
-    auto then = std::move(health_then);
-    health_then = nullptr;
-    if (then) then(st.success(), why);
+    const std::string why =
+        st.success() ? "" : health.why_failed(st.exit_code, st.signal, tail_of_file(health_log_path(), 5, 1024));
+    on_health_result(health.purpose(), st.success(), why);
   }
 
-  void schedule_health_check() {
-    health_timer.expires_after(to_duration(options.health_check_interval));
-    health_timer.async_wait([this](const boost::system::error_code& ec) {
-      if (ec || state != State::kRunning) return;
-      run_health_check([this](bool ok, const std::string& why) {
-        if (state != State::kRunning) return;  // the round ended meanwhile: the next join checks again
-        if (ok) {
-          schedule_health_check();
-          return;
-        }
-        say("health check failed: " + why + "; this node leaves the round: its failure is reported and its "
-            "workers stopped, and it joins again once the check passes");
-        rdzv::WorkerFailure f;
-        f.host = options.node.host;
-        f.rank = -1;
-        f.local_rank = -1;
-        f.exit_code = 1;
-        f.timestamp = now_seconds();
-        f.error_file_message = "health check failed on " + options.node.host + ": " + why;
-        LocalFailure lf;
-        lf.failure = f;
-        failures.push_back(lf);
-        last_failures = failures;
-        reported_this_round = f;
-        rendezvous->report_failure(f);
-        stop_workers(SIGTERM, nullptr);
-      });
+  // Carries out what a check's result does (agent/health_schedule.h). A result for a state the
+  // agent has left is dropped: the round ended meanwhile, and the next join checks again.
+  void on_health_result(HealthPurpose purpose, bool ok, const std::string& why) {
+    if (state != (purpose == HealthPurpose::kBeforeJoin ? State::kJoining : State::kRunning)) return;
+    const HealthStep step = health.result(purpose, ok, why, options.node.host, now_seconds(), monotonic_seconds());
+    if (!step.message.empty()) say(step.message);
+    switch (step.action) {
+      case HealthStep::Do::kJoin:
+        join_now();
+        return;
+      case HealthStep::Do::kRetry:
+        arm(health_timer, step.at, [this] {
+          if (state == State::kJoining) join_round();
+        });
+        return;
+      case HealthStep::Do::kNext:
+        schedule_health_check(step.at);
+        return;
+      case HealthStep::Do::kLeave:
+        break;
+    }
+    LocalFailure lf;
+    lf.failure = step.failure;
+    failures.push_back(lf);
+    last_failures = failures;
+    reported_this_round = step.failure;
+    rendezvous->report_failure(step.failure);
+    stop_workers(SIGTERM, nullptr);
+  }
+
+  void schedule_health_check(double at) {
+    arm(health_timer, at, [this] {
+      if (state == State::kRunning) run_health_check(HealthPurpose::kWhileRunning);
     });
   }
 
@@ -1768,7 +1524,7 @@ struct Agent::Impl {
     standby_timer.cancel();
     standby_ready_timer.cancel();
     park_timer.cancel();
-    if (health_pid != 0) processes->signal_group(health_pid, SIGKILL);
+    if (health.running() != 0) processes->signal_group(health.running(), SIGKILL);
     file_timer.reset();
     io.stop();
   }

@@ -1,0 +1,66 @@
+// Hang detection, the agent's side: how often the progress board is sampled, which workers a
+// hang takes (HangMonitor, agent/progress.h, decides which ranks stalled), what each is sent (its
+// dump signal: SIGABRT to a Python worker, whose faulthandler prints every thread's stack before
+// it dies; SIGKILL to anything else), and when the ones that survived their dump signal get
+// SIGKILL (kDumpGrace later). A hung worker's exit is then a failure like any other, headed by
+// the note said here.
+//
+// Owned by Agent::Impl for the whole run; pure (the samples and the time are given), used on the
+// agent's io_context thread. Impl reads the board, arms its timers at the times said here, and
+// sends the signals.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "agent/policy.h"
+#include "agent/progress.h"
+
+namespace ddp::agent {
+
+// A live worker as hang detection sees it.
+struct WatchedWorker {
+  WorkerRef ref;
+  bool python = false;  // runs under the Python interpreter: SIGABRT gives its stacks
+  bool hung = false;    // declared hung already
+};
+
+// A worker a hang takes: send it `signal` (to its process alone); `note` heads its failure.
+struct HungWorker {
+  int pid = 0;
+  int signal = 0;
+  std::string note;
+  std::string message;  // what the agent says now
+};
+
+struct HangVerdict {
+  bool hang = false;                 // a hang was seen: sampling stops for this round
+  std::vector<HungWorker> declared;  // the workers it takes (not declared before)
+  double sigkill_at = -1;            // SIGKILL to the declared workers still alive then (hang only)
+};
+
+class HangWatch {
+ public:
+  // Seconds between a dump signal and the SIGKILL of a worker that survived it.
+  static constexpr double kDumpGrace = 5.0;
+
+  HangWatch(HangPolicy policy, int slots);
+  // Seconds between samples: often enough that a hang is declared within 2% of a fixed timeout,
+  // at most every second (also without --hang_timeout: the progress metrics).
+  double period() const;
+  bool enabled() const { return policy_.enabled(); }
+  // A new round's workers started at `now`.
+  void round_started(double now) { monitor_.reset(now); }
+  void observe(int slot, const ProgressSample& sample, double now) { monitor_.observe(slot, sample, now); }
+  // What the samples say at `now` about `workers` (the live ones). Never a hang when disabled.
+  HangVerdict check(const std::vector<WatchedWorker>& workers, double now) const;
+  // What this round reported: crash-loop detection compares it across rounds.
+  const HangMonitor& monitor() const { return monitor_; }
+
+ private:
+  HangPolicy policy_;
+  HangMonitor monitor_;
+};
+
+}  // namespace ddp::agent
