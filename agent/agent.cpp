@@ -30,7 +30,7 @@
 #include "agent/file_timer.h"
 #include "agent/logs.h"
 #include "agent/standby.h"
-#include "agent/worker_channel.h"
+#include "contracts/worker_channel.h"
 #include "agent/worker_link.h"
 
 namespace asio = boost::asio;

@@ -18,10 +18,13 @@
 
 #include <nlohmann/json.hpp>
 
-#include "rendezvous/json_depth.h"  // json_depth
+#include "contracts/json_depth.h"
 #include "rendezvous/types.h"
 
 namespace ddp::rdzv {
+
+// The nesting check before any parse, shared with the agent-worker messages.
+using contracts::json_depth;
 
 // Bumped on every incompatible change of a message; the first message of a connection names it.
 // Version 2: the server speaks first (challenge) and hello/status carry an HMAC proof.
@@ -174,7 +177,7 @@ struct JobFailed {
 struct StatusReply {
   nlohmann::json status;
 };
-// resume (issue 10, rendezvous/resume.h): what an agent that lost its rendezvous connection
+// resume (rendezvous/resume.h): what an agent that lost its rendezvous connection
 // knows, so that a restarted, crashed or standby daemon can rebuild the job and the round goes on.
 struct ResumeRequest {
   std::string job_id;        // --rdzv_id; equals node.job_id
@@ -189,7 +192,7 @@ struct Resumed {
   int restart_count = 0;
   bool rebuilt = false;  // the server rebuilt the job from its agents' resumes
 };
-// waiting (issue 17): what the waiting nodes of a gathering job wait for. Sent when the counts
+// waiting: what the waiting nodes of a gathering job wait for. Sent when the counts
 // change, at most once a second per job (the agent counts the seconds down itself).
 struct Waiting {
   std::string job_id;
@@ -200,7 +203,7 @@ struct Waiting {
   std::optional<double> join_left;       // s until join_timeout fails the job (fewer than MIN)
   std::optional<double> last_call_left;  // s until the round completes below MAX (MIN reached)
 };
-// not_leader (issue 14): a follower replica of a replicated daemon (--etcd, docs/etcd.md) sends
+// not_leader: a follower replica of a replicated daemon (--etcd, docs/etcd.md) sends
 // it after its welcome (so a token-holding client knows it is genuine) and closes. `leader` is the
 // leader's HOST:PORT, or "" when no replica leads at the moment (the client tries its other
 // endpoints).
