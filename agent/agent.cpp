@@ -37,7 +37,7 @@
 #include "agent/standby.h"
 #include "agent/standby_schedule.h"
 #include "agent/tee_pipe.h"
-#include "agent/worker_channel.h"
+#include "contracts/worker_channel.h"
 #include "agent/worker_link.h"
 
 namespace asio = boost::asio;

@@ -11,6 +11,9 @@
 
 namespace ddp::agent {
 
+using contracts::kAbandonedOffset;
+using contracts::kPhaseOffset;
+
 namespace {
 
 // The slot's 64-bit fields are written by another process with plain (aligned) stores or
@@ -72,9 +75,9 @@ bool ProgressBoard::abandoned(int slot) const {
 ProgressSample ProgressBoard::read(int slot) const {
   const unsigned char* p = base_ + kSlotSize * static_cast<std::size_t>(slot);
   ProgressSample out;
-  out.beats = load_u64(p);
-  out.step = static_cast<int64_t>(load_u64(p + 8));
-  out.checkpoint_step = static_cast<int64_t>(load_u64(p + 16));
+  out.beats = load_u64(p + contracts::kBeatsOffset);
+  out.step = static_cast<int64_t>(load_u64(p + contracts::kStepOffset));
+  out.checkpoint_step = static_cast<int64_t>(load_u64(p + contracts::kCheckpointOffset));
   for (std::size_t i = 0; i < kPhaseSize; ++i) {
     const char c = static_cast<char>(p[kPhaseOffset + i]);
     if (c == '\0') break;
@@ -87,9 +90,9 @@ void ProgressBoard::write(int slot, const ProgressSample& sample) {
   unsigned char* p = base_ + kSlotSize * static_cast<std::size_t>(slot);
   std::memset(p + kPhaseOffset, 0, kPhaseSize);
   std::memcpy(p + kPhaseOffset, sample.phase.data(), std::min(sample.phase.size(), kPhaseSize - 1));
-  store_u64(p + 8, static_cast<uint64_t>(sample.step));
-  store_u64(p + 16, static_cast<uint64_t>(sample.checkpoint_step));
-  store_u64(p, sample.beats);
+  store_u64(p + contracts::kStepOffset, static_cast<uint64_t>(sample.step));
+  store_u64(p + contracts::kCheckpointOffset, static_cast<uint64_t>(sample.checkpoint_step));
+  store_u64(p + contracts::kBeatsOffset, sample.beats);
 }
 
 HangMonitor::HangMonitor(HangPolicy policy, int slots) : policy_(policy), slots_(static_cast<std::size_t>(std::max(slots, 1))) {}
@@ -106,7 +109,7 @@ void HangMonitor::observe(int slot, const ProgressSample& sample, double now) {
   Slot& s = slots_[static_cast<std::size_t>(slot)];
   s.phase = sample.phase;
   if (sample.checkpoint_step > best_checkpoint_) best_checkpoint_ = sample.checkpoint_step;
-  if (sample.beats == kDoneBeats) {
+  if (sample.beats == contracts::kDoneBeats) {
     s.done = true;
     if (sample.step > best_step_) best_step_ = sample.step;
     return;

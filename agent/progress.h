@@ -1,19 +1,11 @@
-// Progress heartbeats (issue 12): what each worker says about its training steps, and how the
-// agent decides that a worker hangs.
+// Progress heartbeats: what each worker says about its training steps, and how the agent
+// decides that a worker hangs.
 //
-// ProgressBoard is a shared-memory page (a memfd) with one 64-byte slot per local rank. Workers
-// open it through DDPLAUNCH_PROGRESS_FILE (/proc/<agent pid>/fd/<n>) and write their own slot,
+// ProgressBoard is a shared-memory page (a memfd) with one slot per local rank. Workers open it
+// through DDPLAUNCH_PROGRESS_FILE (/proc/<agent pid>/fd/<n>) and write their own slot,
 // DDPLAUNCH_PROGRESS_SLOT, without a system call per step; the agent samples the slots. The
-// layout is a contract with the worker SDK (worker_sdk/include/ddp/progress.h) and the Python
-// helper (python/ddplaunch/__init__.py), written down in docs/worker-sdk.md:
-//   offset  0: uint64 beats            incremented by every step() (the heartbeat); all ones
-//                                      (kDoneBeats): the worker finished its steps, do not watch
-//   offset  8: int64  step             the last step the worker reported
-//   offset 16: int64  checkpoint_step  the last checkpoint it reported saving, -1 = none
-//   offset 24: char   phase[32]        what it is doing (NUL-terminated; may be torn)
-//   offset 56: uint64 abandoned        written by the agent, read by the worker: nonzero = the
-//                                      round is lost (a peer failed); do not finish the step,
-//                                      exit at once on SIGTERM (ProgressBoard::abandon_round)
+// slot's layout is a contract with the workers: contracts/progress_slot.h (also written down in
+// docs/worker-sdk.md, "Progress").
 // HangMonitor is the pure decision, with the clock given to every call: tested without processes.
 //
 // Both are owned by the Agent and used on its io_context thread only.
@@ -24,11 +16,9 @@
 #include <string>
 #include <vector>
 
-namespace ddp::agent {
+#include "contracts/progress_slot.h"
 
-// `beats` of a worker that said it is done with its steps (teardown, a final evaluation may
-// follow, for however long): it is no longer watched until it beats again.
-constexpr uint64_t kDoneBeats = ~uint64_t{0};
+namespace ddp::agent {
 
 struct ProgressSample {
   uint64_t beats = 0;
@@ -39,10 +29,8 @@ struct ProgressSample {
 
 class ProgressBoard {
  public:
-  static constexpr std::size_t kSlotSize = 64;
-  static constexpr std::size_t kPhaseOffset = 24;
-  static constexpr std::size_t kPhaseSize = 32;
-  static constexpr std::size_t kAbandonedOffset = 56;
+  static constexpr std::size_t kSlotSize = contracts::kSlotSize;
+  static constexpr std::size_t kPhaseSize = contracts::kPhaseSize;
 
   // Creates the memfd with `slots` zeroed slots. Throws std::system_error.
   explicit ProgressBoard(int slots);
@@ -127,7 +115,7 @@ class HangMonitor {
     int64_t step = 0;
     std::string phase;
     int counted = 0;  // intervals counted toward auto
-    bool done = false;  // said kDoneBeats: not watched
+    bool done = false;  // said contracts::kDoneBeats: not watched
   };
   HangPolicy policy_;
   std::vector<Slot> slots_;

@@ -12,7 +12,7 @@
 #include <system_error>
 
 #include "agent/standby.h"         // kStandbyFdVariable
-#include "agent/worker_channel.h"  // kWorkerFdVariable
+#include "contracts/worker_channel.h"  // kWorkerFdVariable
 
 extern char** environ;
 
@@ -154,9 +154,9 @@ std::map<std::string, std::string> build_standby_env(const WorkerSetup& setup, i
 
 void set_worker_channel(std::map<std::string, std::string>& env, int fd) {
   if (fd < 0) {
-    env.erase(kWorkerFdVariable);
+    env.erase(contracts::kWorkerFdVariable);
   } else {
-    env[kWorkerFdVariable] = std::to_string(fd);
+    env[contracts::kWorkerFdVariable] = std::to_string(fd);
   }
 }
 

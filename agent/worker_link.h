@@ -1,5 +1,5 @@
-// The agent's end of one worker's channel (in-memory restart, agent/worker_channel.h): reads the
-// worker's frames as they come and sends it a standby assignment (agent/standby.h) when it is
+// The agent's end of one worker's channel (in-memory restart, contracts/worker_channel.h): reads
+// the worker's frames as they come and sends it a standby assignment (agent/standby.h) when it is
 // parked. A bad frame or a read error closes the link and is reported once; nothing is thrown.
 //
 // Owned by the agent's Worker (a shared_ptr: a pending read keeps it alive); lives as long as
@@ -14,9 +14,15 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
 
-#include "agent/worker_channel.h"
+#include "contracts/worker_channel.h"
 
 namespace ddp::agent {
+
+// The agent's code names the contract's types as its own.
+using contracts::kWorkerFdVariable;
+using contracts::kWorkerHeaderSize;
+using contracts::WorkerChannelDecoder;
+using contracts::WorkerMessage;
 
 class WorkerLink : public std::enable_shared_from_this<WorkerLink> {
  public:

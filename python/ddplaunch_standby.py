@@ -1,4 +1,4 @@
-"""A standby worker of ddplaunch (docs/agent.md, "Standby workers"; issue 13).
+"""A standby worker of ddplaunch (docs/agent.md, "Standby workers").
 
 ddplaunch starts this file as
 
@@ -7,11 +7,11 @@ ddplaunch starts this file as
 (MODE: script, module or run_path; PRELOAD: comma-separated module names, may be empty) with
 DDPLAUNCH_STANDBY_FD naming one end of a Unix socket, while the job's workers run. It imports
 torch and PRELOAD, then waits for its assignment: the whole environment and working directory
-of a worker, and its stdout and stderr (agent/standby.h has the format). It applies them and runs
-PROGRAM as `PYTHON -u PROGRAM ARGS` (or `-m PROGRAM`) would have. Nothing of the user's runs
-before the assignment; an assignment that is not valid, or a socket closed before one came (the
-agent is stopping), ends the standby without running anything, exit code 0 when the agent closed
-the socket and 1 when it sent something wrong.
+of a worker, and its stdout and stderr (contracts/standby_assignment.h has the format). It
+applies them and runs PROGRAM as `PYTHON -u PROGRAM ARGS` (or `-m PROGRAM`) would have. Nothing
+of the user's runs before the assignment; an assignment that is not valid, or a socket closed
+before one came (the agent is stopping), ends the standby without running anything, exit code 0
+when the agent closed the socket and 1 when it sent something wrong.
 
 It imports nothing of the `ddplaunch` package before its assignment: that module reads the
 worker's progress slot from the environment when it is first imported.
@@ -22,10 +22,15 @@ import socket
 import struct
 import sys
 
-_MAGIC = b"DDPS"
-_VERSION = 1
-_HEADER = struct.Struct("<4sII")
-_MAX_PAYLOAD = 4 << 20  # agent/standby.h: kMaxStandbyPayload
+# The contracts with the agent, as contracts/*.h in the ddplaunch sources define them (the Python
+# side's one copy; tests/contracts/test_fixtures.py holds it to contracts/fixtures/).
+FRAME_HEADER = struct.Struct("<4sII")  # magic, version, payload length (contracts/frame_header.h)
+ASSIGNMENT_MAGIC = b"DDPS"             # contracts/standby_assignment.h
+ASSIGNMENT_VERSION = 1
+MAX_ASSIGNMENT_PAYLOAD = 4 << 20
+MAX_ASSIGNMENT_DEPTH = 2               # an object of objects
+WORKER_MAGIC = b"DDPW"                 # contracts/worker_channel.h
+WORKER_VERSION = 1
 
 
 class BadAssignment(Exception):
@@ -36,9 +41,10 @@ class NoAssignment(Exception):
     """The socket closed before an assignment came: the agent is stopping."""
 
 
-def _depth(payload):
+def _depth(payload, limit):
     """The nesting depth of JSON arrays and objects in `payload` (bytes), strings skipped;
-    stops at 3. Checked before json.loads, which recurses."""
+    stops counting past `limit` + 1 (contracts/json_depth.h). Checked before json.loads, which
+    recurses."""
     depth = deepest = 0
     in_string = escaped = False
     for byte in payload:
@@ -54,7 +60,7 @@ def _depth(payload):
         elif byte in (0x5B, 0x7B):  # [ {
             depth += 1
             deepest = max(deepest, depth)
-            if deepest > 2:
+            if deepest > limit:
                 return deepest
         elif byte in (0x5D, 0x7D):
             depth -= 1
@@ -65,22 +71,23 @@ def decode(message):
     """Decodes a whole message (header and payload) into (env, cwd); raises BadAssignment."""
     import json
 
-    if len(message) < _HEADER.size:
-        raise BadAssignment("short header: %d of %d bytes" % (len(message), _HEADER.size))
-    magic, version, length = _HEADER.unpack_from(message)
-    if magic != _MAGIC:
+    header = FRAME_HEADER.size
+    if len(message) < header:
+        raise BadAssignment("short header: %d of %d bytes" % (len(message), header))
+    magic, version, length = FRAME_HEADER.unpack_from(message)
+    if magic != ASSIGNMENT_MAGIC:
         raise BadAssignment("bad magic (not a ddplaunch standby assignment)")
-    if version != _VERSION:
+    if version != ASSIGNMENT_VERSION:
         raise BadAssignment("version %d, expected %d (ddplaunch and its Python bootstrap come from "
-                            "different installs)" % (version, _VERSION))
-    if length < 2 or length > _MAX_PAYLOAD:
-        raise BadAssignment("payload length %d outside 2..%d" % (length, _MAX_PAYLOAD))
-    if len(message) - _HEADER.size != length:
-        raise BadAssignment("payload of %d bytes, header says %d" % (len(message) - _HEADER.size, length))
-    if _depth(message[_HEADER.size:]) > 2:
+                            "different installs)" % (version, ASSIGNMENT_VERSION))
+    if length < 2 or length > MAX_ASSIGNMENT_PAYLOAD:
+        raise BadAssignment("payload length %d outside 2..%d" % (length, MAX_ASSIGNMENT_PAYLOAD))
+    if len(message) - header != length:
+        raise BadAssignment("payload of %d bytes, header says %d" % (len(message) - header, length))
+    if _depth(message[header:], MAX_ASSIGNMENT_DEPTH) > MAX_ASSIGNMENT_DEPTH:
         raise BadAssignment("the payload is nested deeper than an object of objects")
     try:
-        doc = json.loads(message[_HEADER.size:].decode("utf-8"))
+        doc = json.loads(message[header:].decode("utf-8"))
     except (ValueError, RecursionError) as e:
         raise BadAssignment("the payload is not JSON: %s" % e)
     if not isinstance(doc, dict):
@@ -106,14 +113,19 @@ def decode(message):
     return env, cwd
 
 
-def send_frame(fd, message):
-    """Writes one frame of the worker channel (agent/worker_channel.h) to `fd`: the 12-byte
-    header ("DDPW", version 1, the length; the shape of the assignment's) and `message` as JSON.
-    Raises OSError."""
+def encode_frame(message):
+    """One frame of the worker channel (contracts/worker_channel.h): the 12-byte header ("DDPW",
+    version 1, the length) and `message` as compact JSON with its keys sorted, the bytes the
+    worker SDK's encoder writes for the same message."""
     import json
 
-    payload = json.dumps(message, separators=(",", ":")).encode()
-    os.write(fd, _HEADER.pack(b"DDPW", 1, len(payload)) + payload)
+    payload = json.dumps(message, separators=(",", ":"), sort_keys=True).encode()
+    return FRAME_HEADER.pack(WORKER_MAGIC, WORKER_VERSION, len(payload)) + payload
+
+
+def send_frame(fd, message):
+    """Writes encode_frame(message) to `fd`. Raises OSError."""
+    os.write(fd, encode_frame(message))
 
 
 def _say_ready(fd):
@@ -159,24 +171,25 @@ def receive(fd, keep_open=False):
         if sock.type != socket.SOCK_STREAM or sock.family != socket.AF_UNIX:
             raise BadAssignment("descriptor %d is not a Unix stream socket" % fd)
         data = b""
-        while len(data) < _HEADER.size:
+        while len(data) < FRAME_HEADER.size:
             try:
-                chunk, got, _, _ = socket.recv_fds(sock, _HEADER.size - len(data), 4)
+                chunk, got, _, _ = socket.recv_fds(sock, FRAME_HEADER.size - len(data), 4)
             except ConnectionResetError:
                 # The agent closed its end without reading our standby_ready frame: a reset
                 # where an end of file would be.
                 if not data and not fds:
                     raise NoAssignment()
-                raise BadAssignment("the socket was reset after %d of %d header bytes" % (len(data), _HEADER.size))
+                raise BadAssignment("the socket was reset after %d of %d header bytes" %
+                                    (len(data), FRAME_HEADER.size))
             fds.extend(got)
             if not chunk:
                 if not data and not fds:
                     raise NoAssignment()
-                raise BadAssignment("short header: %d of %d bytes" % (len(data), _HEADER.size))
+                raise BadAssignment("short header: %d of %d bytes" % (len(data), FRAME_HEADER.size))
             data += chunk
-        _, _, length = _HEADER.unpack(data)
-        if length > _MAX_PAYLOAD:
-            raise BadAssignment("payload length %d over the limit of %d" % (length, _MAX_PAYLOAD))
+        _, _, length = FRAME_HEADER.unpack(data)
+        if length > MAX_ASSIGNMENT_PAYLOAD:
+            raise BadAssignment("payload length %d over the limit of %d" % (length, MAX_ASSIGNMENT_PAYLOAD))
         parts = [data]
         left = length
         while left > 0:

@@ -18,11 +18,14 @@
 
 #include <nlohmann/json.hpp>
 
-#include "rendezvous/json_depth.h"  // json_depth
-#include "rendezvous/resume.h"      // ResumeRequest
+#include "contracts/json_depth.h"
+#include "rendezvous/resume.h"  // ResumeRequest
 #include "rendezvous/types.h"
 
 namespace ddp::rdzv {
+
+// The nesting check before any parse, shared with the agent-worker messages.
+using contracts::json_depth;
 
 // Bumped on every incompatible change of a message; the first message of a connection names it.
 // Version 2: the server speaks first (challenge) and hello/status carry an HMAC proof.

@@ -25,12 +25,19 @@ import struct
 
 __all__ = ["step", "phase", "checkpoint", "done", "enabled", "abandoned", "InMemoryRestart"]
 
+# The slot's layout: contracts/progress_slot.h in the ddplaunch sources (the Python side's one
+# copy; tests/contracts/test_fixtures.py holds it to contracts/fixtures/progress_slot.bin).
 _SLOT_SIZE = 64
+_BEATS_OFFSET = 0
+_STEP_OFFSET = 8
+_CHECKPOINT_OFFSET = 16
 _PHASE_OFFSET = 24
 _PHASE_SIZE = 32
 _ABANDONED_OFFSET = 56
+_DONE_BEATS = 0xFFFFFFFFFFFFFFFF  # the worker finished its steps: not watched
+_BEATS_WORD, _STEP_WORD, _CHECKPOINT_WORD = _BEATS_OFFSET // 8, _STEP_OFFSET // 8, _CHECKPOINT_OFFSET // 8
 
-_words = None   # memoryview of the slot as 3 unsigned 64-bit words: beats, step, checkpoint
+_words = None   # memoryview of the slot's beats, step and checkpoint as unsigned 64-bit words
 _bytes = None   # memoryview of the slot's bytes
 _beats = 0
 _step = 0
@@ -58,7 +65,7 @@ def _open():
         os.close(fd)
     view = memoryview(region)[slot * _SLOT_SIZE:(slot + 1) * _SLOT_SIZE]
     _bytes = view
-    _words = view[:24].cast("Q")
+    _words = view[:_PHASE_OFFSET].cast("Q")
 
 
 _open()
@@ -79,9 +86,9 @@ def step(n=None):
         _step += 1
     else:
         _step = int(n) & 0xFFFFFFFFFFFFFFFF  # stored unsigned; never an error in a training loop
-    words[1] = _step
+    words[_STEP_WORD] = _step
     _beats += 1
-    words[0] = _beats  # last: the agent sees the step with the beat
+    words[_BEATS_WORD] = _beats  # last: the agent sees the step with the beat
 
 
 def abandoned():
@@ -98,14 +105,14 @@ def done():
     destroy_process_group, interpreter exit) may take any time without being taken for a hang.
     A later step() resumes watching. Called at exit too."""
     if _words is not None:
-        _words[0] = 0xFFFFFFFFFFFFFFFF
+        _words[_BEATS_WORD] = _DONE_BEATS
 
 
 def checkpoint(n=None):
     """Reports a saved checkpoint of step `n` (default: the last step reported)."""
     if _words is None:
         return
-    _words[2] = (_step if n is None else int(n)) & 0xFFFFFFFFFFFFFFFF
+    _words[_CHECKPOINT_WORD] = (_step if n is None else int(n)) & 0xFFFFFFFFFFFFFFFF
 
 
 def _set_phase(name):

@@ -1,5 +1,5 @@
 """A fake worker SDK program for the in-memory restart tests (test_in_memory_restart.py): it
-speaks the worker channel (agent/worker_channel.h) without torch. Run by ddplaunch --no_python.
+speaks the worker channel (contracts/worker_channel.h) without torch. Run by ddplaunch --no_python.
 
 Each time it starts work (cold, or from an assignment) it appends a record to
 $OUT_DIR/records.jsonl: pid, RANK, TORCHELASTIC_RESTART_COUNT, DDPLAUNCH_WORKER_FD, how it

@@ -2,6 +2,11 @@
 // agent/file_timer.h): pure parts, the clock given to every call.
 #include <doctest/doctest.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <variant>
 
@@ -19,6 +24,25 @@ ProgressSample beat(uint64_t beats, int64_t step, std::string phase = "", int64_
   s.phase = std::move(phase);
   s.checkpoint_step = checkpoint;
   return s;
+}
+
+// The golden slot of contracts/fixtures/ (README.md there): beats 7, step 1234, checkpoint 1200,
+// phase "forward/backward", abandoned.
+std::string golden_slot() {
+  std::ifstream in(std::string(DDP_CONTRACTS_FIXTURES) + "/progress_slot.bin", std::ios::binary);
+  REQUIRE(in.good());
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// Slot `slot` of `board`, read through the path a worker opens.
+std::string slot_bytes(const ProgressBoard& board, int slot) {
+  const int fd = ::open(board.path().c_str(), O_RDONLY | O_CLOEXEC);
+  REQUIRE(fd >= 0);
+  std::string out(ProgressBoard::kSlotSize, '\0');
+  const auto n = ::pread(fd, out.data(), out.size(), static_cast<off_t>(ProgressBoard::kSlotSize) * slot);
+  ::close(fd);
+  REQUIRE(n == static_cast<ssize_t>(out.size()));
+  return out;
 }
 
 HangPolicy fixed(double seconds) {
@@ -43,6 +67,28 @@ TEST_SUITE("progress heartbeats decide when a rank hangs") {
     board.reset();
     CHECK(board.read(2).beats == 0);
     CHECK(board.read(2).checkpoint_step == -1);
+  }
+
+  TEST_CASE("the board reads the golden slot a worker wrote, and writes the same bytes") {
+    const std::string golden = golden_slot();
+    REQUIRE(golden.size() == ProgressBoard::kSlotSize);
+    ProgressBoard board(2);
+    const int fd = ::open(board.path().c_str(), O_RDWR | O_CLOEXEC);
+    REQUIRE(fd >= 0);
+    REQUIRE(::pwrite(fd, golden.data(), golden.size(), static_cast<off_t>(ProgressBoard::kSlotSize)) ==
+            static_cast<ssize_t>(golden.size()));
+    ::close(fd);
+    const auto s = board.read(1);
+    CHECK(s.beats == 7);
+    CHECK(s.step == 1234);
+    CHECK(s.checkpoint_step == 1200);
+    CHECK(s.phase == "forward/backward");
+    CHECK(board.abandoned(1));
+
+    board.reset();
+    board.write(1, beat(7, 1234, "forward/backward", 1200));
+    board.abandon_slot(1);
+    CHECK(slot_bytes(board, 1) == golden);
   }
 
   TEST_CASE("an abandoned round is seen in every slot, survives the workers' writes, and ends with the round") {
@@ -122,7 +168,7 @@ TEST_SUITE("progress heartbeats decide when a rank hangs") {
     HangMonitor m(fixed(5), 1);
     m.reset(0);
     m.observe(0, beat(3, 3), 1);
-    m.observe(0, beat(kDoneBeats, 3), 2);
+    m.observe(0, beat(ddp::contracts::kDoneBeats, 3), 2);
     CHECK(m.check(100).empty());
     CHECK(m.best_step() == 3);
     m.observe(0, beat(4, 4), 200);

@@ -1,4 +1,4 @@
-"""In-memory restart of Python programs (issue 13; python/ddplaunch/restart.py, docs/agent.md
+"""In-memory restart of Python programs (python/ddplaunch/restart.py, docs/agent.md
 "In-memory restart").
 
 Two halves:
@@ -91,7 +91,7 @@ WORKER = textwrap.dedent("""
 
 
 def read_frame(sock):
-    """One worker-channel frame (agent/worker_channel.h) from `sock`: its JSON object."""
+    """One worker-channel frame (contracts/worker_channel.h) from `sock`: its JSON object."""
     def exactly(n, where):
         data = b""
         while len(data) < n:

@@ -79,7 +79,7 @@ def cmdline(pid):
 
 
 class AssignmentDecoder(unittest.TestCase):
-    """python/ddplaunch_standby.py decode(): the same rules as agent/standby.cpp's decoder."""
+    """python/ddplaunch_standby.py decode(): the same rules as contracts/standby_assignment.cpp's decoder."""
 
     def bad(self, data, words):
         with self.assertRaises(ddplaunch_standby.BadAssignment) as cm:

@@ -35,6 +35,10 @@ class PackageTest(unittest.TestCase):
             self.assertIn("include/ddp/worker_sdk.h", installed)
             self.assertTrue(any(p.endswith("cmake/ddplaunch/ddplaunchConfig.cmake") for p in installed))
             self.assertFalse(any("bin/" in p for p in installed), installed)
+            # The contracts with the agent (contracts/) are compiled into the library: no header of
+            # theirs, or of any other folder of ddplaunch, is installed beside the SDK's own.
+            self.assertEqual([p for p in installed if p.startswith("include/") and not p.startswith("include/ddp/")],
+                             [])
             build = os.path.join(d, "build")
             self.run_step(["cmake", "-S", os.path.join(SOURCE, "tests", "worker_sdk", "consumer"),
                            "-B", build, "-G", "Ninja", "-DCMAKE_PREFIX_PATH=" + prefix])

@@ -10,14 +10,16 @@
 #include <cstring>
 #include <string>
 
+#include "contracts/progress_slot.h"
 #include "standby.h"
 
 namespace ddp {
 
 namespace {
-constexpr std::size_t kSlotSize = 64;
-constexpr std::size_t kPhaseOffset = 24;
-constexpr std::size_t kPhaseSize = 32;  // offset 56: the agent's `abandoned` word
+using contracts::kPhaseOffset;
+using contracts::kPhaseSize;
+using contracts::kSlotSize;
+using contracts::word;
 }  // namespace
 
 Progress& Progress::instance() {
@@ -46,7 +48,25 @@ Progress::Progress() {
   ::close(fd);
   if (p == MAP_FAILED) return;
   slot_ = reinterpret_cast<std::atomic<uint64_t>*>(static_cast<unsigned char*>(p) + static_cast<std::size_t>(slot) * kSlotSize);
-  beats_ = slot_[0].load(std::memory_order_relaxed);
+  beats_ = slot_[word(contracts::kBeatsOffset)].load(std::memory_order_relaxed);
+}
+
+void Progress::step(int64_t step) noexcept {
+  if (!slot_) return;
+  slot_[word(contracts::kStepOffset)].store(static_cast<uint64_t>(step), std::memory_order_relaxed);
+  slot_[word(contracts::kBeatsOffset)].store(++beats_, std::memory_order_release);
+}
+
+void Progress::done() noexcept {
+  if (slot_) slot_[word(contracts::kBeatsOffset)].store(contracts::kDoneBeats, std::memory_order_release);
+}
+
+void Progress::checkpoint(int64_t step) noexcept {
+  if (slot_) slot_[word(contracts::kCheckpointOffset)].store(static_cast<uint64_t>(step), std::memory_order_release);
+}
+
+bool Progress::round_abandoned() const noexcept {
+  return slot_ != nullptr && slot_[word(contracts::kAbandonedOffset)].load(std::memory_order_acquire) != 0;
 }
 
 void Progress::set_phase(const char* name) noexcept {

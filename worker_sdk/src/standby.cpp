@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "agent/standby.h"
-#include "agent/worker_channel.h"
+#include "contracts/standby_assignment.h"
+#include "contracts/worker_channel.h"
 
 // The mark ddplaunch looks for before it starts a program as a standby (launcher/program.h,
 // has_standby_mark): an ELF section that exists only in programs that link this file, that is,
@@ -71,7 +71,7 @@ int socket_from(const char* variable, const char* text, std::string& error) {
 // that come with its first byte. EOF before the first byte: the agent is stopping, exit 0.
 std::string receive(int fd, std::vector<int>& fds) {
   std::string message;
-  std::size_t want = agent::kStandbyHeaderSize;
+  std::size_t want = contracts::kStandbyHeaderSize;
   char buffer[65536];
   while (message.size() < want) {
     iovec iov{buffer, std::min(sizeof buffer, want - message.size())};
@@ -101,10 +101,10 @@ std::string receive(int fd, std::vector<int>& fds) {
       give_up("the socket closed after " + std::to_string(message.size()) + " bytes of the assignment");
     }
     message.append(buffer, static_cast<std::size_t>(n));
-    if (want == agent::kStandbyHeaderSize && message.size() >= want) {
+    if (want == contracts::kStandbyHeaderSize && message.size() >= want) {
       // The length the header announces, bounded before anything more is read.
-      const auto length = agent::announced_length(message);
-      if (!length || *length > agent::kMaxStandbyPayload) break;  // decode_assignment says why
+      const auto length = contracts::announced_length(message);
+      if (!length || *length > contracts::kMaxStandbyPayload) break;  // decode_assignment says why
       want += *length;
     }
   }
@@ -117,7 +117,7 @@ void take_from(int fd) {
   std::vector<int> fds;
   const std::string message = receive(fd, fds);
   std::string error;
-  const auto assignment = agent::decode_assignment(message, error);
+  const auto assignment = contracts::decode_assignment(message, error);
   if (!assignment) give_up("bad assignment: " + error);
   if (fds.size() != 2) give_up("the assignment came with " + std::to_string(fds.size()) + " descriptors, not stdout and stderr");
   if (::chdir(assignment->cwd.c_str()) != 0) {
@@ -134,7 +134,7 @@ void take_from(int fd) {
   for (int passed : fds) {
     if (passed > STDERR_FILENO) ::close(passed);
   }
-  const auto channel = assignment->env.find(agent::kWorkerFdVariable);
+  const auto channel = assignment->env.find(contracts::kWorkerFdVariable);
   if (channel == assignment->env.end() || channel->second != std::to_string(fd)) ::close(fd);
   ::clearenv();
   for (const auto& [name, value] : assignment->env) ::setenv(name.c_str(), value.c_str(), 1);
@@ -153,14 +153,14 @@ bool send_all(int fd, const std::string& frame) {
 }
 
 void take() {
-  const char* variable = std::getenv(agent::kStandbyFdVariable);
+  const char* variable = std::getenv(contracts::kStandbyFdVariable);
   if (variable == nullptr) return;
   std::string error;
-  const int fd = socket_from(agent::kStandbyFdVariable, variable, error);
+  const int fd = socket_from(contracts::kStandbyFdVariable, variable, error);
   if (fd < 0) give_up(error);
-  // Loaded: the agent may join now (agent/worker_channel.h). An agent that has gone shows in
+  // Loaded: the agent may join now (contracts/worker_channel.h). An agent that has gone shows in
   // take_from.
-  send_all(fd, agent::encode_worker_message(agent::WorkerMessage::make_standby_ready()));
+  send_all(fd, contracts::encode_worker_message(contracts::WorkerMessage::make_standby_ready()));
   take_from(fd);
 }
 
@@ -173,10 +173,10 @@ void take_standby_assignment() {
 
 int worker_channel() {
   take_standby_assignment();  // a standby's channel is named by its assignment
-  const char* variable = std::getenv(agent::kWorkerFdVariable);
+  const char* variable = std::getenv(contracts::kWorkerFdVariable);
   if (variable == nullptr) return -1;
   std::string error;
-  const int fd = socket_from(agent::kWorkerFdVariable, variable, error);
+  const int fd = socket_from(contracts::kWorkerFdVariable, variable, error);
   if (fd < 0) {
     static std::once_flag said;
     std::call_once(said, [&] {
@@ -188,7 +188,7 @@ int worker_channel() {
 
 bool tell_restartable(bool value) {
   const int fd = worker_channel();
-  return fd >= 0 && send_all(fd, agent::encode_worker_message(agent::WorkerMessage::make_restartable(value)));
+  return fd >= 0 && send_all(fd, contracts::encode_worker_message(contracts::WorkerMessage::make_restartable(value)));
 }
 
 namespace {
@@ -200,7 +200,7 @@ bool parking_allowed() { return g_parking_allowed.load(std::memory_order_relaxed
 
 void park(int64_t step) {
   const int fd = worker_channel();
-  if (!send_all(fd, agent::encode_worker_message(agent::WorkerMessage::make_parked(step)))) {
+  if (!send_all(fd, contracts::encode_worker_message(contracts::WorkerMessage::make_parked(step)))) {
     leave_at_agents_end(std::string("telling the agent it parked failed (") + std::strerror(errno) + ")");  // agent gone
   }
   // The Trainer defers SIGTERM to the end of a step; a parked worker has none to finish.

@@ -1,13 +1,13 @@
-// Standby workers for SDK programs (issue 13; docs/agent.md, "Standby workers"). With
+// Standby workers for SDK programs (docs/agent.md, "Standby workers"). With
 // `--standby=on`, ddplaunch starts a program that links this SDK before the round it will serve
 // exists, with DDPLAUNCH_STANDBY_FD naming one end of a Unix socket. The program loads (libtorch,
 // its own start-up) and runs until it first reads the worker environment; there, the SDK waits
-// for the agent's assignment (agent/standby.h: the whole environment, the working directory, and
+// for the agent's assignment (contracts/standby_assignment.h: the whole environment, the working directory, and
 // stdout/stderr as descriptors), applies it, and goes on as a freshly started worker would.
 // Private to the SDK: WorkerEnv::from_environment() and Progress call it.
 //
 // The same socket, or a fresh one for a worker that started cold, stays the worker's channel to
-// its agent when in-memory restart is on (DDPLAUNCH_WORKER_FD; agent/worker_channel.h): the
+// its agent when in-memory restart is on (DDPLAUNCH_WORKER_FD; contracts/worker_channel.h): the
 // Trainer says there whether it can restart in memory, parks on it after an abandoned round, and
 // takes the next round's assignment from it.
 #pragma once

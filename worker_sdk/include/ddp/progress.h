@@ -1,9 +1,9 @@
-// Progress heartbeats to the ddplaunch agent (issue 12): each completed step, the last saved
-// checkpoint and the current phase go into this worker's slot of a shared-memory page the agent
-// reads (DDPLAUNCH_PROGRESS_FILE, DDPLAUNCH_PROGRESS_SLOT). A step is two atomic stores: no
-// system call, no lock. Without the variables (another launcher, a debugging run) every call
-// does nothing. The layout is documented in docs/worker-sdk.md ("Progress") and shared with
-// agent/progress.h and python/ddplaunch.
+// Progress heartbeats to the ddplaunch agent: each completed step, the last saved checkpoint and
+// the current phase go into this worker's slot of a shared-memory page the agent reads
+// (DDPLAUNCH_PROGRESS_FILE, DDPLAUNCH_PROGRESS_SLOT). A step is two atomic stores: no system
+// call, no lock. Without the variables (another launcher, a debugging run) every call does
+// nothing. The slot's layout is the agent's contract with its workers (contracts/progress_slot.h
+// in the ddplaunch sources, compiled into the SDK; docs/worker-sdk.md, "Progress").
 //
 // One per process (Progress::instance()), opened on first use, alive until exit. step() and
 // checkpoint() may be called from any one thread at a time; the agent only reads.
@@ -21,25 +21,15 @@ class Progress {
 
   bool enabled() const { return slot_ != nullptr; }
   // A step completed; `step` is its number.
-  void step(int64_t step) noexcept {
-    if (!slot_) return;
-    slot_[1].store(static_cast<uint64_t>(step), std::memory_order_relaxed);
-    slot_[0].store(++beats_, std::memory_order_release);
-  }
+  void step(int64_t step) noexcept;
   // The steps are over (the Trainer calls it when fit() leaves its loop): teardown, a final
   // checkpoint or evaluation are not taken for a hang. A later step() resumes watching.
-  void done() noexcept {
-    if (slot_) slot_[0].store(~uint64_t{0}, std::memory_order_release);
-  }
+  void done() noexcept;
   // A checkpoint of `step` was saved.
-  void checkpoint(int64_t step) noexcept {
-    if (slot_) slot_[2].store(static_cast<uint64_t>(step), std::memory_order_release);
-  }
+  void checkpoint(int64_t step) noexcept;
   // The agent abandoned this round (a peer failed): a collective that waits for the peers will
   // not complete, so a stop must not wait for the step to finish (PendingWork::wait).
-  bool round_abandoned() const noexcept {
-    return slot_ != nullptr && slot_[7].load(std::memory_order_acquire) != 0;
-  }
+  bool round_abandoned() const noexcept;
   // What the worker does now ("forward/backward", "checkpoint"); at most 31 characters are kept.
   // REQUIRES: `name` is a NUL-terminated string.
   void set_phase(const char* name) noexcept;
@@ -47,7 +37,7 @@ class Progress {
 
  private:
   Progress();
-  std::atomic<uint64_t>* slot_ = nullptr;  // beats, step, checkpoint, phase bytes, abandoned
+  std::atomic<uint64_t>* slot_ = nullptr;  // the slot as 64-bit words
   uint64_t beats_ = 0;
 };
 

@@ -1,12 +1,13 @@
 // How deeply a JSON text nests, counted without parsing it: the check every reader of untrusted
-// JSON runs before nlohmann::json::parse, which recurses. Header-only and dependency-free, so
-// that the worker SDK can check the agent's standby assignment with the same rule
-// (agent/standby.cpp is compiled into it).
+// JSON runs before nlohmann::json::parse, which recurses. Header-only and dependency-free: the
+// rendezvous's codecs use it with their own limits, and so do the agent-worker messages
+// (kMaxAssignmentDepth, kMaxWorkerDepth), whose Python readers run the same count (_depth in
+// python/ddplaunch_standby.py).
 #pragma once
 
 #include <string_view>
 
-namespace ddp::rdzv {
+namespace ddp::contracts {
 
 // The largest nesting depth of arrays/objects in `text` (strings skipped); stops counting past
 // `limit` + 1. Runs in constant memory, so it is safe on any input.
@@ -36,4 +37,4 @@ inline int json_depth(std::string_view text, int limit) {
   return deepest;
 }
 
-}  // namespace ddp::rdzv
+}  // namespace ddp::contracts

@@ -1,13 +1,13 @@
-#include "agent/worker_channel.h"
+#include "contracts/worker_channel.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 #include <nlohmann/json.hpp>
 
-#include "agent/frame_header.h"
-#include "rendezvous/json_depth.h"
+#include "contracts/json_depth.h"
 
-namespace ddp::agent {
+namespace ddp::contracts {
 
 namespace {
 
@@ -28,12 +28,12 @@ std::string encode_worker_message(const WorkerMessage& m) {
     doc = {{"type", "parked"}, {"step", m.step}};
   }
   const std::string payload = doc.dump();
-  std::string out = frame_header("DDPW", kWorkerChannelVersion, static_cast<std::uint32_t>(payload.size()));
+  std::string out = frame_header(kWorkerMagic, kWorkerChannelVersion, static_cast<std::uint32_t>(payload.size()));
   return out + payload;
 }
 
 bool decode_worker_payload(std::string_view payload, WorkerMessage& out, std::string& error) {
-  if (rdzv::json_depth(payload, 1) > 1) {
+  if (json_depth(payload, kMaxWorkerDepth) > kMaxWorkerDepth) {
     error = "the payload is nested deeper than one object";
     return false;
   }
@@ -119,7 +119,7 @@ bool WorkerChannelDecoder::feed(std::string_view bytes, std::vector<WorkerMessag
     bytes.remove_prefix(take);
     if (buffer_.size() < kWorkerHeaderSize) break;
     if (buffer_.size() == kWorkerHeaderSize) {
-      if (buffer_.compare(0, 4, "DDPW") != 0) return fail("bad magic (not a ddplaunch worker channel frame)");
+      if (buffer_.compare(0, 4, kWorkerMagic) != 0) return fail("bad magic (not a ddplaunch worker channel frame)");
       if (const std::uint32_t version = get_u32_le(buffer_, 4); version != kWorkerChannelVersion) {
         return fail("version " + std::to_string(version) + ", expected " + std::to_string(kWorkerChannelVersion) +
                     " (the worker SDK and ddplaunch come from different installs)");
@@ -140,4 +140,4 @@ bool WorkerChannelDecoder::feed(std::string_view bytes, std::vector<WorkerMessag
   return true;
 }
 
-}  // namespace ddp::agent
+}  // namespace ddp::contracts

@@ -1,4 +1,4 @@
-// The worker channel (agent/worker_channel.h): its frames, with hostile inputs, fed to the
+// The worker channel (contracts/worker_channel.h): its frames, with hostile inputs, fed to the
 // incremental decoder whole, together and byte by byte.
 #include <doctest/doctest.h>
 
@@ -6,11 +6,10 @@
 #include <string>
 #include <vector>
 
-#include "agent/worker_channel.h"
+#include "contracts/frame_header.h"
+#include "contracts/worker_channel.h"
 
-#include "agent/frame_header.h"
-
-using namespace ddp::agent;
+using namespace ddp::contracts;
 
 namespace {
 

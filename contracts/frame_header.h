@@ -1,7 +1,8 @@
-// The header the agent's socket messages to and from its workers share (the standby assignment,
-// agent/standby.h; the worker channel, agent/worker_channel.h): a 4-byte magic, then a version
-// and the payload's length, each an unsigned 32-bit little-endian number. Header-only: the worker
-// SDK compiles the codecs too.
+// The header of every socket message between the agent and its workers (the standby assignment,
+// contracts/standby_assignment.h; the worker channel, contracts/worker_channel.h): a 4-byte
+// magic, then a version and the payload's length, each an unsigned 32-bit little-endian number.
+// Header-only, pure functions. The Python side's copy is FRAME_HEADER in
+// python/ddplaunch_standby.py; contracts/fixtures/ holds frames both sides are tested against.
 #pragma once
 
 #include <cstddef>
@@ -9,7 +10,10 @@
 #include <string>
 #include <string_view>
 
-namespace ddp::agent {
+namespace ddp::contracts {
+
+// Magic (4 bytes), version, length.
+constexpr std::size_t kFrameHeaderSize = 12;
 
 inline void put_u32_le(std::string& out, std::uint32_t v) {
   for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
@@ -22,7 +26,7 @@ inline std::uint32_t get_u32_le(std::string_view in, std::size_t at) {
   return v;
 }
 
-// `magic` (4 bytes), `version`, `length`: 12 bytes.
+// REQUIRES: magic.size() == 4.
 inline std::string frame_header(std::string_view magic, std::uint32_t version, std::uint32_t length) {
   std::string out(magic.substr(0, 4));
   put_u32_le(out, version);
@@ -30,4 +34,4 @@ inline std::string frame_header(std::string_view magic, std::uint32_t version, s
   return out;
 }
 
-}  // namespace ddp::agent
+}  // namespace ddp::contracts

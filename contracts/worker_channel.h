@@ -1,14 +1,14 @@
-// In-memory restart (issue 13, part 2): the channel between a worker and its agent.
+// The worker channel: the socket between a worker and its agent (in-memory restart, standbys).
 //
 // With in-memory restart on, every worker has a SOCK_STREAM Unix socket to its agent, its
 // descriptor number in DDPLAUNCH_WORKER_FD (a cold-started worker gets a fresh one; a worker made
 // from a standby keeps the standby's socket). The agent keeps its end for the worker's whole life,
 // across rounds, and sends on it the next round's assignment to a parked worker (the standby
-// assignment of agent/standby.h, unchanged). The worker sends these frames:
+// assignment of contracts/standby_assignment.h, unchanged). The worker sends these frames:
 //   bytes 0-3   magic "DDPW"
 //   bytes 4-7   version, unsigned 32-bit little endian (kWorkerChannelVersion)
 //   bytes 8-11  payload length N, unsigned 32-bit little endian, 2 <= N <= kMaxWorkerPayload
-//   N bytes     a JSON object, exactly one of
+//   N bytes     a JSON object (one level deep: kMaxWorkerDepth), exactly one of
 //                 {"type": "restartable", "value": true|false}
 //                     true: at a restart, do not stop this worker, it will park; false: stop it
 //                     as any worker (the SDK says true when Trainer::fit starts, false when it ends)
@@ -22,10 +22,12 @@
 //                     agent that starts defers its join until its standbys said it (docs/agent.md,
 //                     "Standby workers"); on a worker's channel it means nothing
 // Anything else is an error: the agent closes the channel, treats the worker as not restartable,
-// and says so (docs/agent.md, "In-memory restart: the worker channel").
+// and says so (docs/agent.md, "In-memory restart: the worker channel"). The encoder writes the
+// keys in sorted order, compact; the Python writer (python/ddplaunch_standby.py, encode_frame)
+// writes the same bytes, which contracts/fixtures/worker_*.bin hold.
 //
-// Pure functions and a socket-free incremental decoder (no Boost): compiled into the agent and
-// into the worker SDK. Not thread-safe; one decoder per channel.
+// Pure functions and a socket-free incremental decoder (no Boost): the agent reads with it, the
+// worker SDK writes with it. Not thread-safe; one decoder per channel.
 #pragma once
 
 #include <cstddef>
@@ -34,11 +36,16 @@
 #include <string_view>
 #include <vector>
 
-namespace ddp::agent {
+#include "contracts/frame_header.h"
 
+namespace ddp::contracts {
+
+constexpr std::string_view kWorkerMagic = "DDPW";
 constexpr std::uint32_t kWorkerChannelVersion = 1;
-constexpr std::size_t kWorkerHeaderSize = 12;
+constexpr std::size_t kWorkerHeaderSize = kFrameHeaderSize;
 constexpr std::size_t kMaxWorkerPayload = 4096;
+// A flat object.
+constexpr int kMaxWorkerDepth = 1;
 // The variable that names the worker's end of its channel (a decimal descriptor number).
 constexpr const char* kWorkerFdVariable = "DDPLAUNCH_WORKER_FD";
 // The largest step a parked message may carry (exclusive): 2^53, where a JSON number stops
@@ -86,4 +93,4 @@ class WorkerChannelDecoder {
 // Decodes one payload (the JSON object of a frame); false with `error` saying what was wrong.
 bool decode_worker_payload(std::string_view payload, WorkerMessage& out, std::string& error);
 
-}  // namespace ddp::agent
+}  // namespace ddp::contracts

@@ -1,0 +1,47 @@
+// The progress slot: one 64-byte slot per local rank of a shared-memory page (a memfd) the agent
+// creates (agent/progress.h, ProgressBoard) and names to each worker (DDPLAUNCH_PROGRESS_FILE,
+// DDPLAUNCH_PROGRESS_SLOT). The worker writes its slot without a system call per step (the worker
+// SDK, worker_sdk/src/progress.cpp; the Python helper, python/ddplaunch/__init__.py, whose
+// _SLOT_SIZE and offsets are this file's); the agent samples it. Native byte order (the agent and
+// its workers share one machine; the fixture is little-endian, as every machine ddplaunch runs on):
+//   offset  0: uint64 beats            incremented by every step() (the heartbeat); all ones
+//                                      (kDoneBeats): the worker finished its steps, do not watch
+//   offset  8: int64  step             the last step the worker reported
+//   offset 16: int64  checkpoint_step  the last checkpoint it reported saving, -1 = none
+//   offset 24: char   phase[32]        what it is doing (NUL-terminated; may be torn)
+//   offset 56: uint64 abandoned        written by the agent, read by the worker: nonzero = the
+//                                      round is lost (a peer failed); do not finish the step,
+//                                      exit at once on SIGTERM, or park
+// The 64-bit fields are aligned words, stored and loaded as atomics. contracts/fixtures/
+// progress_slot.bin is one slot both the C++ and the Python tests read and write.
+// Constants only.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace ddp::contracts {
+
+constexpr std::size_t kSlotSize = 64;
+constexpr std::size_t kBeatsOffset = 0;
+constexpr std::size_t kStepOffset = 8;
+constexpr std::size_t kCheckpointOffset = 16;
+constexpr std::size_t kPhaseOffset = 24;
+constexpr std::size_t kPhaseSize = 32;  // the phase's bytes, its NUL included
+constexpr std::size_t kAbandonedOffset = 56;
+
+// The word index of a 64-bit field, for a writer that sees the slot as an array of words.
+constexpr std::size_t word(std::size_t offset) { return offset / 8; }
+
+// `beats` of a worker that said it is done with its steps (teardown, a final evaluation may
+// follow, for however long): it is no longer watched until it beats again.
+constexpr std::uint64_t kDoneBeats = ~std::uint64_t{0};
+
+static_assert(kPhaseOffset == kCheckpointOffset + 8 && kAbandonedOffset == kPhaseOffset + kPhaseSize &&
+                  kAbandonedOffset + 8 == kSlotSize,
+              "the slot's fields follow each other without a gap");
+static_assert(kBeatsOffset % 8 == 0 && kStepOffset % 8 == 0 && kCheckpointOffset % 8 == 0 &&
+                  kAbandonedOffset % 8 == 0,
+              "the 64-bit fields are aligned words");
+
+}  // namespace ddp::contracts
