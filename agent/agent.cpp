@@ -1313,7 +1313,7 @@ struct Agent::Impl {
     return true;
   }
 
-  // ---- in-memory restart: what workers say on their channel (agent/worker_channel.h) -------
+  // ---- in-memory restart: what workers say on their channel (contracts/worker_channel.h) ---
 
   Worker* live_worker(int pid) {
     auto it = std::find_if(workers.begin(), workers.end(), [pid](const Worker& w) { return w.alive && w.pid == pid; });

@@ -61,14 +61,14 @@ struct AgentOptions {
   // --hang_timeout (agent/progress.h): a rank whose heartbeats stop for longer is a failure.
   // Default off.
   HangPolicy hang;
-  // Issue 13: keep one standby process per local rank for the next round (agent/standby.h). For
+  // Keep one standby process per local rank for the next round (agent/standby.h). For
   // a Python command: python_helper_dir/ddplaunch_standby.py under command.python, which imports
   // torch and `preload` and then waits for its assignment. For a no_python command: the program
   // itself, which must wait inside the worker SDK (worker_sdk/src/standby.h). REQUIRES: one of
   // those; the launcher decides (--standby). Default off: every worker starts cold.
   bool standby = false;
   std::vector<std::string> preload;  // --preload: modules a standby imports besides torch
-  // Issue 13, part 2: in-memory restart (agent/worker_channel.h, docs/agent.md). Every worker gets
+  // In-memory restart (contracts/worker_channel.h, docs/agent.md). Every worker gets
   // a channel to the agent (DDPLAUNCH_WORKER_FD); at a restart, a worker that said it is
   // restartable is asked to park (its slot's abandoned word) instead of being stopped, and is sent
   // the next round's assignment on its channel. Default off; the launcher decides
@@ -108,16 +108,16 @@ struct AgentOptions {
   std::string health_check;
   double health_check_interval = 30;  // seconds; > 0
   double health_check_timeout = 60;   // a check still running after this fails (killed)
-  // Issue 17: one line per completed round (generation, this node's ranks, world size,
+  // One line per completed round (generation, this node's ranks, world size,
   // master). Default off; the launcher turns it on wherever nodes wait for each other.
   bool announce_rounds = false;
-  // Issue 17: the sub-directory of log_dir for this run's logs; empty (default) = run_id.
+  // The sub-directory of log_dir for this run's logs; empty (default) = run_id.
   std::string log_subdir;
-  // Issue 15: where the agent's lifecycle events go (round, worker_started, worker_exited with
+  // Where the agent's lifecycle events go (round, worker_started, worker_exited with
   // its cause, restart, job_end): the event log and the metrics. The failure summary is built
   // from the same records. Null (default) = nowhere.
   std::shared_ptr<metrics::EventSink> events;
-  // Issue 15: each sample of a worker's progress slot that has reported (local rank, its last
+  // Each sample of a worker's progress slot that has reported (local rank, its last
   // step, monotonic seconds), at most once a second per worker without --hang_timeout (the
   // agent's metrics: last step, steps per second). Null (default) = none.
   std::function<void(int local_rank, int64_t step, double time)> on_progress;

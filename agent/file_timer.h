@@ -1,4 +1,4 @@
-// torchrun's file-timer watchdog, served by the agent (issue 12): with
+// torchrun's file-timer watchdog, served by the agent: with
 // TORCHELASTIC_ENABLE_FILE_TIMER=1 the agent creates the FIFO named by TORCHELASTIC_TIMER_FILE
 // (or one of its own, exported to the workers) and reads the JSON lines torch's
 // torch.distributed.elastic.timer.FileTimerClient writes to it:

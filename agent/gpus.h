@@ -1,6 +1,6 @@
 // The GPUs CUDA would show, read from the NVIDIA driver's /proc files without loading CUDA:
 // their count, models and the driver version, honouring CUDA_VISIBLE_DEVICES, as the node
-// fingerprint (issue 6) shows them. The GPUs themselves come from agent/devices.h, the probe the
+// fingerprint shows them. The GPUs themselves come from agent/devices.h, the probe the
 // launcher counts --nproc_per_node=gpu with. Pure function of the files; any thread.
 #pragma once
 

@@ -1,4 +1,4 @@
-// The progress line of ddplaunch's waits (issue 17): what a wait waits for and how long is
+// The progress line of ddplaunch's waits: what a wait waits for and how long is
 // left ("job j: 1 of 2 nodes joined; join_timeout in 587 s"). On a terminal it is one line
 // redrawn in place; in a log (stderr is a file or a pipe) it is a line at most every
 // `log_interval` seconds, and at once when the wait changes (its key: counts, phase).

@@ -10,7 +10,7 @@ namespace ddp::launcher {
 namespace {
 
 // An unknown option: the closest valid spellings when it looks like a typo of one; else it may
-// be a PROGRAM whose name starts with '-', and then '--' is the way to say so (issue 17).
+// be a PROGRAM whose name starts with '-', and then '--' is the way to say so.
 [[noreturn]] void refuse_unknown(const std::string& token) {
   const std::string shown = token.substr(0, token.find('='));
   const std::vector<std::string> close =

@@ -52,7 +52,7 @@ FileKind classify_program_file(const std::string& path);
 // (64-bit little endian: Linux on x86-64 and aarch64). False
 // for anything else, a truncated or malformed file included; never throws. The worker SDK
 // marks programs that wait for a standby assignment with the section kStandbyMarkSection
-// (issue 13; worker_sdk/src/standby.cpp).
+// (; worker_sdk/src/standby.cpp).
 constexpr const char* kStandbyMarkSection = ".ddplaunch_standby";
 bool has_elf_section(const std::string& path, const std::string& name);
 

@@ -1,4 +1,4 @@
-// Lifecycle events (issue 15 item 5): one record per thing that happened to a job, shared by the
+// Lifecycle events (item 5): one record per thing that happened to a job, shared by the
 // event log (--event_log=FILE, one JSON line each), the Prometheus metrics and the live view.
 //
 // One place records an event (the agent's Impl, the daemon's StateMachine through its Outbox);

@@ -186,7 +186,7 @@ EnvCheckResult compare_fingerprints(const std::vector<NodeFingerprint>& nodes) {
     values.clear();
     for (std::size_t i = 0; i < n; ++i) {
       const json* leaf = lookup(nodes[i].fingerprint, p);
-      // Absent and null say the same (no torch, no cuDNN): one group, "(none)" (issue 17).
+      // Absent and null say the same (no torch, no cuDNN): one group, "(none)".
       if (leaf == nullptr || leaf->is_null()) { of_node[i] = -1; continue; }
       std::string value = leaf->is_string() ? leaf->get<std::string>() : leaf->dump();
       auto it = std::find(values.begin(), values.end(), value);

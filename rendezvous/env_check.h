@@ -1,4 +1,4 @@
-// Comparing the software fingerprints of a job's nodes (issue 6). Pure functions: no I/O, no
+// Comparing the software fingerprints of a job's nodes. Pure functions: no I/O, no
 // clock, no Boost.Asio; the rendezvous state machine calls them when a round is about to
 // complete and when a node joins a running job. Fingerprints are the JSON objects made by
 // agent/fingerprint.h; which field breaks a job is listed in docs/env-check.md.

@@ -1,5 +1,5 @@
 """In-memory restart for Python DDP programs run by ddplaunch (docs/agent.md, "In-memory restart";
-issue 13): when a peer fails or a node joins, a healthy worker does not exit. It tears down its
+): when a peer fails or a node joins, a healthy worker does not exit. It tears down its
 process group, tells its agent the step it holds, waits for the next round's assignment, joins
 the new process group and goes on with its model and optimizer as they were; a rank that holds
 nothing (a replacement) receives the state from one that does, over the new group, instead of
