@@ -504,6 +504,50 @@ struct Agent::Impl {
     return setup;
   }
 
+  // Where a worker's output goes (--redirects, --tee, --local_ranks_filter), decided per worker.
+  struct OutputPlan {
+    std::string dir;     // the worker's log directory
+    std::string prefix;  // the console prefix of tee'd lines
+    int redirect;        // StdBits that go to a log file
+    int tee;             // StdBits that also reach the console
+    int attempt;         // the restart count, for the filtered files
+    bool shown;          // within --local_ranks_filter
+  };
+
+  // Sets one stream of a worker (kStdOut or kStdErr): its log file, a tee pipe into the file and
+  // the console, /dev/null for a rank outside the filter, or the agent's own (child_fd stays -1).
+  // Descriptors the child gets are added to close_after_spawn.
+  void setup_stream(Worker& w, const OutputPlan& plan, int bit, int& child_fd, std::vector<int>& close_after_spawn) {
+    if (plan.redirect & bit) {
+      std::string path = plan.dir + (bit == kStdOut ? "/stdout.log" : "/stderr.log");
+      (bit == kStdOut ? w.stdout_log : w.stderr_log) = path;
+      const int filtered = (plan.tee & bit) ? filtered_fd(bit == kStdOut ? 0 : 1, plan.attempt) : -1;
+      int file_fd = open_log(path);
+      if (file_fd < 0) throw std::runtime_error("open log file " + path + ": " + std::strerror(errno));
+      if (plan.tee & bit) {
+        int fds[2];
+        if (::pipe2(fds, O_CLOEXEC) != 0) {
+          ::close(file_fd);
+          throw std::runtime_error(std::string("pipe for worker output: ") + std::strerror(errno));
+        }
+        LineSinks sinks;
+        sinks.console_fd = bit == kStdOut ? STDOUT_FILENO : STDERR_FILENO;
+        sinks.prefix = plan.prefix;
+        sinks.filtered_fd = filtered;
+        sinks.filters = bit == kStdOut ? options.duplicate_stdout_filters : options.duplicate_stderr_filters;
+        if (bit == kStdErr) sinks.tail = w.stderr_tail = std::make_shared<LineTail>();
+        w.pipes.push_back(std::make_shared<TeePipe>(io, fds[0], file_fd, files, std::move(sinks)));
+        child_fd = fds[1];
+      } else {
+        child_fd = file_fd;
+      }
+      close_after_spawn.push_back(child_fd);
+    } else if (!plan.shown) {
+      child_fd = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
+      close_after_spawn.push_back(child_fd);
+    }
+  }
+
   void start_worker(const RoundEnv& round, int local_rank, const std::vector<std::string>& argv) {
     Worker w;
     w.local_rank = local_rank;
@@ -537,39 +581,10 @@ struct Agent::Impl {
     const int attempt = round.assignment.restart_count;
 
     StartedAs how = StartedAs::kCold;
-    auto setup_stream = [&](int bit, const char* name, int console_fd, int& child_fd) {
-      if (redirect & bit) {
-        std::string path = dir + "/" + name;
-        (bit == kStdOut ? w.stdout_log : w.stderr_log) = path;
-        const int filtered = (tee & bit) ? filtered_fd(bit == kStdOut ? 0 : 1, attempt) : -1;
-        int file_fd = open_log(path);
-        if (file_fd < 0) throw std::runtime_error("open log file " + path + ": " + std::strerror(errno));
-        if (tee & bit) {
-          int fds[2];
-          if (::pipe2(fds, O_CLOEXEC) != 0) {
-            ::close(file_fd);
-            throw std::runtime_error(std::string("pipe for worker output: ") + std::strerror(errno));
-          }
-          LineSinks sinks;
-          sinks.console_fd = console_fd;
-          sinks.prefix = prefix;
-          sinks.filtered_fd = filtered;
-          sinks.filters = bit == kStdOut ? options.duplicate_stdout_filters : options.duplicate_stderr_filters;
-          if (bit == kStdErr) sinks.tail = w.stderr_tail = std::make_shared<LineTail>();
-          w.pipes.push_back(std::make_shared<TeePipe>(io, fds[0], file_fd, files, std::move(sinks)));
-          child_fd = fds[1];
-        } else {
-          child_fd = file_fd;
-        }
-        close_after_spawn.push_back(child_fd);
-      } else if (!shown) {
-        child_fd = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
-        close_after_spawn.push_back(child_fd);
-      }
-    };
+    const OutputPlan plan{dir, prefix, redirect, tee, attempt, shown};
     try {
-      setup_stream(kStdOut, "stdout.log", STDOUT_FILENO, req.stdout_fd);
-      setup_stream(kStdErr, "stderr.log", STDERR_FILENO, req.stderr_fd);
+      setup_stream(w, plan, kStdOut, req.stdout_fd, close_after_spawn);
+      setup_stream(w, plan, kStdErr, req.stderr_fd, close_after_spawn);
       w.pid = start_process(req, w, how);
     } catch (...) {
       for (int fd : close_after_spawn) ::close(fd);

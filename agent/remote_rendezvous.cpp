@@ -254,7 +254,7 @@ void RemoteRendezvous::set_events(RendezvousEvents events) { events_ = std::move
 
 // One connection attempt to endpoints_[current_], until deadline_ (or a slice of it when there
 // are other endpoints to try).
-void RemoteRendezvous::start_client() {
+rdzv::ClientOptions RemoteRendezvous::client_options() const {
   rdzv::ClientOptions client_options;
   client_options.job_id = options_.job_id;
   client_options.token = options_.token;
@@ -267,6 +267,11 @@ void RemoteRendezvous::start_client() {
   // its successor as soon as one is elected, so the agent goes back to them instead of knocking
   // on the dead leader for the rest of its slice.
   client_options.give_up_when_refused = redirected_;
+  return client_options;
+}
+
+// What the client tells this handler, turned into the agent's events and the progress line.
+rdzv::ClientEvents RemoteRendezvous::client_events() {
   rdzv::ClientEvents ev;
   ev.on_round = [this](const rdzv::Assignment& a) {
     joining_.reset();
@@ -314,8 +319,12 @@ void RemoteRendezvous::start_client() {
     waiting_at_ = std::chrono::steady_clock::now();
     show_progress();
   };
+  return ev;
+}
+
+void RemoteRendezvous::start_client() {
   if (reconnecting_) ++reconnect_attempts_;
-  client_ = rdzv::Client::create(io_, std::move(client_options), std::move(ev));
+  client_ = rdzv::Client::create(io_, client_options(), client_events());
   double left = std::chrono::duration<double>(deadline_ - std::chrono::steady_clock::now()).count();
   // Several endpoints, or a reconnect (whose backoff cap changes with time): a slice at a time.
   if (endpoints_.size() > 1 || reconnecting_) left = std::min(left, redirected_ ? kRedirectSlice : kEndpointSlice);

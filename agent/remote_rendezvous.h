@@ -39,6 +39,8 @@
 
 namespace ddp::rdzv {
 class Client;
+struct ClientEvents;
+struct ClientOptions;
 class Replica;
 class Server;
 struct ServerOptions;
@@ -100,6 +102,10 @@ class RemoteRendezvous final : public RendezvousHandler {
   void start_replica(rdzv::ServerOptions server_options);
   void forget_job_records();
   void start_client();
+  // start_client()'s parts: the options of the next connection (TLS, reconnect backoff, whether a
+  // refused leader ends the attempt) and the events the client delivers to this handler.
+  rdzv::ClientOptions client_options() const;
+  rdzv::ClientEvents client_events();
   void on_lost(const std::string& why);
   void on_redirect(const std::string& leader, const std::string& why);
   void log(const std::string& line) const;

@@ -429,8 +429,7 @@ void StateMachine::tell_waiting(Job& job) {
   }
 }
 
-void StateMachine::complete_round(Job& job) {
-  // Members: nodes with a --node_rank first, then survivors, then by arrival; at most MAX.
+std::vector<std::pair<ConnId, StateMachine::Node*>> StateMachine::round_members(Job& job) {
   std::vector<std::pair<ConnId, Node*>> waiting;
   waiting.reserve(count(job, NodeState::Waiting));
   for (auto& [conn, node] : job.nodes) {
@@ -441,16 +440,64 @@ void StateMachine::complete_round(Job& job) {
     int pa = priority(*a.second), pb = priority(*b.second);
     return pa != pb ? pa < pb : a.second->join_seq < b.second->join_seq;
   });
-  const std::size_t n = std::min(waiting.size(), static_cast<std::size_t>(job.max_nodes));
-  waiting.resize(n);
+  waiting.resize(std::min(waiting.size(), static_cast<std::size_t>(job.max_nodes)));
+  return waiting;
+}
 
+std::vector<std::pair<ConnId, StateMachine::Node*>> StateMachine::in_rank_order(
+    const std::vector<std::pair<ConnId, Node*>>& members) {
+  const std::size_t n = members.size();
+  std::vector<std::pair<ConnId, Node*>> by_rank(n, {0, nullptr});
+  std::vector<std::pair<ConnId, Node*>> rest;
+  for (const auto& [conn, node] : members) {
+    int want = node->spec.requested_rank >= 0 ? node->spec.requested_rank : node->group_rank;
+    if (want >= 0 && static_cast<std::size_t>(want) < n && by_rank[want].second == nullptr) {
+      by_rank[want] = {conn, node};
+    } else {
+      rest.emplace_back(conn, node);
+    }
+  }
+  std::size_t free_rank = 0;
+  for (const auto& member : rest) {
+    while (by_rank[free_rank].second != nullptr) ++free_rank;
+    by_rank[free_rank] = member;
+  }
+  return by_rank;
+}
+
+Assignment StateMachine::send_round(Job& job, const std::vector<std::pair<ConnId, Node*>>& by_rank) {
+  Assignment a;
+  a.generation = job.generation;
+  a.group_world_size = static_cast<int>(by_rank.size());
+  a.world_size = 0;
+  for (const auto& [conn, node] : by_rank) a.world_size += node->spec.local_world_size;
+  a.master_addr = by_rank[0].second->spec.addr;
+  a.master_port = by_rank[0].second->spec.master_port;
+  a.restart_count = job.restarts_used;
+  a.max_restarts = job.max_restarts;
+  int offset = 0;
+  for (std::size_t r = 0; r < by_rank.size(); ++r) {
+    Node* node = by_rank[r].second;
+    node->group_rank = static_cast<int>(r);
+    a.group_rank = static_cast<int>(r);
+    a.rank_offset = offset;
+    offset += node->spec.local_world_size;
+    set_state(job, *node, NodeState::Running);
+    a.secret = node->secret;  // proves this node in a resume
+    out_.send(by_rank[r].first, encode(make_round(a)));
+  }
+  return a;
+}
+
+void StateMachine::complete_round(Job& job) {
+  const std::vector<std::pair<ConnId, Node*>> members = round_members(job);
   if (round_check_) {
     std::vector<const NodeSpec*> specs;
-    specs.reserve(n);
-    for (auto& w : waiting) specs.push_back(&w.second->spec);
+    specs.reserve(members.size());
+    for (const auto& w : members) specs.push_back(&w.second->spec);
     if (auto refusal = round_check_(job.id, specs)) {
       out_.log("job " + job.id + ": round refused: " + *refusal);
-      for (auto& w : waiting) {
+      for (const auto& w : members) {
         remove_node(job, w.first);
         out_.drop(w.first, "round_refused", *refusal);
       }
@@ -459,56 +506,15 @@ void StateMachine::complete_round(Job& job) {
       return;
     }
   }
-
-  // Group ranks: --node_rank as asked; survivors keep theirs when it still fits (< n);
-  // everyone else takes the lowest free rank. Ranks are always exactly 0..n-1.
-  std::vector<Node*> by_rank(n, nullptr);
-  std::vector<ConnId> conn_by_rank(n, 0);
-  std::vector<std::pair<ConnId, Node*>> rest;
-  for (auto& [conn, node] : waiting) {
-    int want = node->spec.requested_rank >= 0 ? node->spec.requested_rank : node->group_rank;
-    if (want >= 0 && static_cast<std::size_t>(want) < n && by_rank[want] == nullptr) {
-      by_rank[want] = node;
-      conn_by_rank[want] = conn;
-    } else {
-      rest.emplace_back(conn, node);
-    }
-  }
-  std::size_t free_rank = 0;
-  for (auto& [conn, node] : rest) {
-    while (by_rank[free_rank] != nullptr) ++free_rank;
-    by_rank[free_rank] = node;
-    conn_by_rank[free_rank] = conn;
-  }
-
+  const std::size_t n = members.size();
   ++job.generation;
-  int world_size = 0;
-  for (Node* node : by_rank) world_size += node->spec.local_world_size;
-  Assignment a;
-  a.generation = job.generation;
-  a.group_world_size = static_cast<int>(n);
-  a.world_size = world_size;
-  a.master_addr = by_rank[0]->spec.addr;
-  a.master_port = by_rank[0]->spec.master_port;
-  a.restart_count = job.restarts_used;
-  a.max_restarts = job.max_restarts;
-  int offset = 0;
-  for (std::size_t r = 0; r < n; ++r) {
-    Node* node = by_rank[r];
-    node->group_rank = static_cast<int>(r);
-    a.group_rank = static_cast<int>(r);
-    a.rank_offset = offset;
-    offset += node->spec.local_world_size;
-    set_state(job, *node, NodeState::Running);
-    a.secret = node->secret;  // proves this node in a resume
-    out_.send(conn_by_rank[r], encode(make_round(a)));
-  }
+  const Assignment a = send_round(job, in_rank_order(members));
   job.state = JobState::Running;
   job.round_size = n;
   job.round_succeeded = 0;
   {
     const double now = clock_.now();
-    nlohmann::json fields = {{"nodes", n}, {"world_size", world_size}, {"formation_seconds", now - job.gather_since},
+    nlohmann::json fields = {{"nodes", n}, {"world_size", a.world_size}, {"formation_seconds", now - job.gather_since},
                              {"restarts_used", job.restarts_used}, {"master", a.master_addr + ":" + std::to_string(a.master_port)}};
     if (job.restart_since) fields["failure_to_restart_seconds"] = now - *job.restart_since;
     job.restart_since.reset();
@@ -519,7 +525,7 @@ void StateMachine::complete_round(Job& job) {
   describe_round(job);
   changed(job);
   out_.log("job " + job.id + ": round " + std::to_string(job.generation) + " complete: " + std::to_string(n) +
-           " nodes, world size " + std::to_string(world_size) + ", master " + a.master_addr + ":" +
+           " nodes, world size " + std::to_string(a.world_size) + ", master " + a.master_addr + ":" +
            std::to_string(a.master_port) + ", restarts " + std::to_string(job.restarts_used) + "/" +
            std::to_string(job.max_restarts) +
            (count(job, NodeState::Waiting) ? ", " + std::to_string(count(job, NodeState::Waiting)) + " standby" : ""));

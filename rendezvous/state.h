@@ -269,6 +269,13 @@ class StateMachine {
   std::optional<std::string> policy_mismatch(const Job& job, const NodeSpec& spec) const;
   void maybe_complete(Job& job);
   void tell_waiting(Job& job);
+  // complete_round()'s steps: the waiting nodes that make the round (--node_rank first, then
+  // survivors, then by arrival; at most MAX); the same in group-rank order (--node_rank as asked,
+  // survivors keep theirs when it still fits, everyone else the lowest free rank: always 0..n-1);
+  // each told its round, which is returned (with the last node's rank).
+  std::vector<std::pair<ConnId, Node*>> round_members(Job& job);
+  static std::vector<std::pair<ConnId, Node*>> in_rank_order(const std::vector<std::pair<ConnId, Node*>>& members);
+  Assignment send_round(Job& job, const std::vector<std::pair<ConnId, Node*>>& by_rank);
   void complete_round(Job& job);
   void fail_job(Job& job, const WorkerFailure& failure, const std::string& summary);
   void finish_failing(Job& job);

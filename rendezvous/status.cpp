@@ -24,125 +24,165 @@ namespace ddp::rdzv {
 namespace asio = boost::asio;
 using asio::ip::tcp;
 
-StatusResult query_status(const Endpoint& endpoint, const std::string& token, double timeout_s,
-                          const std::string& job_id, const std::shared_ptr<TlsContext>& tls) {
-  StatusResult result;
-  if (std::string error = connect_error(endpoint); !error.empty()) {
-    result.error = "rendezvous endpoint " + error;
-    return result;
-  }
-  const std::string& host = endpoint.host;
-  const auto port = static_cast<unsigned short>(endpoint.port);
-  asio::io_context io(1);
-  tcp::resolver resolver(io);
-  tcp::socket socket(io);
-  std::unique_ptr<Stream> stream;  // the connection once connected (plain or TLS)
-  const auto close_connection = [&] {
-    boost::system::error_code ignored;
-    if (stream) {
-      stream->close();
-    } else {
-      socket.close(ignored);
-    }
-  };
-  asio::steady_timer timer(io);
-  FrameReader reader(256u << 20);  // a status reply of 10,000 nodes is large
-  std::vector<char> buf(65536);
-  std::string payload;
-  Frame request;
-  const std::string where = "rendezvous " + endpoint.text();
-  // Until the peer proved to be a rendezvous server (check_server_start): what it sent so far.
-  bool connected = false;
-  bool identified = false;
-  std::string start_bytes;
-  const Frame greeting = encode_greeting();
+namespace {
 
-  timer.expires_after(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-      std::chrono::duration<double>(timeout_s)));
-  timer.async_wait([&](boost::system::error_code ec) {
-    if (ec) return;
-    if (result.error.empty() && result.status.is_null()) {
+// One status query: connect (plain or TLS), greet, answer the challenge with a status request,
+// read the reply. Lives on the caller's stack for one query_status() call; every handler runs
+// inside io.run() on that thread. Each step that fails finishes the query with its error.
+class StatusQuery {
+ public:
+  StatusQuery(const Endpoint& endpoint, const std::string& token, double timeout_s, const std::string& job_id,
+              const std::shared_ptr<TlsContext>& tls)
+      : endpoint_(endpoint), token_(token), timeout_s_(timeout_s), job_id_(job_id), tls_(tls),
+        where_("rendezvous " + endpoint.text()) {}
+
+  StatusResult run() {
+    timer_.expires_after(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+        std::chrono::duration<double>(timeout_s_)));
+    timer_.async_wait([this](boost::system::error_code ec) {
+      if (!ec) on_timeout();
+    });
+    resolver_.async_resolve(endpoint_.host, std::to_string(endpoint_.port),
+                            [this](boost::system::error_code ec, tcp::resolver::results_type r) {
+                              if (ec) return finish("resolve " + endpoint_.host + " (for " + where_ + "): " + ec.message());
+                              connect(r);
+                            });
+    io_.run();
+    if (!result_.error.empty()) result_.status = nullptr;
+    return std::move(result_);
+  }
+
+ private:
+  void on_timeout() {
+    if (result_.error.empty() && result_.status.is_null()) {
       char secs[32];
-      std::snprintf(secs, sizeof secs, "%g s", timeout_s);
-      result.error = !connected    ? "connect to " + where + ": no answer within " + secs
-                     : !identified ? where + " accepted the connection but sent no ddp-rendezvous challenge within " +
-                                         secs + ": is another service listening there?"
-                                   : where + ": no status reply within " + secs;
+      std::snprintf(secs, sizeof secs, "%g s", timeout_s_);
+      result_.error = !connected_    ? "connect to " + where_ + ": no answer within " + secs
+                      : !identified_ ? where_ + " accepted the connection but sent no ddp-rendezvous challenge within " +
+                                           secs + ": is another service listening there?"
+                                     : where_ + ": no status reply within " + secs;
     }
-    resolver.cancel();
+    resolver_.cancel();
     close_connection();
-  });
-  auto finish = [&](const std::string& error) {
-    if (result.error.empty()) result.error = error;
-    timer.cancel();
-    close_connection();
-  };
+  }
+
+  void connect(const tcp::resolver::results_type& r) {
+    asio::async_connect(socket_, r, [this](boost::system::error_code ec, const tcp::endpoint&) {
+      if (ec) return finish("connect to " + where_ + ": " + ec.message());
+      connected_ = true;
+      stream_ = make_client_stream(std::move(socket_), tls_, endpoint_.host);
+      stream_->async_handshake([this](const boost::system::error_code& ec2) {
+        if (ec2) return finish(where_ + ": " + describe_tls_failure(ec2, true));
+        // Said at once, so that a service that is not a rendezvous server answers (and is named).
+        // Read once it is written (a failed write shows in the read): writes never overlap.
+        stream_->async_write(asio::buffer(*greeting_), [this](const boost::system::error_code&, std::size_t) {
+          read_more();
+        });
+      });
+    });
+  }
+
+  void read_more() {
+    stream_->async_read_some(asio::buffer(buf_), [this](const boost::system::error_code& ec, std::size_t n) {
+      if (!identified_ && (!ec || ec == asio::error::eof || !start_bytes_.empty())) {
+        if (!ec) start_bytes_.append(buf_.data(), std::min(n, kFrameHeaderBytes + kMaxChallengeBytes + 1));
+        const ServerCheck check = check_server_start(start_bytes_, static_cast<bool>(ec));
+        if (check.verdict == ServerCheck::Verdict::refuse) return finish(where_ + " " + check.reason);
+        identified_ = check.verdict == ServerCheck::Verdict::rendezvous;
+      }
+      if (ec) return finish("read from " + where_ + ": " + ec.message());
+      reader_.feed(buf_.data(), n);
+      while (true) {
+        const FrameReader::Result r = reader_.next(payload_);
+        if (r == FrameReader::Result::need_more) break;
+        if (r == FrameReader::Result::error) return finish(where_ + ": " + reader_.error().message);
+        Decoded decoded = decode(payload_);
+        if (decoded.error) return finish(where_ + ": " + decoded.error->message);
+        if (!on_message(*decoded.message)) return;
+      }
+      read_more();
+    });
+  }
+
   // Handles one message; returns false when the query is over.
-  auto on_message = [&](Message& m) -> bool {
+  bool on_message(Message& m) {
     switch (m.type) {
       case MessageType::challenge: {
         Hello h;
-        h.job_id = job_id;
+        h.job_id = job_id_;
         h.client_nonce = random_hex();
-        if (!token.empty()) h.proof = auth_proof(token, "status", std::get<Challenge>(m.body).nonce, h.client_nonce, job_id);
-        request = encode(make_status_request(h));
-        stream->async_write(asio::buffer(*request), [&](const boost::system::error_code& ec, std::size_t) {
-          if (ec) finish("send to " + where + ": " + ec.message());
+        if (!token_.empty()) {
+          h.proof = auth_proof(token_, "status", std::get<Challenge>(m.body).nonce, h.client_nonce, job_id_);
+        }
+        request_ = encode(make_status_request(h));
+        stream_->async_write(asio::buffer(*request_), [this](const boost::system::error_code& ec, std::size_t) {
+          if (ec) finish("send to " + where_ + ": " + ec.message());
         });
         return true;
       }
       case MessageType::error: {
         const auto& e = std::get<ErrorMessage>(m.body);
-        finish(where + " refused: " + e.message + " [" + e.code + "]");
+        finish(where_ + " refused: " + e.message + " [" + e.code + "]");
         return false;
       }
       case MessageType::status_reply:
-        result.status = std::move(std::get<StatusReply>(m.body).status);
+        result_.status = std::move(std::get<StatusReply>(m.body).status);
         finish("");
         return false;
       default:
-        finish(where + ": unexpected \"" + std::string(to_string(m.type)) + "\" message");
+        finish(where_ + ": unexpected \"" + std::string(to_string(m.type)) + "\" message");
         return false;
     }
-  };
-  std::function<void()> read_more = [&]() {
-    stream->async_read_some(asio::buffer(buf), [&](const boost::system::error_code& ec, std::size_t n) {
-      if (!identified && (!ec || ec == asio::error::eof || !start_bytes.empty())) {
-        if (!ec) start_bytes.append(buf.data(), std::min(n, kFrameHeaderBytes + kMaxChallengeBytes + 1));
-        const ServerCheck check = check_server_start(start_bytes, static_cast<bool>(ec));
-        if (check.verdict == ServerCheck::Verdict::refuse) return finish(where + " " + check.reason);
-        identified = check.verdict == ServerCheck::Verdict::rendezvous;
-      }
-      if (ec) return finish("read from " + where + ": " + ec.message());
-      reader.feed(buf.data(), n);
-      while (true) {
-        const FrameReader::Result r = reader.next(payload);
-        if (r == FrameReader::Result::need_more) break;
-        if (r == FrameReader::Result::error) return finish(where + ": " + reader.error().message);
-        Decoded decoded = decode(payload);
-        if (decoded.error) return finish(where + ": " + decoded.error->message);
-        if (!on_message(*decoded.message)) return;
-      }
-      read_more();
-    });
-  };
-  resolver.async_resolve(host, std::to_string(port), [&](boost::system::error_code ec, tcp::resolver::results_type r) {
-    if (ec) return finish("resolve " + host + " (for " + where + "): " + ec.message());
-    asio::async_connect(socket, r, [&](boost::system::error_code ec2, const tcp::endpoint&) {
-      if (ec2) return finish("connect to " + where + ": " + ec2.message());
-      connected = true;
-      stream = make_client_stream(std::move(socket), tls, host);
-      stream->async_handshake([&](const boost::system::error_code& ec3) {
-        if (ec3) return finish(where + ": " + describe_tls_failure(ec3, true));
-        // Said at once, so that a service that is not a rendezvous server answers (and is named).
-        // Read once it is written (a failed write shows in the read): writes never overlap.
-        stream->async_write(asio::buffer(*greeting), [&](const boost::system::error_code&, std::size_t) { read_more(); });
-      });
-    });
-  });
-  io.run();
-  if (!result.error.empty()) result.status = nullptr;
-  return result;
+  }
+
+  void finish(const std::string& error) {
+    if (result_.error.empty()) result_.error = error;
+    timer_.cancel();
+    close_connection();
+  }
+
+  void close_connection() {
+    boost::system::error_code ignored;
+    if (stream_) {
+      stream_->close();
+    } else {
+      socket_.close(ignored);
+    }
+  }
+
+  const Endpoint& endpoint_;
+  const std::string& token_;
+  const double timeout_s_;
+  const std::string& job_id_;
+  const std::shared_ptr<TlsContext>& tls_;
+  const std::string where_;
+  StatusResult result_;
+  asio::io_context io_{1};
+  tcp::resolver resolver_{io_};
+  tcp::socket socket_{io_};
+  std::unique_ptr<Stream> stream_;  // the connection once connected (plain or TLS)
+  asio::steady_timer timer_{io_};
+  FrameReader reader_{256u << 20};  // a status reply of 10,000 nodes is large
+  std::vector<char> buf_ = std::vector<char>(65536);
+  std::string payload_;
+  Frame request_;
+  // Until the peer proved to be a rendezvous server (check_server_start): what it sent so far.
+  bool connected_ = false;
+  bool identified_ = false;
+  std::string start_bytes_;
+  const Frame greeting_ = encode_greeting();
+};
+
+}  // namespace
+
+StatusResult query_status(const Endpoint& endpoint, const std::string& token, double timeout_s,
+                          const std::string& job_id, const std::shared_ptr<TlsContext>& tls) {
+  if (std::string error = connect_error(endpoint); !error.empty()) {
+    StatusResult result;
+    result.error = "rendezvous endpoint " + error;
+    return result;
+  }
+  return StatusQuery(endpoint, token, timeout_s, job_id, tls).run();
 }
 
 namespace {

@@ -45,6 +45,24 @@ bool parse_bool(const std::string& name, const std::string& text) {
                  "' is not a boolean (use 1/0 or True/False)");
 }
 
+// A launched worker cannot do without RANK and WORLD_SIZE, nor MASTER_ADDR and MASTER_PORT when
+// the world has more than one process. Throws EnvError naming every one that is missing.
+void require_launcher_variables(const std::optional<int64_t>& rank, const std::optional<int64_t>& world,
+                                const std::optional<std::string>& addr, const std::optional<int64_t>& port) {
+  std::vector<std::string> missing;
+  if (!rank) missing.push_back("RANK");
+  if (!world) missing.push_back("WORLD_SIZE");
+  if (world && *world > 1) {
+    if (!addr || addr->empty()) missing.push_back("MASTER_ADDR");
+    if (!port) missing.push_back("MASTER_PORT");
+  }
+  if (missing.empty()) return;
+  std::string list;
+  for (size_t i = 0; i < missing.size(); ++i) list += (i ? ", " : "") + missing[i];
+  throw EnvError("worker environment: some launcher variables are set but " + list +
+                 (missing.size() == 1 ? " is" : " are") + " missing; " + kHowToStart);
+}
+
 }  // namespace
 
 WorkerEnv WorkerEnv::from_environment() {
@@ -91,19 +109,7 @@ WorkerEnv WorkerEnv::from_lookup(
   }
   env.launched = true;
 
-  std::vector<std::string> missing;
-  if (!rank) missing.push_back("RANK");
-  if (!world) missing.push_back("WORLD_SIZE");
-  if (world && *world > 1) {
-    if (!addr || addr->empty()) missing.push_back("MASTER_ADDR");
-    if (!port) missing.push_back("MASTER_PORT");
-  }
-  if (!missing.empty()) {
-    std::string list;
-    for (size_t i = 0; i < missing.size(); ++i) list += (i ? ", " : "") + missing[i];
-    throw EnvError("worker environment: some launcher variables are set but " + list +
-                   (missing.size() == 1 ? " is" : " are") + " missing; " + kHowToStart);
-  }
+  require_launcher_variables(rank, world, addr, port);
   if (*world < 1) {
     throw EnvError("worker environment: WORLD_SIZE=" + std::to_string(*world) +
                    " must be at least 1");
