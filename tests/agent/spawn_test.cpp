@@ -20,19 +20,13 @@
 
 #include "agent/containment.h"
 #include "agent/spawn.h"
+#include "tests/agent/wait_until.h"
 
 using namespace ddp::agent;
 
 namespace {
 
-bool wait_until(const std::function<bool()>& condition, std::chrono::seconds deadline) {
-  const auto end = std::chrono::steady_clock::now() + deadline;
-  while (std::chrono::steady_clock::now() < end) {
-    if (condition()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return condition();
-}
+using ddp::agent::testing::wait_until;
 
 // Runs `argv` under `options` with its stdout on a pipe; returns what it printed and sets
 // `status` to how it ended.
