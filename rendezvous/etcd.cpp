@@ -212,46 +212,116 @@ struct WatchOutcome {
 using WatchCallback = std::function<void(const EtcdWatchResponse&)>;
 using SetInterrupt = std::function<void(std::function<void()>)>;
 
+// One watch stream while it runs: the request, the parser, the buffers and how it ended. It lives
+// on watch_on's stack and its handlers hold `this`, so it never moves. Every handler first checks
+// `done_`: once finish() has run, the cancelled operations still complete and must start nothing.
 template <class Stream>
-WatchOutcome watch_on(asio::io_context& io, Stream& stream, const std::string& host, const std::string& port,
-                      const std::string& body, const std::string& token, std::size_t max_bytes, double keepalive_idle,
-                      Clock::time_point deadline, const WatchCallback& on_response, EtcdWatchStop& stop,
-                      const SetInterrupt& set_interrupt) {
-  WatchOutcome result;
-  tcp::resolver resolver(io);
-  auto& lowest = beast::get_lowest_layer(stream);
-  asio::steady_timer establish_timer(io);
-  beast::flat_buffer buffer;
-  http::request<http::string_body> request{http::verb::post, "/v3/watch", 11};
-  request.set(http::field::host, host + ":" + port);
-  request.set(http::field::content_type, "application/json");
-  // The gateway passes Grpc-Metadata-* headers on as gRPC metadata: "hasleader" makes etcd end
-  // the stream when its member has lost the cluster's leader (a partitioned member would
-  // otherwise keep the stream open and silent).
-  request.set("Grpc-Metadata-hasleader", "true");
-  if (!token.empty()) request.set(http::field::authorization, token);
-  request.body() = body;
-  request.prepare_payload();
-  http::response_parser<http::buffer_body> parser;
-  parser.header_limit(16 * 1024);
-  parser.body_limit((std::numeric_limits<std::uint64_t>::max)());  // a stream; each line is bounded below
-  EtcdWatchParser lines(max_bytes);
-  std::array<char, 16 * 1024> chunk;
-  std::vector<EtcdWatchResponse> answers;
-  bool done = false;
-  auto finish = [&](const std::string& error) {
-    if (done) return;
-    done = true;
-    result.error = error;
-    establish_timer.cancel();
-    resolver.cancel();
+class WatchSession {
+ public:
+  WatchSession(asio::io_context& io, Stream& stream, const std::string& host, const std::string& port,
+               const std::string& body, const std::string& token, std::size_t max_bytes, double keepalive_idle,
+               const WatchCallback& on_response)
+      : io_(io), stream_(stream), host_(host), port_(port), keepalive_idle_(keepalive_idle),
+        on_response_(on_response), resolver_(io), lowest_(beast::get_lowest_layer(stream)),
+        establish_timer_(io), request_{http::verb::post, "/v3/watch", 11}, lines_(max_bytes) {
+    request_.set(http::field::host, host + ":" + port);
+    request_.set(http::field::content_type, "application/json");
+    // The gateway passes Grpc-Metadata-* headers on as gRPC metadata: "hasleader" makes etcd end
+    // the stream when its member has lost the cluster's leader (a partitioned member would
+    // otherwise keep the stream open and silent).
+    request_.set("Grpc-Metadata-hasleader", "true");
+    if (!token.empty()) request_.set(http::field::authorization, token);
+    request_.body() = body;
+    request_.prepare_payload();
+    parser_.header_limit(16 * 1024);
+    parser_.body_limit((std::numeric_limits<std::uint64_t>::max)());  // a stream; each line is bounded below
+  }
+
+  // Runs the stream until it ends, `stop` is stopped, or (before `created`) `deadline` passes.
+  WatchOutcome run(Clock::time_point deadline, EtcdWatchStop& stop, const SetInterrupt& set_interrupt) {
+    establish_timer_.expires_at(deadline);
+    establish_timer_.async_wait([this](const beast::error_code& ec) {
+      if (!ec && !result_.established) finish("watch not created in time");
+    });
+    lowest_.expires_at(deadline);
+    resolver_.async_resolve(host_, port_,
+                            [this](const beast::error_code& ec, const tcp::resolver::results_type& results) {
+                              if (done_) return;
+                              if (ec) return finish("resolve " + host_ + ": " + ec.message());
+                              connect(results);
+                            });
+    set_interrupt([this] { io_.stop(); });
+    if (!stop.stopped()) io_.run();
+    set_interrupt(nullptr);
+    if (!done_) {
+      finish("stopped");
+      io_.restart();
+      io_.run();  // the cancelled handlers, which only see `done_`
+    }
+    return std::move(result_);
+  }
+
+ private:
+  void finish(const std::string& error) {
+    if (done_) return;
+    done_ = true;
+    result_.error = error;
+    establish_timer_.cancel();
+    resolver_.cancel();
     beast::error_code ignored;
-    lowest.socket().shutdown(tcp::socket::shutdown_both, ignored);
-    lowest.close();
-  };
-  std::function<void()> read_body;
-  auto on_body = [&](beast::error_code ec, std::size_t) {
-    if (done) return;
+    lowest_.socket().shutdown(tcp::socket::shutdown_both, ignored);
+    lowest_.close();
+  }
+
+  void connect(const tcp::resolver::results_type& results) {
+    lowest_.async_connect(results, [this](const beast::error_code& ec, const tcp::endpoint&) {
+      if (done_) return;
+      if (ec) return finish(ec == beast::error::timeout ? "connect timed out" : "connect: " + ec.message());
+      keep_alive(lowest_.socket(), keepalive_idle_);
+      handshake(stream_, host_, [this](const std::string& tls_error) {
+        if (done_) return;
+        if (!tls_error.empty()) return finish(tls_error);
+        send_request();
+      });
+    });
+  }
+
+  void send_request() {
+    http::async_write(stream_, request_, [this](const beast::error_code& ec, std::size_t) {
+      if (done_) return;
+      if (ec) return finish(ec == beast::error::timeout ? "send timed out" : io_error("send", ec));
+      read_head();
+    });
+  }
+
+  void read_head() {
+    http::async_read_header(stream_, buffer_, parser_, [this](const beast::error_code& ec, std::size_t) {
+      if (done_) return;
+      if (ec) return finish(ec == beast::error::timeout ? "watch not created in time" : io_error("read", ec));
+      if (parser_.get().result_int() != 200) {
+        result_.status = parser_.get().result_int();
+        return read_error_body();
+      }
+      read_lines();
+    });
+  }
+
+  // The next piece of the body into `chunk_`, handed to `on_read`.
+  template <class OnRead>
+  void read_chunk(OnRead on_read) {
+    parser_.get().body().data = chunk_.data();
+    parser_.get().body().size = chunk_.size();
+    http::async_read_some(stream_, buffer_, parser_, on_read);
+  }
+
+  std::size_t chunk_bytes() { return chunk_.size() - parser_.get().body().size; }
+
+  void read_lines() {
+    read_chunk([this](beast::error_code ec, std::size_t) { on_lines(ec); });
+  }
+
+  void on_lines(beast::error_code ec) {
+    if (done_) return;
     if (ec == http::error::need_buffer) ec = {};
     if (ec) {
       return finish(ec == beast::error::timeout ? "watch not created in time"
@@ -259,91 +329,81 @@ WatchOutcome watch_on(asio::io_context& io, Stream& stream, const std::string& h
                         ? "the watch stream was closed"
                         : io_error("watch stream", ec));
     }
-    const std::size_t n = chunk.size() - parser.get().body().size;
-    answers.clear();
-    if (auto e = lines.feed(std::string_view(chunk.data(), n), answers); !e.empty()) {
-      result.code = lines.error_code();
+    answers_.clear();
+    if (auto e = lines_.feed(std::string_view(chunk_.data(), chunk_bytes()), answers_); !e.empty()) {
+      result_.code = lines_.error_code();
       return finish(e);
     }
-    for (const EtcdWatchResponse& r : answers) {
-      if (!result.established) {
-        if (!r.created) return finish("the watch stream did not start with \"created\"");
-        result.established = true;
-        establish_timer.cancel();
-        lowest.expires_never();
-      }
-      if (r.canceled) {
-        return finish("etcd canceled the watch" + (r.cancel_reason.empty() ? "" : ": " + r.cancel_reason) +
-                      (r.compact_revision ? " (compacted at revision " + std::to_string(r.compact_revision) + ")"
-                                          : ""));
-      }
-      on_response(r);
+    for (const EtcdWatchResponse& r : answers_) {
+      if (!deliver(r)) return;
     }
-    if (parser.is_done()) return finish("the watch stream ended");
-    read_body();
-  };
-  read_body = [&] {
-    parser.get().body().data = chunk.data();
-    parser.get().body().size = chunk.size();
-    http::async_read_some(stream, buffer, parser, on_body);
-  };
-  // An error answer (not 200): its body, bounded, for the caller to read etcd's error from.
-  std::function<void()> read_error;
-  auto on_error_body = [&](beast::error_code ec, std::size_t) {
-    if (done) return;
-    if (ec == http::error::need_buffer) ec = {};
-    result.body.append(chunk.data(), chunk.size() - parser.get().body().size);
-    if (ec || parser.is_done() || result.body.size() > 64 * 1024) {
-      if (result.body.size() > 64 * 1024) result.body.clear();
-      return finish("HTTP " + std::to_string(result.status));
-    }
-    read_error();
-  };
-  read_error = [&] {
-    parser.get().body().data = chunk.data();
-    parser.get().body().size = chunk.size();
-    http::async_read_some(stream, buffer, parser, on_error_body);
-  };
-  establish_timer.expires_at(deadline);
-  establish_timer.async_wait([&](const beast::error_code& ec) {
-    if (!ec && !result.established) finish("watch not created in time");
-  });
-  lowest.expires_at(deadline);
-  resolver.async_resolve(host, port, [&](const beast::error_code& ec, const tcp::resolver::results_type& results) {
-    if (done) return;
-    if (ec) return finish("resolve " + host + ": " + ec.message());
-    lowest.async_connect(results, [&](const beast::error_code& ec2, const tcp::endpoint&) {
-      if (done) return;
-      if (ec2) return finish(ec2 == beast::error::timeout ? "connect timed out" : "connect: " + ec2.message());
-      keep_alive(lowest.socket(), keepalive_idle);
-      handshake(stream, host, [&](const std::string& tls_error) {
-        if (done) return;
-        if (!tls_error.empty()) return finish(tls_error);
-        http::async_write(stream, request, [&](const beast::error_code& ec3, std::size_t) {
-          if (done) return;
-          if (ec3) return finish(ec3 == beast::error::timeout ? "send timed out" : io_error("send", ec3));
-          http::async_read_header(stream, buffer, parser, [&](const beast::error_code& ec4, std::size_t) {
-            if (done) return;
-            if (ec4) return finish(ec4 == beast::error::timeout ? "watch not created in time" : io_error("read", ec4));
-            if (parser.get().result_int() != 200) {
-              result.status = parser.get().result_int();
-              return read_error();
-            }
-            read_body();
-          });
-        });
-      });
-    });
-  });
-  set_interrupt([&io] { io.stop(); });
-  if (!stop.stopped()) io.run();
-  set_interrupt(nullptr);
-  if (!done) {
-    finish("stopped");
-    io.restart();
-    io.run();  // the cancelled handlers, which only see `done`
+    if (parser_.is_done()) return finish("the watch stream ended");
+    read_lines();
   }
-  return result;
+
+  // One answer from etcd: the first must say `created`, which ends the establishing deadline.
+  // False when it ended the stream.
+  bool deliver(const EtcdWatchResponse& r) {
+    if (!result_.established) {
+      if (!r.created) {
+        finish("the watch stream did not start with \"created\"");
+        return false;
+      }
+      result_.established = true;
+      establish_timer_.cancel();
+      lowest_.expires_never();
+    }
+    if (r.canceled) {
+      finish("etcd canceled the watch" + (r.cancel_reason.empty() ? "" : ": " + r.cancel_reason) +
+             (r.compact_revision ? " (compacted at revision " + std::to_string(r.compact_revision) + ")" : ""));
+      return false;
+    }
+    on_response_(r);
+    return true;
+  }
+
+  // An error answer (not 200): its body, bounded, for the caller to read etcd's error from.
+  void read_error_body() {
+    read_chunk([this](beast::error_code ec, std::size_t) { on_error_body(ec); });
+  }
+
+  void on_error_body(beast::error_code ec) {
+    if (done_) return;
+    if (ec == http::error::need_buffer) ec = {};
+    result_.body.append(chunk_.data(), chunk_bytes());
+    if (ec || parser_.is_done() || result_.body.size() > 64 * 1024) {
+      if (result_.body.size() > 64 * 1024) result_.body.clear();
+      return finish("HTTP " + std::to_string(result_.status));
+    }
+    read_error_body();
+  }
+
+  asio::io_context& io_;
+  Stream& stream_;
+  const std::string& host_;
+  const std::string& port_;
+  const double keepalive_idle_;
+  const WatchCallback& on_response_;
+  WatchOutcome result_;
+  tcp::resolver resolver_;
+  beast::tcp_stream& lowest_;
+  asio::steady_timer establish_timer_;
+  beast::flat_buffer buffer_;
+  http::request<http::string_body> request_;
+  http::response_parser<http::buffer_body> parser_;
+  EtcdWatchParser lines_;
+  std::array<char, 16 * 1024> chunk_;
+  std::vector<EtcdWatchResponse> answers_;
+  bool done_ = false;
+};
+
+template <class Stream>
+WatchOutcome watch_on(asio::io_context& io, Stream& stream, const std::string& host, const std::string& port,
+                      const std::string& body, const std::string& token, std::size_t max_bytes, double keepalive_idle,
+                      Clock::time_point deadline, const WatchCallback& on_response, EtcdWatchStop& stop,
+                      const SetInterrupt& set_interrupt) {
+  WatchSession<Stream> session(io, stream, host, port, body, token, max_bytes, keepalive_idle, on_response);
+  return session.run(deadline, stop, set_interrupt);
 }
 
 WatchOutcome watch_stream(ssl::context* tls, const std::string& host, const std::string& port, const std::string& body,
