@@ -133,39 +133,27 @@ std::string round_path(std::string text, const ddp::WorkerEnv& env) {
   return text;
 }
 
-int run(const Flags& flags) {
-  auto group = ddp::ProcessGroup::from_environment();
-  const auto& env = group->env();
-  // Each round's header (rank 0) and each worker's pid: the first round's here, the later ones'
-  // after an in-memory restart (Trainer::on_reassigned). `env` follows the group's round.
-  auto announce = [&] {
-    if (group->rank() == 0) std::cout << "[train] " << env.describe() << ", backend " << group->backend_name() << std::endl;
-    std::cout << "[train] rank " << env.rank << " pid " << ::getpid() << " generation " << env.generation.value_or(0)
-              << std::endl;
-  };
-  announce();
+struct DataSets {
+  ddp::TensorDataset train, test;
+  int64_t classes;
+};
 
-  torch::manual_seed(flags.seed);
-  int64_t classes = flags.classes;
-  ddp::TensorDataset train_set, test_set;
+DataSets load_data(const Flags& flags) {
+  DataSets sets;
+  sets.classes = flags.classes;
   if (!flags.data.empty()) {
-    train_set = read_csv(flags.data, &classes);
-    test_set = train_set;
+    sets.train = read_csv(flags.data, &sets.classes);
+    sets.test = sets.train;
   } else {
     // One draw, split: the 1024 test samples share the training set's class centres.
-    auto full = synthetic(flags.samples + 1024, flags.features, classes, flags.seed);
-    train_set = {full.inputs.narrow(0, 0, flags.samples), full.targets.narrow(0, 0, flags.samples)};
-    test_set = {full.inputs.narrow(0, flags.samples, 1024), full.targets.narrow(0, flags.samples, 1024)};
+    auto full = synthetic(flags.samples + 1024, flags.features, sets.classes, flags.seed);
+    sets.train = {full.inputs.narrow(0, 0, flags.samples), full.targets.narrow(0, 0, flags.samples)};
+    sets.test = {full.inputs.narrow(0, flags.samples, 1024), full.targets.narrow(0, flags.samples, 1024)};
   }
-  const int64_t features = train_set.inputs.size(1);
+  return sets;
+}
 
-  torch::nn::Sequential model(torch::nn::Linear(features, flags.hidden), torch::nn::ReLU(),
-                              torch::nn::Linear(flags.hidden, flags.hidden), torch::nn::ReLU(),
-                              torch::nn::Linear(flags.hidden, classes));
-  model->to(group->device());
-  auto optimizer = std::make_shared<torch::optim::SGD>(
-      model->parameters(), torch::optim::SGDOptions(flags.lr).momentum(0.9));
-
+ddp::TrainerOptions trainer_options(const Flags& flags) {
   ddp::TrainerOptions options;
   options.epochs = flags.epochs;
   options.batch_size = flags.batch_size;
@@ -179,15 +167,14 @@ int run(const Flags& flags) {
   options.sampler.shuffle = !flags.no_shuffle;
   options.sampler.drop_last = flags.drop_last;
   options.ddp.bucket_cap_bytes = static_cast<size_t>(flags.bucket_mb * 1024 * 1024);
+  return options;
+}
 
-  ddp::Trainer trainer(group, model.ptr(), optimizer, train_set,
-                       [&](const torch::Tensor& x, const torch::Tensor& y) {
-                         return torch::nn::functional::cross_entropy(model->forward(x), y);
-                       },
-                       options);
-  trainer.on_reassigned = [&](const ddp::WorkerEnv&) { announce(); };
+// --crash-at-step, --hang-at-step and --step-sleep: the faults and pacing the tests inject.
+// `flags` and `env` outlive the trainer.
+void add_test_hooks(ddp::Trainer& trainer, const Flags& flags, const ddp::WorkerEnv& env) {
   if (flags.crash_at_step >= 0) {
-    trainer.on_step_begin = [&](const ddp::StepInfo& info) {
+    trainer.on_step_begin = [&flags, &env](const ddp::StepInfo& info) {
       if (info.step == flags.crash_at_step && env.restart_count == 0 &&
           (flags.crash_rank < 0 || flags.crash_rank == info.rank)) {
         std::cout << "[train] rank " << info.rank << ": --crash-at-step " << info.step
@@ -199,7 +186,7 @@ int run(const Flags& flags) {
   }
   if (flags.hang_at_step >= 0) {
     auto previous = trainer.on_step_begin;
-    trainer.on_step_begin = [&, previous](const ddp::StepInfo& info) {
+    trainer.on_step_begin = [&flags, &env, previous](const ddp::StepInfo& info) {
       if (previous) previous(info);
       if (info.step != flags.hang_at_step || env.restart_count != 0 || info.rank != flags.hang_rank) return;
       std::cout << "[train] rank " << info.rank << ": --hang-at-step " << info.step
@@ -210,72 +197,127 @@ int run(const Flags& flags) {
   }
   if (flags.step_sleep > 0) {
     auto previous = trainer.on_step_end;
-    trainer.on_step_end = [&, previous](const ddp::StepInfo& info) {
+    trainer.on_step_end = [&flags, previous](const ddp::StepInfo& info) {
       if (previous) previous(info);
       std::this_thread::sleep_for(std::chrono::duration<double>(flags.step_sleep));
     };
   }
-  int log_fd = -1;
-  std::string log_path;
-  // The file of the current round, opened when its first step starts (a worker that restarts in
-  // memory writes each round's records to that round's file).
-  auto sample_log = [&]() {
-    const std::string path = round_path(flags.sample_log, env);
-    if (path == log_path) return log_fd;
-    if (log_fd >= 0) ::close(log_fd);
-    log_fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    if (log_fd < 0) throw ddp::UsageError("--sample-log " + path + ": cannot open");
-    log_path = path;
-    return log_fd;
-  };
-  if (!flags.sample_log.empty()) {
-    sample_log();
-    // Written when the step starts, not when it ends: once any rank has finished a step's
-    // gradient all-reduce, every rank's samples are in the update, yet a rank may still be
-    // blocked in that all-reduce or in the stop-flag one when its round is cut off (a cut link),
-    // and a record written after them would be lost while the step is in the checkpoint. A record
-    // of a step that never completed is harmless: the next round starts at that step or earlier,
-    // and its records replace it (tests/e2e/elastic_job.py, committed_steps).
-    auto previous = trainer.on_step_begin;
-    trainer.on_step_begin = [&, previous](const ddp::StepInfo& info) {
-      if (previous) previous(info);
-      std::ostringstream line;
-      line << "attempt=" << env.restart_count << " world=" << info.world_size
-           << " rank=" << info.rank << " epoch=" << info.epoch << " step=" << info.step
-           << " indices=";
-      for (size_t i = 0; i < info.indices->size(); ++i) line << (i ? "," : "") << (*info.indices)[i];
-      line << "\n";
-      append_line(sample_log(), line.str());
-    };
+}
+
+// --sample-log: the file of the current round, opened when its first step starts (a worker that
+// restarts in memory writes each round's records to that round's file). Lives in run(), longer
+// than the trainer whose hook writes to it.
+class SampleLog {
+ public:
+  SampleLog(const Flags& flags, const ddp::WorkerEnv& env) : flags_(flags), env_(env) {}
+  SampleLog(const SampleLog&) = delete;
+  SampleLog& operator=(const SampleLog&) = delete;
+
+  int file() {
+    const std::string path = round_path(flags_.sample_log, env_);
+    if (path == path_) return fd_;
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd_ < 0) throw ddp::UsageError("--sample-log " + path + ": cannot open");
+    path_ = path;
+    return fd_;
   }
 
+  void close() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+ private:
+  const Flags& flags_;
+  const ddp::WorkerEnv& env_;
+  int fd_ = -1;
+  std::string path_;
+};
+
+void add_sample_log(ddp::Trainer& trainer, SampleLog& log, const ddp::WorkerEnv& env) {
+  log.file();
+  // Written when the step starts, not when it ends: once any rank has finished a step's
+  // gradient all-reduce, every rank's samples are in the update, yet a rank may still be
+  // blocked in that all-reduce or in the stop-flag one when its round is cut off (a cut link),
+  // and a record written after them would be lost while the step is in the checkpoint. A record
+  // of a step that never completed is harmless: the next round starts at that step or earlier,
+  // and its records replace it (tests/e2e/elastic_job.py, committed_steps).
+  auto previous = trainer.on_step_begin;
+  trainer.on_step_begin = [&log, &env, previous](const ddp::StepInfo& info) {
+    if (previous) previous(info);
+    std::ostringstream line;
+    line << "attempt=" << env.restart_count << " world=" << info.world_size
+         << " rank=" << info.rank << " epoch=" << info.epoch << " step=" << info.step
+         << " indices=";
+    for (size_t i = 0; i < info.indices->size(); ++i) line << (i ? "," : "") << (*info.indices)[i];
+    line << "\n";
+    append_line(log.file(), line.str());
+  };
+}
+
+// Rank 0's summary lines: the run's numbers, the test accuracy and --dump-params.
+void report(const Flags& flags, const ddp::TrainResult& result, double accuracy, torch::nn::Sequential& model) {
+  if (result.resumed_from_step) {
+    std::cout << "[train] resumed_from_step=" << *result.resumed_from_step << std::endl;
+  }
+  std::cout << "[train] steps=" << result.steps << " steps_this_run=" << result.steps_this_run
+            << " epochs_completed=" << result.epochs_completed
+            << " final_loss=" << result.final_loss
+            << " samples_per_s=" << result.samples_per_second
+            << " steady_steps_per_s=" << result.steady_steps_per_second
+            << " exposed_sync_s=" << result.exposed_sync_seconds << std::endl;
+  std::cout << "[train] final_accuracy=" << accuracy << std::endl;
+  if (!flags.dump_params.empty()) {
+    std::ofstream out(flags.dump_params, std::ios::binary);
+    for (const auto& p : model->parameters()) {
+      auto c = p.detach().cpu().contiguous().to(torch::kFloat);
+      out.write(static_cast<const char*>(c.data_ptr()), c.numel() * 4);
+    }
+    if (!out) throw ddp::UsageError("--dump-params " + flags.dump_params + ": write failed");
+  }
+}
+
+int run(const Flags& flags) {
+  auto group = ddp::ProcessGroup::from_environment();
+  const auto& env = group->env();
+  // Each round's header (rank 0) and each worker's pid: the first round's here, the later ones'
+  // after an in-memory restart (Trainer::on_reassigned). `env` follows the group's round.
+  auto announce = [&] {
+    if (group->rank() == 0) std::cout << "[train] " << env.describe() << ", backend " << group->backend_name() << std::endl;
+    std::cout << "[train] rank " << env.rank << " pid " << ::getpid() << " generation " << env.generation.value_or(0)
+              << std::endl;
+  };
+  announce();
+
+  torch::manual_seed(flags.seed);
+  const DataSets sets = load_data(flags);
+  const int64_t features = sets.train.inputs.size(1);
+
+  torch::nn::Sequential model(torch::nn::Linear(features, flags.hidden), torch::nn::ReLU(),
+                              torch::nn::Linear(flags.hidden, flags.hidden), torch::nn::ReLU(),
+                              torch::nn::Linear(flags.hidden, sets.classes));
+  model->to(group->device());
+  auto optimizer = std::make_shared<torch::optim::SGD>(
+      model->parameters(), torch::optim::SGDOptions(flags.lr).momentum(0.9));
+
+  ddp::Trainer trainer(group, model.ptr(), optimizer, sets.train,
+                       [&](const torch::Tensor& x, const torch::Tensor& y) {
+                         return torch::nn::functional::cross_entropy(model->forward(x), y);
+                       },
+                       trainer_options(flags));
+  trainer.on_reassigned = [&](const ddp::WorkerEnv&) { announce(); };
+  add_test_hooks(trainer, flags, env);
+  SampleLog sample_log(flags, env);
+  if (!flags.sample_log.empty()) add_sample_log(trainer, sample_log, env);
+
   const ddp::TrainResult result = trainer.fit();
-  if (log_fd >= 0) ::close(log_fd);
+  sample_log.close();
 
   torch::NoGradGuard no_grad;
   model->eval();
-  auto predicted = model->forward(test_set.inputs.to(group->device())).argmax(1).cpu();
-  const double accuracy = predicted.eq(test_set.targets).to(torch::kDouble).mean().item<double>();
-  if (group->rank() == 0) {
-    if (result.resumed_from_step) {
-      std::cout << "[train] resumed_from_step=" << *result.resumed_from_step << std::endl;
-    }
-    std::cout << "[train] steps=" << result.steps << " steps_this_run=" << result.steps_this_run
-              << " epochs_completed=" << result.epochs_completed
-              << " final_loss=" << result.final_loss
-              << " samples_per_s=" << result.samples_per_second
-              << " steady_steps_per_s=" << result.steady_steps_per_second
-              << " exposed_sync_s=" << result.exposed_sync_seconds << std::endl;
-    std::cout << "[train] final_accuracy=" << accuracy << std::endl;
-    if (!flags.dump_params.empty()) {
-      std::ofstream out(flags.dump_params, std::ios::binary);
-      for (const auto& p : model->parameters()) {
-        auto c = p.detach().cpu().contiguous().to(torch::kFloat);
-        out.write(static_cast<const char*>(c.data_ptr()), c.numel() * 4);
-      }
-      if (!out) throw ddp::UsageError("--dump-params " + flags.dump_params + ": write failed");
-    }
-  }
+  auto predicted = model->forward(sets.test.inputs.to(group->device())).argmax(1).cpu();
+  const double accuracy = predicted.eq(sets.test.targets).to(torch::kDouble).mean().item<double>();
+  if (group->rank() == 0) report(flags, result, accuracy, model);
   if (result.stopped_by_signal) return 143;
   return 0;
 }

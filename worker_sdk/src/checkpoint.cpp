@@ -459,6 +459,113 @@ torch::Tensor encode_checkpoint(const CheckpointState& state) {
 
 CheckpointState read_checkpoint(const std::string& path) { return decode_checkpoint(read_whole_file(path), path); }
 
+namespace {
+
+// The verified bytes of one checkpoint: the entries' data section and the buffer that every
+// tensor decoded from it views.
+struct DecodedFile {
+  const std::string& path;
+  torch::Tensor buffer;
+  char* data;
+  uint64_t file_size;
+  uint64_t data_start;
+
+  // An entry's bytes, checked to lie inside the file.
+  char* section(uint64_t offset, uint64_t size, const std::string& key) const {
+    if (data_start > file_size || offset > file_size - data_start ||
+        size > file_size - data_start - offset) {
+      throw CheckpointError("checkpoint " + path + ": entry '" + key +
+                            "' points past the end of the file");
+    }
+    return data + data_start + offset;
+  }
+};
+
+// A tensor entry's shape, each extent and their product bounded so that no size overflows.
+std::vector<int64_t> read_tensor_sizes(IndexReader& in, const std::string& path, const std::string& key,
+                                       uint64_t* numel) {
+  const uint32_t dims = in.u32();
+  if (dims > 64) {
+    throw CheckpointError("checkpoint " + path + ": entry '" + key + "' has " +
+                          std::to_string(dims) + " dimensions");
+  }
+  std::vector<int64_t> sizes;
+  *numel = 1;
+  for (uint32_t d = 0; d < dims; ++d) {
+    const uint64_t n = in.u64();
+    if (n > (uint64_t{1} << 48)) {
+      throw CheckpointError("checkpoint " + path + ": entry '" + key + "' is malformed");
+    }
+    sizes.push_back(static_cast<int64_t>(n));
+    if (__builtin_mul_overflow(*numel, n, numel)) {
+      throw CheckpointError("checkpoint " + path + ": entry '" + key + "' is malformed");
+    }
+  }
+  return sizes;
+}
+
+void decode_tensor_entry(IndexReader& in, const DecodedFile& file, const std::string& key,
+                         CheckpointState& state) {
+  const std::string& path = file.path;
+  const uint8_t code = in.u8();
+  const auto& codes = dtype_codes();
+  auto found = std::find_if(codes.begin(), codes.end(),
+                            [&](const auto& c) { return c.first == code; });
+  if (found == codes.end()) {
+    throw CheckpointError("checkpoint " + path + ": entry '" + key +
+                          "' has unknown dtype code " + std::to_string(code));
+  }
+  uint64_t numel = 1;
+  const std::vector<int64_t> sizes = read_tensor_sizes(in, path, key, &numel);
+  const uint64_t offset = in.u64(), size = in.u64();
+  const auto options = torch::TensorOptions().dtype(found->second);
+  uint64_t expected_size = 0;
+  if (__builtin_mul_overflow(numel, static_cast<uint64_t>(c10::elementSize(found->second)),
+                             &expected_size) ||
+      expected_size != size) {
+    throw CheckpointError("checkpoint " + path + ": entry '" + key +
+                          "': shape and byte length disagree");
+  }
+  char* p = file.section(offset, size, key);
+  if (size == 0) {
+    state.put(key, torch::empty(sizes, options));
+  } else {
+    // A view of the file buffer: no copy; the buffer lives as long as any such tensor.
+    state.put(key, torch::from_blob(p, sizes, [buffer = file.buffer](void*) {}, options));
+  }
+}
+
+void decode_entry(IndexReader& in, const DecodedFile& file, CheckpointState& state) {
+  const uint32_t key_size = in.u32();
+  const std::string key(in.take(key_size), key_size);
+  const uint8_t kind = in.u8();
+  switch (static_cast<CheckpointState::Kind>(kind)) {
+    case CheckpointState::Kind::kTensor:
+      decode_tensor_entry(in, file, key, state);
+      break;
+    case CheckpointState::Kind::kInt:
+      state.put_int(key, static_cast<int64_t>(in.u64()));
+      break;
+    case CheckpointState::Kind::kDouble: {
+      const uint64_t bits = in.u64();
+      double v;
+      std::memcpy(&v, &bits, 8);
+      state.put_double(key, v);
+      break;
+    }
+    case CheckpointState::Kind::kBytes: {
+      const uint64_t offset = in.u64(), size = in.u64();
+      state.put_bytes(key, std::string(file.section(offset, size, key), size));
+      break;
+    }
+    default:
+      throw CheckpointError("checkpoint " + file.path + ": entry '" + key + "' has unknown kind " +
+                            std::to_string(kind));
+  }
+}
+
+}  // namespace
+
 CheckpointState decode_checkpoint(torch::Tensor buffer, const std::string& path) {
   if (buffer.scalar_type() != torch::kUInt8 || buffer.dim() != 1 || !buffer.device().is_cpu()) {
     throw CheckpointError("checkpoint " + path + ": not a one-dimensional CPU byte tensor");
@@ -474,85 +581,10 @@ CheckpointState decode_checkpoint(torch::Tensor buffer, const std::string& path)
   }
   const uint64_t data_start = align_up(kCheckpointHeaderSize + 8 + index_size);
   IndexReader in(path, data + kCheckpointHeaderSize + 8, index_size);
-  auto section = [&](uint64_t offset, uint64_t size, const std::string& key) -> char* {
-    if (data_start > file_size || offset > file_size - data_start ||
-        size > file_size - data_start - offset) {
-      throw CheckpointError("checkpoint " + path + ": entry '" + key +
-                            "' points past the end of the file");
-    }
-    return data + data_start + offset;
-  };
+  const DecodedFile file{path, buffer, data, file_size, data_start};
   CheckpointState state;
   const uint32_t count = in.u32();
-  for (uint32_t i = 0; i < count; ++i) {
-    const uint32_t key_size = in.u32();
-    const std::string key(in.take(key_size), key_size);
-    const uint8_t kind = in.u8();
-    switch (static_cast<CheckpointState::Kind>(kind)) {
-      case CheckpointState::Kind::kTensor: {
-        const uint8_t code = in.u8();
-        const auto& codes = dtype_codes();
-        auto found = std::find_if(codes.begin(), codes.end(),
-                                  [&](const auto& c) { return c.first == code; });
-        if (found == codes.end()) {
-          throw CheckpointError("checkpoint " + path + ": entry '" + key +
-                                "' has unknown dtype code " + std::to_string(code));
-        }
-        const uint32_t dims = in.u32();
-        if (dims > 64) {
-          throw CheckpointError("checkpoint " + path + ": entry '" + key + "' has " +
-                                std::to_string(dims) + " dimensions");
-        }
-        std::vector<int64_t> sizes;
-        uint64_t numel = 1;
-        for (uint32_t d = 0; d < dims; ++d) {
-          const uint64_t n = in.u64();
-          if (n > (uint64_t{1} << 48)) {
-            throw CheckpointError("checkpoint " + path + ": entry '" + key + "' is malformed");
-          }
-          sizes.push_back(static_cast<int64_t>(n));
-          if (__builtin_mul_overflow(numel, n, &numel)) {
-            throw CheckpointError("checkpoint " + path + ": entry '" + key + "' is malformed");
-          }
-        }
-        const uint64_t offset = in.u64(), size = in.u64();
-        const auto options = torch::TensorOptions().dtype(found->second);
-        uint64_t expected_size = 0;
-        if (__builtin_mul_overflow(numel, static_cast<uint64_t>(c10::elementSize(found->second)),
-                                   &expected_size) ||
-            expected_size != size) {
-          throw CheckpointError("checkpoint " + path + ": entry '" + key +
-                                "': shape and byte length disagree");
-        }
-        char* p = section(offset, size, key);
-        if (size == 0) {
-          state.put(key, torch::empty(sizes, options));
-        } else {
-          // A view of the file buffer: no copy; the buffer lives as long as any such tensor.
-          state.put(key, torch::from_blob(p, sizes, [buffer](void*) {}, options));
-        }
-        break;
-      }
-      case CheckpointState::Kind::kInt:
-        state.put_int(key, static_cast<int64_t>(in.u64()));
-        break;
-      case CheckpointState::Kind::kDouble: {
-        const uint64_t bits = in.u64();
-        double v;
-        std::memcpy(&v, &bits, 8);
-        state.put_double(key, v);
-        break;
-      }
-      case CheckpointState::Kind::kBytes: {
-        const uint64_t offset = in.u64(), size = in.u64();
-        state.put_bytes(key, std::string(section(offset, size, key), size));
-        break;
-      }
-      default:
-        throw CheckpointError("checkpoint " + path + ": entry '" + key + "' has unknown kind " +
-                              std::to_string(kind));
-    }
-  }
+  for (uint32_t i = 0; i < count; ++i) decode_entry(in, file, state);
   return state;
 }
 

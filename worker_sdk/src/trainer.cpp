@@ -365,120 +365,168 @@ void Trainer::resume(Run& run) {
       (oldest == newest ? std::string(", every rank held it)") : ", sent to the ranks that did not hold it)"));
 }
 
-void Trainer::train_round(Run& run) {
-  TrainResult& result = run.result;
-  const int rank = group_->rank();
-  const int world = group_->world_size();
-  resume(run);
+// Lives for one train_round(), on the training thread.
+struct Trainer::Round {
+  Round(const Trainer& trainer, const Run& run)
+      : rank(trainer.group_->rank()),
+        world(trainer.group_->world_size()),
+        ddp(trainer.model_, trainer.group_, trainer.options_.ddp),
+        sampler(trainer.data_.size(), rank, world, trainer.options_.sampler),
+        step(run.step) {
+    sampler.restore(run.position);
+    window_start = std::chrono::steady_clock::now();
+  }
 
-  DistributedDataParallel ddp(model_, group_, options_.ddp);
-  DistributedSampler sampler(data_.size(), rank, world, options_.sampler);
-  sampler.restore(run.position);
-
-  const auto device = group_->device();
-  auto window_start = std::chrono::steady_clock::now();
+  const int rank;
+  const int world;
+  DistributedDataParallel ddp;
+  DistributedSampler sampler;
+  std::chrono::steady_clock::time_point window_start;
   int64_t window_samples = 0;
-  auto flag = torch::zeros({2}, torch::kDouble);
-  // Heartbeats to the agent (--hang_timeout, crash-loop detection): one per optimizer step.
-  Progress& progress = Progress::instance();
-  int64_t step = run.step;
+  torch::Tensor flag = torch::zeros({2}, torch::kDouble);
+  int64_t step;
+};
 
+namespace {
+
+// The next optimizer step's micro-batches (fewer at the end of an epoch); `step_indices` gets
+// all their samples.
+std::vector<std::vector<int64_t>> next_micro_batches(DistributedSampler& sampler, const TrainerOptions& options,
+                                                     std::vector<int64_t>& step_indices) {
+  std::vector<std::vector<int64_t>> micro;
+  for (int64_t m = 0; m < options.accumulation_steps && !sampler.epoch_done(); ++m) {
+    micro.push_back(sampler.next_batch(options.batch_size));
+    step_indices.insert(step_indices.end(), micro.back().begin(), micro.back().end());
+  }
+  return micro;
+}
+
+}  // namespace
+
+void Trainer::train_round(Run& run) {
+  resume(run);
+  Round round(*this, run);
   for (int64_t epoch = run.position.epoch; epoch < options_.epochs && !run.stop; ++epoch) {
-    if (epoch != sampler.epoch()) sampler.set_epoch(epoch);
-    while (!sampler.epoch_done()) {
-      if (options_.max_steps >= 0 && step >= options_.max_steps) {
+    if (epoch != round.sampler.epoch()) round.sampler.set_epoch(epoch);
+    while (!round.sampler.epoch_done()) {
+      if (options_.max_steps >= 0 && round.step >= options_.max_steps) {
         run.stop = true;
         break;
       }
-      std::vector<std::vector<int64_t>> micro;
-      std::vector<int64_t> step_indices;
-      for (int64_t m = 0; m < options_.accumulation_steps && !sampler.epoch_done(); ++m) {
-        micro.push_back(sampler.next_batch(options_.batch_size));
-        step_indices.insert(step_indices.end(), micro.back().begin(), micro.back().end());
-      }
-      // A restart that no collective of this rank waits through (a node joined, world size 1)
-      // is seen here, before the step begins.
-      if (run.in_memory && progress.round_abandoned()) {
-        throw RoundAbandoned("step " + std::to_string(step) + ": the agent abandoned the round");
-      }
-      StepInfo info{step, epoch, rank, world, &step_indices, 0};
-      if (on_step_begin) on_step_begin(info);
-      progress.set_phase("forward/backward");
-
-      // Agreement on stopping (and the previous step's mean loss) travels in one small
-      // all-reduce that runs while this step computes.
-      flag[0] = stop_requested() ? 1.0 : 0.0;
-      flag[1] = std::isnan(run.last_local_loss) ? 0.0 : run.last_local_loss;
-      PendingWork flag_work = group_->allreduce_sum_async(flag);
-
-      optimizer_->zero_grad();
-      double loss_sum = 0;
-      for (size_t m = 0; m < micro.size(); ++m) {
-        auto index = torch::from_blob(micro[m].data(), {static_cast<int64_t>(micro[m].size())},
-                                      torch::kLong);
-        auto x = data_.inputs.index_select(0, index).to(device);
-        auto y = data_.targets.index_select(0, index).to(device);
-        torch::Tensor loss = loss_(x, y);
-        loss_sum += loss.item<double>();
-        torch::Tensor scaled = micro.size() > 1 ? loss / static_cast<double>(micro.size()) : loss;
-        if (m + 1 < micro.size()) {
-          auto guard = ddp.no_sync();
-          scaled.backward();
-        } else {
-          ddp.backward(scaled);
-        }
-      }
-      progress.set_phase("step sync");
-      flag_work.wait();
-      // Every collective of the step completed: only now the update, so that a round abandoned
-      // during the step leaves the model and optimizer at the last completed step.
-      optimizer_->step();
-      ++step;
-      run.step = step;
-      run.position = sampler.position();
-      ++result.steps_this_run;
-      progress.step(step);
-      progress.set_phase("between steps");
-      run.steady_end = std::chrono::steady_clock::now();
-      if (result.steps_this_run == kSteadyWarmupSteps) run.steady_start = run.steady_end;
-      run.stop = flag[0].item<double>() > 0;
-      if (!std::isnan(run.last_local_loss)) run.previous_global_loss = flag[1].item<double>() / world;
-      run.last_local_loss = loss_sum / static_cast<double>(micro.size());
-      const int64_t step_samples = static_cast<int64_t>(step_indices.size()) * world;
-      window_samples += step_samples;
-      run.run_samples += step_samples;
-
-      info.loss = run.last_local_loss;
-      if (on_step_end) on_step_end(info);
-
-      if (options_.log_every > 0 && step % options_.log_every == 0) {
-        const auto now = std::chrono::steady_clock::now();
-        const double seconds = std::chrono::duration<double>(now - window_start).count();
-        std::ostringstream line;
-        line << "epoch " << epoch << " step " << step << " loss " << run.previous_global_loss
-             << " samples/s " << (seconds > 0 ? window_samples / seconds : 0.0);
-        log(line.str());
-        window_start = now;
-        window_samples = 0;
-      }
-      if (run.stop) {
-        log("SIGTERM: stopping after step " + std::to_string(step));
-        result.stopped_by_signal = true;
-        break;
-      }
-      if (options_.checkpoint_every > 0 && step % options_.checkpoint_every == 0) {
-        save(step, sampler.position(), result);
-        run.last_saved = step;
-      }
+      if (!train_step(run, round, epoch)) break;
     }
-    if (!run.stop) result.epochs_completed = epoch + 1;
+    if (!run.stop) run.result.epochs_completed = epoch + 1;
   }
-  progress.done();  // the final checkpoint and evaluation below are not a hang
+  Progress::instance().done();  // the final checkpoint and evaluation below are not a hang
+  finish_round(run, round);
+}
+
+// One optimizer step; false when SIGTERM stops the training after it.
+bool Trainer::train_step(Run& run, Round& round, int64_t epoch) {
+  TrainResult& result = run.result;
+  Progress& progress = Progress::instance();
+  std::vector<int64_t> step_indices;
+  std::vector<std::vector<int64_t>> micro = next_micro_batches(round.sampler, options_, step_indices);
+  // A restart that no collective of this rank waits through (a node joined, world size 1)
+  // is seen here, before the step begins.
+  if (run.in_memory && progress.round_abandoned()) {
+    throw RoundAbandoned("step " + std::to_string(round.step) + ": the agent abandoned the round");
+  }
+  StepInfo info{round.step, epoch, round.rank, round.world, &step_indices, 0};
+  if (on_step_begin) on_step_begin(info);
+  progress.set_phase("forward/backward");
+
+  // Agreement on stopping (and the previous step's mean loss) travels in one small
+  // all-reduce that runs while this step computes.
+  round.flag[0] = stop_requested() ? 1.0 : 0.0;
+  round.flag[1] = std::isnan(run.last_local_loss) ? 0.0 : run.last_local_loss;
+  PendingWork flag_work = group_->allreduce_sum_async(round.flag);
+
+  const double loss_sum = forward_backward(round, micro);
+  progress.set_phase("step sync");
+  flag_work.wait();
+  // Every collective of the step completed: only now the update, so that a round abandoned
+  // during the step leaves the model and optimizer at the last completed step.
+  optimizer_->step();
+  const int64_t step = ++round.step;
+  run.step = step;
+  run.position = round.sampler.position();
+  ++result.steps_this_run;
+  // Heartbeats to the agent (--hang_timeout, crash-loop detection): one per optimizer step.
+  progress.step(step);
+  progress.set_phase("between steps");
+  run.steady_end = std::chrono::steady_clock::now();
+  if (result.steps_this_run == kSteadyWarmupSteps) run.steady_start = run.steady_end;
+  run.stop = round.flag[0].item<double>() > 0;
+  if (!std::isnan(run.last_local_loss)) run.previous_global_loss = round.flag[1].item<double>() / round.world;
+  run.last_local_loss = loss_sum / static_cast<double>(micro.size());
+  const int64_t step_samples = static_cast<int64_t>(step_indices.size()) * round.world;
+  round.window_samples += step_samples;
+  run.run_samples += step_samples;
+
+  info.loss = run.last_local_loss;
+  if (on_step_end) on_step_end(info);
+
+  log_throughput(run, round, epoch);
+  if (run.stop) {
+    log("SIGTERM: stopping after step " + std::to_string(step));
+    result.stopped_by_signal = true;
+    return false;
+  }
+  if (options_.checkpoint_every > 0 && step % options_.checkpoint_every == 0) {
+    save(step, round.sampler.position(), result);
+    run.last_saved = step;
+  }
+  return true;
+}
+
+// The gradients of one optimizer step, all-reduced with the last micro-batch's backward;
+// returns the sum of the micro-batches' losses.
+double Trainer::forward_backward(Round& round, std::vector<std::vector<int64_t>>& micro) {
+  const auto device = group_->device();
+  optimizer_->zero_grad();
+  double loss_sum = 0;
+  for (size_t m = 0; m < micro.size(); ++m) {
+    auto index = torch::from_blob(micro[m].data(), {static_cast<int64_t>(micro[m].size())},
+                                  torch::kLong);
+    auto x = data_.inputs.index_select(0, index).to(device);
+    auto y = data_.targets.index_select(0, index).to(device);
+    torch::Tensor loss = loss_(x, y);
+    loss_sum += loss.item<double>();
+    torch::Tensor scaled = micro.size() > 1 ? loss / static_cast<double>(micro.size()) : loss;
+    if (m + 1 < micro.size()) {
+      auto guard = round.ddp.no_sync();
+      scaled.backward();
+    } else {
+      round.ddp.backward(scaled);
+    }
+  }
+  return loss_sum;
+}
+
+// Every log_every steps: the mean loss and the samples per second since the last such line.
+void Trainer::log_throughput(const Run& run, Round& round, int64_t epoch) {
+  const int64_t step = round.step;
+  if (options_.log_every <= 0 || step % options_.log_every != 0) return;
+  const auto now = std::chrono::steady_clock::now();
+  const double seconds = std::chrono::duration<double>(now - round.window_start).count();
+  std::ostringstream line;
+  line << "epoch " << epoch << " step " << step << " loss " << run.previous_global_loss
+       << " samples/s " << (seconds > 0 ? round.window_samples / seconds : 0.0);
+  log(line.str());
+  round.window_start = now;
+  round.window_samples = 0;
+}
+
+// The round's last checkpoint (unless its last step is saved already) and the mean final loss.
+void Trainer::finish_round(Run& run, Round& round) {
+  TrainResult& result = run.result;
+  const int64_t step = round.step;
   if (run.position.epoch >= options_.epochs) result.epochs_completed = options_.epochs;
 
   if (step != run.last_saved || result.stopped_by_signal) {
-    SamplerPosition final_position = sampler.position();
-    if (!result.stopped_by_signal && sampler.epoch_done() && final_position.epoch + 1 <= options_.epochs &&
+    SamplerPosition final_position = round.sampler.position();
+    if (!result.stopped_by_signal && round.sampler.epoch_done() && final_position.epoch + 1 <= options_.epochs &&
         result.epochs_completed == options_.epochs) {
       final_position = SamplerPosition{options_.epochs, 0};
     }
@@ -491,9 +539,9 @@ void Trainer::train_round(Run& run) {
   auto final_loss = torch::tensor({std::isnan(run.last_local_loss) ? 0.0 : run.last_local_loss},
                                   torch::kDouble);
   group_->allreduce_sum(final_loss);
-  if (!std::isnan(run.last_local_loss)) result.final_loss = final_loss.item<double>() / world;
+  if (!std::isnan(run.last_local_loss)) result.final_loss = final_loss.item<double>() / round.world;
   result.steps = step;
-  result.exposed_sync_seconds += ddp.stats().exposed_sync_seconds;
+  result.exposed_sync_seconds += round.ddp.stats().exposed_sync_seconds;
 }
 
 namespace {

@@ -109,7 +109,12 @@ class Trainer {
   void receive_state(Run& run, int64_t newest, int64_t held);
   void restore(const CheckpointState& state, const std::string& from, Run& run);
   CheckpointState capture(int64_t step, const SamplerPosition& position) const;
+  struct Round;  // one round's DDP wrapper, sampler and throughput window (trainer.cpp)
   void train_round(Run& run);
+  bool train_step(Run& run, Round& round, int64_t epoch);
+  double forward_backward(Round& round, std::vector<std::vector<int64_t>>& micro);
+  void log_throughput(const Run& run, Round& round, int64_t epoch);
+  void finish_round(Run& run, Round& round);
   void park(Run& run);
   void save(int64_t step, const SamplerPosition& position, TrainResult& result);
 
