@@ -111,7 +111,8 @@ class TorchrunDocTest(unittest.TestCase):
         self.assertEqual(missing, [], "variables of torch's launcher not in docs/torchrun.md")
 
     def test_the_worker_environment_table_lists_what_either_launcher_sets(self):
-        listed = {backticked(row[0])[0] for row in table(self.doc, "## The worker environment")}
+        # A row may name several variables that go together (`DDPLAUNCH_PROGRESS_FILE`, `..._SLOT`).
+        listed = {name for row in table(self.doc, "## The worker environment") for name in backticked(row[0])}
         from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
         torch_src = inspect.getsource(LocalElasticAgent._start_workers) + inspect.getsource(
             LocalElasticAgent._set_local_rank_env)
