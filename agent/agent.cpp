@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <deque>
 #include <array>
 #include <cerrno>
 #include <chrono>
@@ -33,6 +34,7 @@
 #include "agent/logs.h"
 #include "agent/park_policy.h"
 #include "agent/policy.h"
+#include "agent/progress_line.h"
 #include "agent/shutdown_policy.h"
 #include "agent/standby.h"
 #include "agent/standby_schedule.h"
@@ -79,6 +81,7 @@ struct Worker {
   bool given_up = false;                  // did not exit after SIGKILL (stuck in the kernel)
   bool python = false;                    // runs under the Python interpreter (faulthandler)
   bool hung = false;                      // declared hung: its exit is a failure, whatever its status
+  int dump_signal = 0;                    // hung, its dump signal not sent yet (it waits its turn)
   bool recorded = false;                  // its failure is in `failures`
   std::string note;                       // why the agent stopped it; heads its failure message
   // In-memory restart (docs/agent.md, "In-memory restart: the worker channel"): the agent's end
@@ -146,6 +149,7 @@ struct Agent::Impl {
         give_up_timer(io),
         progress_timer(io),
         dump_timer(io),
+        dump_step_timer(io),
         health_timer(io),
         health_deadline(io),
         standby_timer(io),
@@ -172,6 +176,9 @@ struct Agent::Impl {
   asio::steady_timer give_up_timer;
   asio::steady_timer progress_timer;  // samples the progress board (--hang_timeout)
   asio::steady_timer dump_timer;      // SIGKILLs hung workers that did not die of their dump signal
+  asio::steady_timer dump_step_timer;  // the next hung worker's dump signal, if the last one lives on
+  std::deque<int> dumps_due;          // hung workers (pids) whose dump signal waits its turn
+  int dumping = 0;                    // the hung worker whose stacks are being written
   asio::steady_timer health_timer;    // the next --check_health (retry before a join, or periodic)
   asio::steady_timer health_deadline; // kills a check that runs too long
   asio::steady_timer standby_timer;   // starts the next standbys once the round is up (schedule_standbys)
@@ -623,6 +630,7 @@ struct Agent::Impl {
     if (it == nullptr) return;  // not ours (or from an earlier round)
     it->alive = false;
     it->status = st;
+    if (pid == dumping) send_next_dump();
     if (it->link) it->link->close();
     // A failure is recorded with what the summary shows (record_failure); every other exit here.
     if (state != State::kRunning || st.success()) {
@@ -764,7 +772,9 @@ struct Agent::Impl {
         case AtStop::kSignal:
           w.park = ParkState::kNo;
           signalled = true;
-          processes->signal_group(w.pid, signo);
+          // A hung worker gets its dump signal instead, in its turn, and SIGKILL if it outlives it:
+          // a stop signal could end it before its stacks are written.
+          if (!w.hung) processes->signal_group(w.pid, signo);
           break;
       }
     }
@@ -851,6 +861,10 @@ struct Agent::Impl {
     kill_timer.cancel();
     give_up_timer.cancel();
     dump_timer.cancel();
+    dump_step_timer.cancel();
+    dumps_due.clear();
+    dumping = 0;
+    ProgressLine::console().release();
     park_timer.cancel();
     // Leftovers in the workers' process groups (their own children) go with them, and with a
     // cgroup, also those that left their group (setsid). Parked workers stay, and with them the
@@ -948,6 +962,7 @@ struct Agent::Impl {
       if (state != State::kRunning) return;
       const double now = monotonic_seconds();
       sample_progress(now);
+      if (auto line = hang.silence(now, !options.command.no_python)) say(*line);
       std::vector<WatchedWorker> watched;
       for (const auto& w : workers) {
         if (w.alive) watched.push_back({ref(w), w.python, w.hung});
@@ -961,21 +976,46 @@ struct Agent::Impl {
     });
   }
 
-  // Each hung worker is sent its dump signal; its exit is then a failure like any other, headed
-  // by what the board said about it. Those still alive after the dump grace are killed.
+  // Each hung worker is sent its dump signal, one at a time (HangWatch::kDumpStep); its exit is
+  // then a failure like any other, headed by what the board said about it. Those still alive
+  // kDumpGrace after the last dump signal are killed.
   void declare_hangs(const HangVerdict& verdict) {
     for (const auto& h : verdict.declared) {
       Worker* w = live_worker(h.pid);
       w->hung = true;
+      w->dump_signal = h.signal;
       w->note = h.note;
       say(h.message);
-      processes->signal_process(h.pid, h.signal);
+      dumps_due.push_back(h.pid);
     }
-    arm(dump_timer, verdict.sigkill_at, [this] {
-      for (auto& w : workers) {
-        if (w.alive && w.hung) processes->signal_group(w.pid, SIGKILL);
+    send_next_dump();
+  }
+
+  void send_next_dump() {
+    dumping = 0;
+    while (!dumps_due.empty()) {
+      Worker* w = live_worker(dumps_due.front());
+      dumps_due.pop_front();
+      if (w == nullptr) continue;
+      if (w->dump_signal == SIGABRT) {
+        // Its stacks go to the console in one piece: what the agent said is out first, and what
+        // it says meanwhile waits (a Python worker's dump takes milliseconds).
+        OutputQueue::console().flush(std::chrono::milliseconds(200));
+        ProgressLine::console().hold();
       }
-    });
+      processes->signal_process(w->pid, w->dump_signal);
+      w->dump_signal = 0;
+      dumping = w->pid;
+      const double now = monotonic_seconds();
+      arm(dump_step_timer, now + HangWatch::kDumpStep, [this] { send_next_dump(); });
+      arm(dump_timer, now + HangWatch::kDumpGrace, [this] {
+        for (auto& w : workers) {
+          if (w.alive && w.hung) processes->signal_group(w.pid, SIGKILL);
+        }
+      });
+      return;
+    }
+    ProgressLine::console().release();
   }
 
   // After a failed round: did any rank get beyond the job's best step or checkpoint?
@@ -1534,6 +1574,8 @@ struct Agent::Impl {
     give_up_timer.cancel();
     progress_timer.cancel();
     dump_timer.cancel();
+    dump_step_timer.cancel();
+    ProgressLine::console().release();
     health_timer.cancel();
     health_deadline.cancel();
     standby_timer.cancel();

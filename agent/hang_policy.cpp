@@ -36,4 +36,15 @@ HangVerdict HangWatch::check(const std::vector<WatchedWorker>& workers, double n
   return verdict;
 }
 
+std::optional<std::string> HangWatch::silence(double now, bool python) {
+  if (!policy_.enabled() || said_silence_ || monitor_.any_beat()) return std::nullopt;
+  const double wait = policy_.automatic ? policy_.auto_floor : policy_.timeout;
+  if (now - round_began_ < wait) return std::nullopt;
+  said_silence_ = true;
+  return std::string("--hang_timeout: no worker has reported a step in ") + seconds_text(wait) +
+         " s, and a worker is watched only from its first step: " +
+         (python ? "a step is an optimizer.step() (torch 2.0 and later) or a ddplaunch.step() call"
+                 : "a step is reported through the worker SDK (ddp::Progress, or its Trainer)");
+}
+
 }  // namespace ddp::agent

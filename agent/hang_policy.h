@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,14 +37,19 @@ struct HungWorker {
 
 struct HangVerdict {
   bool hang = false;                 // a hang was seen: sampling stops for this round
-  std::vector<HungWorker> declared;  // the workers it takes (not declared before)
-  double sigkill_at = -1;            // SIGKILL to the declared workers still alive then (hang only)
+  std::vector<HungWorker> declared;  // the workers it takes (not declared before), to signal in order
+  double sigkill_at = -1;            // SIGKILL to the declared workers still alive then (hang only),
+                                     // kDumpGrace after the last of them is signalled
 };
 
 class HangWatch {
  public:
   // Seconds between a dump signal and the SIGKILL of a worker that survived it.
   static constexpr double kDumpGrace = 5.0;
+  // The declared workers get their dump signals one at a time, so that two stack dumps never
+  // interleave on a console they share: the next when the previous has exited, at the latest
+  // this many seconds after it was signalled.
+  static constexpr double kDumpStep = 1.0;
 
   HangWatch(HangPolicy policy, int slots);
   // Seconds between samples: often enough that a hang is declared within 2% of a fixed timeout,
@@ -51,16 +57,26 @@ class HangWatch {
   double period() const;
   bool enabled() const { return policy_.enabled(); }
   // A new round's workers started at `now`.
-  void round_started(double now) { monitor_.reset(now); }
+  void round_started(double now) {
+    monitor_.reset(now);
+    round_began_ = now;
+  }
   void observe(int slot, const ProgressSample& sample, double now) { monitor_.observe(slot, sample, now); }
   // What the samples say at `now` about `workers` (the live ones). Never a hang when disabled.
   HangVerdict check(const std::vector<WatchedWorker>& workers, double now) const;
   // What this round reported: crash-loop detection compares it across rounds.
   const HangMonitor& monitor() const { return monitor_; }
 
+  // A watch with nothing to watch says so: once per job, when hang detection is on and no rank of
+  // the round has reported a step for the timeout (the floor of auto) since the round began,
+  // what to say; else nullopt. `python`: the workers are Python programs.
+  std::optional<std::string> silence(double now, bool python);
+
  private:
   HangPolicy policy_;
   HangMonitor monitor_;
+  double round_began_ = 0;
+  bool said_silence_ = false;
 };
 
 }  // namespace ddp::agent

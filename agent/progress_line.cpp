@@ -43,6 +43,10 @@ void ProgressLine::erase() {
 }
 
 void ProgressLine::line(const std::string& text) {
+  if (held_) {
+    held_lines_ += text;
+    return;
+  }
   const std::string drawn = drawn_;
   erase();
   write_(text);
@@ -50,6 +54,14 @@ void ProgressLine::line(const std::string& text) {
     write_(drawn);
     drawn_ = drawn;
   }
+}
+
+void ProgressLine::release() {
+  held_ = false;
+  if (held_lines_.empty()) return;
+  std::string lines;
+  lines.swap(held_lines_);
+  line(lines);
 }
 
 }  // namespace ddp::agent

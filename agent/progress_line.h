@@ -30,6 +30,10 @@ class ProgressLine {
   void clear();
   // Writes `text` (whole lines, ending in '\n') as a line of its own.
   void line(const std::string& text);
+  // While held, lines wait, and release() writes them in order: the stacks that hung workers
+  // write to a console they share are not cut by the agent's own lines.
+  void hold() { held_ = true; }
+  void release();
 
   bool terminal() const { return terminal_; }
 
@@ -46,6 +50,8 @@ class ProgressLine {
   std::string key_;       // of the wait shown last ("" after clear())
   std::string drawn_;     // the text on the terminal's last line ("" when none)
   double last_logged_ = -1e300;
+  bool held_ = false;
+  std::string held_lines_;
 };
 
 }  // namespace ddp::agent

@@ -116,13 +116,15 @@ std::map<std::string, std::string> worker_env(const RoundEnv& round, int local_r
 namespace {
 
 // What a Python worker needs from its interpreter's start, the same in every round: `import
-// ddplaunch`, and faulthandler for the stacks of a hung worker.
+// ddplaunch` and its start-up hook (python/sitecustomize.py, which runs the sitecustomize it
+// hides), and faulthandler for the stacks of a hung worker. The helper directory goes first, so
+// that a sitecustomize on the user's PYTHONPATH does not hide ours.
 void add_python_env(const WorkerSetup& setup, const std::map<std::string, std::string>& inherited,
                     std::map<std::string, std::string>& env) {
   if (!setup.python) return;
   if (!setup.python_helper_dir.empty()) {
     auto& path = env["PYTHONPATH"];
-    path = path.empty() ? setup.python_helper_dir : path + ":" + setup.python_helper_dir;
+    path = path.empty() ? setup.python_helper_dir : setup.python_helper_dir + ":" + path;
   }
   if (setup.fault_handler && inherited.count("PYTHONFAULTHANDLER") == 0) env["PYTHONFAULTHANDLER"] = "1";
 }

@@ -1,6 +1,6 @@
 """The programs the benchmarks measure ddplaunch against, found in the benchmark Python
-environment: $DDPLAUNCH_BENCH_PYTHON, which bench/run sets to the project venv's python
-(scripts/python-env: torch 2.x from PyPI, nvidia-resiliency-ext, torchft).
+environment: $DDPLAUNCH_BENCH_PYTHON, which bench/run sets to the benchmarks' venv's python
+(scripts/python-env --bench: nvidia-resiliency-ext and torchft on the workers' torch 2.x).
 
 torchrun is that torch's own `torchrun`; with Debian's /usr/bin/python3 (torch 1.13, whose
 torchrun crashes on Python 3.11) it is bench/torchrun_shim.py, as before."""

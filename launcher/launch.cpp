@@ -419,6 +419,19 @@ void resolve_standby(const LaunchConfig& config, agent::AgentOptions& o) {
   }
 }
 
+// --hang_timeout watches the steps workers report. A Python worker reports every optimizer step
+// with no code change (python/ddplaunch_autostart.py); another program only through the worker
+// SDK. One that is neither run by Python nor marked as an SDK program is said at start-up: it may
+// well report nothing, and then nothing is watched.
+void say_what_hang_detection_watches(const agent::AgentOptions& o) {
+  if (!o.hang.enabled() || !o.command.no_python || has_elf_section(o.command.program, kStandbyMarkSection)) return;
+  std::fprintf(stderr,
+               "ddplaunch: --hang_timeout: %s is not run by Python, so it is watched only if it reports its steps "
+               "through the worker SDK (ddp::Progress or ddp::Trainer); a worker that reports none is never "
+               "declared hung\n",
+               o.command.program.c_str());
+}
+
 // --in_memory_restart: 'auto' is on for programs that link the worker SDK (the ELF
 // mark --standby uses), which speak the worker channel; Python programs do not. 'on' gives every
 // worker the channel: a program that never says it is restartable is stopped as without it.
@@ -487,6 +500,7 @@ agent::AgentOptions make_agent_options(const LaunchConfig& config, const Resolve
     o.standby_delay_max = parse_seconds({t, "DDPLAUNCH_STANDBY_DELAY_MAX"});
   }
   resolve_in_memory_restart(config, o);
+  say_what_hang_detection_watches(o);
   o.health_check = config.health_check;
   o.health_check_interval = config.health_check_interval;
   o.file_timer_path = file_timer_path(log_dir);

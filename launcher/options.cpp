@@ -98,9 +98,10 @@ const std::vector<OptionSpec> kOptions = {
   {"shutdown_timeout", 0, false, "SECONDS", "30",
    Group::kFaultTolerance, "Grace between SIGTERM and SIGKILL when workers are stopped."},
   {"hang_timeout", 0, false, "SECONDS|auto", "off",
-   Group::kFaultTolerance, "A rank that reported progress (ddplaunch.step() in Python, every "
-   "step of the worker SDK) and then reports none for SECONDS hangs: its stacks are dumped and "
-   "the group restarts. 'auto': 5 x the slowest step seen, at least 60 s (docs/agent.md)."},
+   Group::kFaultTolerance, "A rank that reported a step (every optimizer.step() of a Python "
+   "worker, or ddplaunch.step(); every step of the worker SDK) and then reports none for SECONDS "
+   "hangs: its stacks are dumped and the group restarts. 'auto': 5 x the slowest step seen, at "
+   "least 60 s (docs/agent.md)."},
   {"crash_loop_limit", 0, false, "N", "0 (off)",
    Group::kFaultTolerance, "Fail the job after N restarts in a row in which no rank reported a "
    "step or checkpoint beyond the best seen so far."},

@@ -373,6 +373,8 @@ def main():
         sys.stderr.write("ddplaunch standby: DDPLAUNCH_STANDBY_FD=%r is not a descriptor number >= 3; "
                          "not running %s\n" % (fd_text, program))
         return 1
+    import ddplaunch_autostart  # beside this file; before torch is imported (python/sitecustomize.py's work)
+    ddplaunch_autostart.install()
     caught, problems = _preload([m for m in preload.split(",") if m])
     _say_ready(int(fd_text))
     try:

@@ -1,5 +1,8 @@
 """Progress heartbeats for Python workers run by ddplaunch (docs/worker-sdk.md, "Progress").
 
+Every optimizer.step() of a worker is a heartbeat already, with no import (torch 2.0 and later;
+python/ddplaunch_autostart.py). A script calls these to say more, or to count its own steps:
+
     import ddplaunch
     for batch in loader:
         train_step(batch)
@@ -41,6 +44,7 @@ _words = None   # memoryview of the slot's beats, step and checkpoint as unsigne
 _bytes = None   # memoryview of the slot's bytes
 _beats = 0
 _step = 0
+_explicit = False  # step() was called: the optimizer's steps no longer count
 
 
 def _open():
@@ -77,18 +81,36 @@ def enabled():
 
 
 def step(n=None):
-    """Reports a completed step: `n` is its number (default: one more than the last)."""
-    global _beats, _step
-    words = _words
-    if words is None:
+    """Reports a completed step: `n` is its number (default: one more than the last this function
+    reported). From the first call on, optimizer.step() is no longer counted as a step."""
+    global _step, _explicit
+    if not _explicit:
+        _explicit = True
+        _step = 0
+    if _words is None:
         return
     if n is None:
         _step += 1
     else:
         _step = int(n) & 0xFFFFFFFFFFFFFFFF  # stored unsigned; never an error in a training loop
-    words[_STEP_WORD] = _step
+    _write_step()
+
+
+def _optimizer_step():
+    """The heartbeat of one optimizer.step() (python/ddplaunch_autostart.py), until step() is
+    called."""
+    global _step
+    if _explicit or _words is None:
+        return
+    _step += 1
+    _write_step()
+
+
+def _write_step():
+    global _beats
+    _words[_STEP_WORD] = _step
     _beats += 1
-    words[_BEATS_WORD] = _beats  # last: the agent sees the step with the beat
+    _words[_BEATS_WORD] = _beats  # last: the agent sees the step with the beat
 
 
 def abandoned():

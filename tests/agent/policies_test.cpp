@@ -176,6 +176,45 @@ TEST_SUITE("hang detection samples the board and sends hung workers their dump s
     CHECK(watch.monitor().best_step() == -1);
     CHECK_FALSE(watch.check({{{1, 0, 0}, false, false}}, 100).hang);
   }
+
+  TEST_CASE("a watch that sees no step for its timeout says once that nothing reports, and how a step is made") {
+    HangPolicy automatic;
+    automatic.automatic = true;
+    struct SilenceRow {
+      std::string name;
+      HangPolicy policy;
+      bool beat;   // a rank beat at 1 s
+      double now;  // the round began at 0
+      bool said;
+    };
+    const std::vector<SilenceRow> rows = {
+        {"no step before the timeout: not yet", fixed(5), false, 4.9, false},
+        {"no step for the timeout: said", fixed(5), false, 5, true},
+        {"a step was seen: nothing to say", fixed(5), true, 100, false},
+        {"auto waits for its floor", automatic, false, 59, false},
+        {"auto says it at its floor", automatic, false, 60, true},
+        {"without --hang_timeout nothing is watched, nothing is said", HangPolicy{}, false, 1e9, false},
+    };
+    for (const auto& row : rows) {
+      CAPTURE(row.name);
+      HangWatch watch(row.policy, 1);
+      watch.round_started(0);
+      if (row.beat) watch.observe(0, beat(1, 1), 1);
+      CHECK(watch.silence(row.now, true).has_value() == row.said);
+    }
+    HangWatch watch(fixed(5), 1);
+    watch.round_started(0);
+    const auto python = watch.silence(6, true);
+    REQUIRE(python);
+    CHECK(*python == "--hang_timeout: no worker has reported a step in 5 s, and a worker is watched only from its "
+                     "first step: a step is an optimizer.step() (torch 2.0 and later) or a ddplaunch.step() call");
+    CHECK_FALSE(watch.silence(7, true));  // once per job, not once per round
+    watch.round_started(10);
+    CHECK_FALSE(watch.silence(20, true));
+    HangWatch sdk(fixed(5), 1);
+    sdk.round_started(0);
+    CHECK(sdk.silence(6, false)->find("through the worker SDK (ddp::Progress, or its Trainer)") != std::string::npos);
+  }
 }
 
 TEST_SUITE("crash loops and no-restart exit codes end the job instead of restarting it") {

@@ -85,4 +85,20 @@ TEST_SUITE("a wait shows its progress in place on a terminal and sparingly in a 
     line.show("reconnect", "reconnecting, attempt 2", 1.0, false);
     CHECK(console.chunks == std::vector<std::string>{"ddplaunch: reconnecting, attempt 1\n"});
   }
+
+  TEST_CASE("held lines wait and come out in order on release, after which lines go out at once") {
+    Console console;
+    ProgressLine line([&](std::string c) { console.chunks.push_back(std::move(c)); }, false, 5.0, 80);
+    line.line("ddplaunch: before\n");
+    line.hold();
+    line.line("ddplaunch: one\n");
+    line.line("ddplaunch: two\n");
+    CHECK(console.all() == "ddplaunch: before\n");
+    line.release();
+    CHECK(console.all() == "ddplaunch: before\nddplaunch: one\nddplaunch: two\n");
+    line.line("ddplaunch: after\n");
+    CHECK(console.all() == "ddplaunch: before\nddplaunch: one\nddplaunch: two\nddplaunch: after\n");
+    line.release();  // nothing held: nothing written
+    CHECK(console.chunks.size() == 3);
+  }
 }

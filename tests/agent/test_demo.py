@@ -17,6 +17,7 @@ class Demo(LaunchTestCase):
         result = self.launch(["--nproc_per_node=2", "--python", PYTHON, script, "--steps", "200"], timeout=180)
         self.assertEqual(result.returncode, 0, result.describe())
         self.assertIn("training on 2 workers", result.stdout)
+        self.assertNotIn("Warning", result.stderr, "the project's environment makes no worker warn")
         losses = [float(x) for x in re.findall(r"loss ([0-9.]+)", result.stdout)]
         self.assertEqual(len(losses), 4, result.describe())  # steps 50..200, printed once (rank 0)
         self.assertLess(losses[-1], losses[0] * 0.5, result.describe())

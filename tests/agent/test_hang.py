@@ -148,7 +148,9 @@ class MultiNodeHang(LaunchTestCase):
         codes = [n.wait(240) for n in nodes]
         both = "\n".join(n.describe() for n in nodes)
         self.assertEqual(codes, [0, 0], both)
-        self.assertIn("rank 1 made no progress for", both)
+        # Rank 1 blocked and rank 0 waits for it in the all-reduce: both stop beating at the same
+        # step, and whichever node declares its rank first restarts the job on both.
+        self.assertIn("made no progress for", both)
         self.assertIn("restarting the workers", nodes[0].stderr() + nodes[1].stderr())
         self.assertEqual(load(os.path.join(self.out, "step_1_0.json"))["step"], 5, both)
         self.assertEqual(load(os.path.join(self.out, "step_1_1.json"))["step"], 5, both)
@@ -225,6 +227,47 @@ class HealthCheck(LaunchTestCase):
         open(healthy, "w").close()
         self.assertEqual(proc.wait(60), 0, proc.describe())
         self.assertTrue(os.path.exists(os.path.join(self.out, "start_1_0")), proc.describe())
+
+
+# A Python worker with no optimizer and no ddplaunch.step(): it reports nothing. It waits for the
+# test to say it may end (a file), at most 120 s.
+NO_STEPS = """
+import os, time
+go = os.path.join(os.environ["OUT_DIR"], "go")
+deadline = time.monotonic() + 120
+while not os.path.exists(go) and time.monotonic() < deadline:
+    time.sleep(0.05)
+"""
+
+
+class NothingToWatch(LaunchTestCase):
+    """--hang_timeout with nothing to watch says so, once."""
+
+    def test_a_program_that_is_neither_python_nor_an_sdk_program_is_said_at_start(self):
+        r = self.launch(["--nproc_per_node=1", "--hang_timeout=5", "--no_python", "/bin/true"], timeout=60)
+        self.assertEqual(r.returncode, 0, r.describe())
+        line = "--hang_timeout: /bin/true is not run by Python, so it is watched only if it reports its steps"
+        self.assertEqual(r.stderr.count(line), 1, r.describe())
+
+    def test_an_sdk_program_is_not_said(self):
+        if not os.path.exists(TRAIN):
+            self.skipTest("the worker SDK's train program is not built (DDPLAUNCH_BUILD_WORKER_SDK=OFF)")
+        r = self.launch(["--nproc_per_node=1", "--hang_timeout=30", "--no_python", TRAIN, "--epochs", "1",
+                         "--samples", "64"], timeout=120)
+        self.assertEqual(r.returncode, 0, r.describe())
+        self.assertNotIn("is not run by Python", r.stderr, r.describe())
+
+    def test_a_python_worker_that_reports_no_step_is_said_once_after_the_timeout(self):
+        script = self.script("no_steps.py", NO_STEPS)
+        proc = self.spawn_launch(["--nproc_per_node=2", "--hang_timeout=1", "--python", PYTHON, script],
+                                 env={"OUT_DIR": self.out})
+        wait_for(lambda: "no worker has reported a step" in proc.stderr() or proc.poll() is not None, 90,
+                 "the line that nothing reports")
+        open(os.path.join(self.out, "go"), "w").close()
+        self.assertEqual(proc.wait(120), 0, proc.describe())
+        self.assertEqual(proc.stderr().count("--hang_timeout: no worker has reported a step in 1 s, and a worker is "
+                                             "watched only from its first step: a step is an optimizer.step()"), 1,
+                         proc.describe())
 
 
 class CrashLoops(LaunchTestCase):

@@ -159,7 +159,7 @@ TEST_SUITE("the worker environment follows docs/architecture.md") {
     CHECK(env.at("DDPLAUNCH_PROGRESS_FILE") == "/proc/1/fd/7");
     CHECK(env.at("DDPLAUNCH_PROGRESS_SLOT") == "2");
     CHECK(env.at("TORCHELASTIC_TIMER_FILE") == "/tmp/timer.fifo");
-    CHECK(env.at("PYTHONPATH") == "/mine:/opt/ddplaunch/python");
+    CHECK(env.at("PYTHONPATH") == "/opt/ddplaunch/python:/mine");
     CHECK(env.at("PYTHONFAULTHANDLER") == "1");
     CHECK(env.count("DDPLAUNCH_WORKER_FD") == 0);
     CHECK(env.count("DDPLAUNCH_STANDBY_FD") == 0);
