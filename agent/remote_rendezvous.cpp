@@ -370,9 +370,17 @@ void RemoteRendezvous::show_progress() {
     const std::string& error = client_ ? client_->last_connect_error() : std::string();
     if (error.empty() && now - joined_at_ < seconds(kQuietWait)) return arm_progress_timer();
     key = "connect";
-    text = "connecting to the rendezvous at " + endpoints_[current_].text() +
-           (attempts > 1 ? ", attempt " + std::to_string(attempts) : std::string()) +
-           (error.empty() ? "" : " (" + error + ")") + "; giving up in " + seconds_left(left) + " (join_timeout)";
+    if (client_ && !client_->resolve_error().empty()) {
+      // A name that does not resolve is most often a typo or a missing DNS entry: said first.
+      text = "the rendezvous host " + endpoints_[current_].host + " does not resolve (" + client_->resolve_error() +
+             "); check --rdzv_endpoint and this node's DNS; retrying" +
+             (attempts > 1 ? ", attempt " + std::to_string(attempts) : std::string()) + "; giving up in " +
+             seconds_left(left) + " (join_timeout)";
+    } else {
+      text = "connecting to the rendezvous at " + endpoints_[current_].text() +
+             (attempts > 1 ? ", attempt " + std::to_string(attempts) : std::string()) +
+             (error.empty() ? "" : " (" + error + ")") + "; giving up in " + seconds_left(left) + " (join_timeout)";
+    }
   } else if (!joining_) {
     end_progress();  // connected, and the round runs (a resume went through)
     return;

@@ -89,6 +89,7 @@ void Client::try_connect() {
   resolver_.async_resolve(host_, port_, [self = shared_from_this()](boost::system::error_code ec,
                                                                     tcp::resolver::results_type results) {
     if (self->closed_) return;
+    self->resolve_error_ = ec ? ec.message() : std::string();
     if (ec) {
       self->retry("resolve " + self->host_ + " (for " + self->endpoint_text_ + "): " + ec.message());
       return;

@@ -103,6 +103,8 @@ class Client : public std::enable_shared_from_this<Client> {
   // Connection attempts made so far, and the error of the last failed one ("" when none).
   int attempts() const { return attempts_; }
   const std::string& last_connect_error() const { return last_connect_error_; }
+  // Why the host name did not resolve when that ended the last attempt ("" otherwise).
+  const std::string& resolve_error() const { return resolve_error_; }
   // The local address of the connection ("" before it is connected).
   std::string local_address() const;
 
@@ -153,6 +155,7 @@ class Client : public std::enable_shared_from_this<Client> {
   std::string secret_;
   bool connect_timed_out_ = false;   // the connect deadline cut the attempt in flight short
   std::string last_connect_error_;
+  std::string resolve_error_;
   int attempts_ = 0;
   // Identification of the peer (check_server_start): what it sent before it proved to be a
   // rendezvous server, and until when it may take to say so.

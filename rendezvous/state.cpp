@@ -14,11 +14,14 @@ std::string seconds_text(double s) {
 
 namespace {
 
-std::string failure_text(const WorkerFailure& f) {
+// `group_rank`: of the node that reported it (-1: not known), which tells apart the nodes of
+// one host.
+std::string failure_text(const WorkerFailure& f, int group_rank = -1) {
   std::ostringstream os;
   os << "worker rank " << f.rank << " (local rank " << f.local_rank;
   if (f.pid > 0) os << ", pid " << f.pid;
   os << ") on host " << (f.host.empty() ? "?" : f.host);
+  if (group_rank >= 0) os << " [group rank " << group_rank << "]";
   if (f.signal != 0) {
     os << " was killed by signal " << f.signal;
   } else {
@@ -81,6 +84,21 @@ const char* StateMachine::state_name(JobState s) {
   return "?";
 }
 
+int StateMachine::group_rank_of(const Job& job, int rank) {
+  std::vector<const Node*> ordered;
+  for (const auto& [conn, node] : job.nodes) {
+    if (node.group_rank >= 0) ordered.push_back(&node);
+  }
+  std::sort(ordered.begin(), ordered.end(), [](const Node* a, const Node* b) { return a->group_rank < b->group_rank; });
+  int first = 0;
+  for (std::size_t i = 0; i < ordered.size(); ++i) {
+    if (ordered[i]->group_rank != static_cast<int>(i)) return -1;  // a node of the round is gone
+    if (rank >= first && rank < first + ordered[i]->spec.local_world_size) return ordered[i]->group_rank;
+    first += ordered[i]->spec.local_world_size;
+  }
+  return -1;
+}
+
 std::string StateMachine::describe(const Node& node) {
   std::string s = node.spec.host.empty() ? node.spec.addr : node.spec.host;
   if (!node.spec.addr.empty() && node.spec.addr != s) s += " (" + node.spec.addr + ")";
@@ -134,6 +152,7 @@ void StateMachine::erase_if_empty(const std::string& job_id) {
       done.status = job_status(job, now);
       done.status["nodes"] = job.end_nodes.is_array() ? job.end_nodes : nlohmann::json::array();
       if (job.end_nodes_omitted > 0) done.status["nodes_omitted"] = job.end_nodes_omitted;
+      if (job.end_env.is_object()) done.status["env"] = job.end_env;
       if (!job.end_summary.empty()) done.status["summary"] = job.end_summary;
       finished_.push_back(std::move(done));
       while (finished_.size() > retention_.max_finished) finished_.pop_front();
@@ -166,7 +185,9 @@ void StateMachine::job_ended(Job& job, const std::string& summary) {
   job.end_summary = summary;
   // What is kept of its nodes once they are gone: the first kKeptNodeRows by group rank, without
   // fingerprints, so that 256 kept jobs of 10,000 nodes stay a few MB (docs/rendezvous.md).
-  nlohmann::json rows = job_status(job, job.ended_at)["nodes"];
+  nlohmann::json status = job_status(job, job.ended_at);
+  nlohmann::json& rows = status["nodes"];
+  job.end_env = std::move(status["env"]);  // the verdict on the nodes it ended with
   job.end_nodes = nlohmann::json::array();
   for (auto& n : rows) {
     if (job.end_nodes.size() == kKeptNodeRows) break;
@@ -559,10 +580,10 @@ void StateMachine::report_failure(ConnId conn, const WorkerFailure& failure) {
   out_.log("job " + job->id + ": failure on " + describe(node) + ": " + failure_text(failure));
   emit(*job, "failure", failure.signal != 0 ? "signal" : "exit_code", failure.host, {failure.rank},
        {{"local_rank", failure.local_rank}, {"exit_code", failure.exit_code}, {"signal", failure.signal}},
-       failure_text(failure));
+       failure_text(failure, node.group_rank));
   job->round_failures.push_back(failure);
   if (job->restarts_used < job->max_restarts) {
-    end_round(*job, failure_text(failure), true);
+    end_round(*job, failure_text(failure, node.group_rank), true);
     return;
   }
   // The budget is spent. The first report is not necessarily the cause: a peer that failed in a
@@ -616,7 +637,8 @@ void StateMachine::finish_failing(Job& job) {
   const WorkerFailure& root =
       *std::min_element(job.round_failures.begin(), job.round_failures.end(), explains);
   std::string summary = "job " + job.id + " failed after " + std::to_string(job.restarts_used) + " of " +
-                        std::to_string(job.max_restarts) + " restarts; first failure: " + failure_text(root);
+                        std::to_string(job.max_restarts) + " restarts; first failure: " +
+                        failure_text(root, group_rank_of(job, root.rank));
   fail_job(job, root, summary);
 }
 

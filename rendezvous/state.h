@@ -232,6 +232,7 @@ class StateMachine {
     double ended_at = 0;
     std::string end_summary;
     nlohmann::json end_nodes;
+    nlohmann::json end_env;  // the environment check's verdict when it ended (kept in status)
     std::size_t end_nodes_omitted = 0;
     // The running round as its record describes it (set when it forms or is loaded).
     std::vector<RecordMember> round_members;
@@ -291,6 +292,8 @@ class StateMachine {
   void conclude_restore(Job& job);
   std::size_t count(const Job& job, NodeState s) const { return job.counts[static_cast<int>(s)]; }
   static std::string describe(const Node& node);
+  // The group rank of the node that ran global rank `rank` in the last round (-1: not known).
+  static int group_rank_of(const Job& job, int rank);
   nlohmann::json job_status(const Job& job, double now) const;
   void job_ended(Job& job, const std::string& summary);
   void emit(const Job& job, const char* type, const std::string& cause, const std::string& node = "",

@@ -243,6 +243,7 @@ std::string format_watch(const nlohmann::json& status, const std::string& header
   char line[512];
   std::snprintf(line, sizeof line, "%-24s %-10s %5s %-9s %-7s %s\n", "JOB", "STATE", "GEN", "RESTARTS", "NODES", "ENDED");
   os << line;
+  bool any_finished = false;
   for (const auto& job : jobs) {
     const std::string restarts = text_of(job, "restarts_used") + "/" + text_of(job, "max_restarts");
     const std::size_t listed = job.value("nodes", nlohmann::json::array()).size();
@@ -258,7 +259,10 @@ std::string format_watch(const nlohmann::json& status, const std::string& header
       ended = text;
     }
     std::string state = text_of(job, "state");
-    if (job.value("finished", false)) state += "*";
+    if (job.value("finished", false)) {
+      state += "*";
+      any_finished = true;
+    }
     std::snprintf(line, sizeof line, "%-24s %-10s %5s %-9s %-7s %s\n", text_of(job, "job_id").c_str(), state.c_str(),
                   text_of(job, "generation").c_str(), restarts.c_str(), nodes.c_str(), ended.c_str());
     os << line;
@@ -275,7 +279,8 @@ std::string format_watch(const nlohmann::json& status, const std::string& header
       os << line;
     }
   }
-  os << "\n(* finished: kept for a while after its nodes left, see --keep_finished)\n";
+  // The legend says what a mark means, when the table shows one.
+  if (any_finished) os << "\n(* finished: kept for a while after its nodes left, see --keep_finished)\n";
   return os.str();
 }
 

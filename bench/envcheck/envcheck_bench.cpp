@@ -1,4 +1,4 @@
-// What the environment check (issue 6) costs the rendezvous: compare_fingerprints and the
+// What the environment check costs the rendezvous: compare_fingerprints and the
 // state machine's round check on N realistic fingerprints, and a whole round of N agents with
 // the check against the same round without it. Prints one line per measurement (median and
 // max of the repetitions, in milliseconds). No sockets, no sleeps.

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """The smallest reproduction of torch 2.x torchrun failing to restart a Gloo job (bench/RESULTS.md,
-issue 16): one node, loopback, no network namespaces.
+"torchrun 2.x does not restart a Gloo job"): one node, loopback, no network namespaces.
 
     bench/recovery/torchrun_restart_repro.py [PYTHON]     (PYTHON: a torch 2.x interpreter,
                                                             default the project venv's)

@@ -1,4 +1,4 @@
-"""The environment check (issue 6) end to end: real ddplaunch "nodes" on 127.0.0.x join one real
+"""The environment check end to end: real ddplaunch "nodes" on 127.0.0.x join one real
 ddp-rendezvous daemon on loopback; one node runs another interpreter (a /bin/sh wrapper around
 /usr/bin/python3 whose `torch` is a fake package reporting 2.1.0+cu118) or another training
 binary. Checked: the refused round reaches every ddplaunch as exit 3 with the side-by-side
@@ -341,7 +341,7 @@ class CheckEnvAndStatus(EnvCheckTestCase):
             f.write('#!/bin/sh\nexec %s -S "$@"\n' % PYTHON)
         os.chmod(bare, 0o755)
         r = self.launch(["--check_env", "--python", bare, self.worker], timeout=DEADLINE, env=self.env())
-        # Issue 17: this node cannot run the job, so --check_env says so and exits 2.
+        # This node cannot run the job, so --check_env says so and exits 2.
         self.assertEqual(r.returncode, 2, r.describe())
         self.assertIn("verdict: this node cannot run the job: the Python that would run the workers, %s" % bare,
                       r.stdout)

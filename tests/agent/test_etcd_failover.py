@@ -1,4 +1,4 @@
-"""Issue 14: replicated ddp-rendezvous daemons on a real 3-member etcd cluster (loopback).
+"""Replicated ddp-rendezvous daemons on a real 3-member etcd cluster (loopback).
 
 Three replicas (`ddp-rendezvous --etcd=...`) elect one leader; followers answer agents with
 not_leader naming it, and agents go there at once. When the leader is SIGKILLed, a follower
@@ -28,7 +28,7 @@ TTL = 2
 
 
 class EtcdFailover(MultiNodeTestCase):
-    # The agents and checks of the single-daemon restart tests (issue 10).
+    # The agents and checks of the single-daemon restart tests.
     nodes_on = restart.RendezvousRestart.nodes_on
     wait_resumed = restart.RendezvousRestart.wait_resumed
     finish_and_check_unchanged = restart.RendezvousRestart.finish_and_check_unchanged

@@ -1,4 +1,4 @@
-"""Issue 14, job records: what must survive the leader is in etcd before agents hear of it.
+"""Job records: what must survive the leader is in etcd before agents hear of it.
 
 Replicated ddp-rendezvous daemons on a real 3-member etcd cluster (loopback), real ddplaunch
 agents whose workers (tests/agent/mn_worker.py --loop --fail-on-file) fail when the test says
@@ -25,7 +25,7 @@ from test_multinode import WORKER, MultiNodeTestCase
 
 class EtcdRecords(MultiNodeTestCase):
     # The replicas and checks of the failover tests (imported as a module, so that unittest does
-    # not run that file's tests here too), and the agents' checks of issue 10.
+    # not run that file's tests here too), and the agents' checks of the single-daemon restart tests.
     start_replicas = failover.EtcdFailover.start_replicas
     replica_view = failover.EtcdFailover.replica_view
     agreed_leader = failover.EtcdFailover.agreed_leader

@@ -1,4 +1,4 @@
-"""The first hour without surprises (issue 17), end to end with the real binaries: a wait shows
+"""The first hour without surprises, end to end with the real binaries: a wait shows
 what it waits for (a progress line on a terminal, lines in a log) and each round's result; a
 typo gets "did you mean"; an interpreter without torch is refused before any worker starts;
 --check_env without PROGRAM compares only what does not depend on the program and gives a
@@ -151,6 +151,20 @@ class Typos(LaunchTestCase):
         self.assertIn("unknown option '--nprocs-per-node'; did you mean --nproc_per_node?", r.stderr)
         self.assertNotIn("'--' before", r.stderr)
         self.assertFalse(os.path.exists(marker))
+
+    def test_a_rendezvous_host_that_does_not_resolve_is_said_plainly_in_the_first_line(self):
+        # .invalid never resolves (RFC 2606). ddplaunch retries until join_timeout; the test ends it.
+        proc = self.spawn_launch(["--nnodes=2", "--nproc_per_node=1", "--rdzv_backend=c10d",
+                                  "--rdzv_endpoint=no-such-head.invalid:29400", "--rdzv_id=typo",
+                                  "--rdzv_conf=join_timeout=300", "--no_python", "/bin/true"])
+        wait_for(lambda: "does not resolve" in proc.stderr() or proc.poll() is not None, DEADLINE,
+                 "the line about the host")
+        proc.kill()
+        lines = [line for line in proc.stderr().splitlines() if "rendezvous" in line]
+        self.assertTrue(lines, proc.describe())
+        self.assertTrue(lines[0].startswith("ddplaunch: the rendezvous host no-such-head.invalid does not resolve ("),
+                        proc.describe())
+        self.assertIn("check --rdzv_endpoint", lines[0])
 
     def test_an_unknown_word_keeps_the_dashdash_hint(self):
         r = self.launch(["--frobnicate", "x.py"])

@@ -1,5 +1,5 @@
 """Hung workers are found, shown and restarted; torch's file timer works; crash loops stop
-(issue 12). Real processes on loopback; waits have deadlines, timings are measured, not slept."""
+Real processes on loopback; waits have deadlines, timings are measured, not slept."""
 
 import glob
 import json

@@ -1,4 +1,4 @@
-"""In-memory restart, the agent's side (issue 13, parts 2 and 3; docs/agent.md, "In-memory
+"""In-memory restart, the agent's side (docs/agent.md, "In-memory
 restart: the worker channel").
 
 ddplaunch --in_memory_restart=on --no_python with a fake worker SDK program (inmem_worker.py)

@@ -1,4 +1,4 @@
-"""In-memory restart of worker-SDK programs (issue 13, parts 2 and 3; docs/worker-sdk.md,
+"""In-memory restart of worker-SDK programs (docs/worker-sdk.md,
 "In-memory restart"): a worker whose peer failed keeps its process, model and optimizer, and a
 replacement receives the state from it instead of reading a checkpoint.
 

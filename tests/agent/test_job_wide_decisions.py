@@ -1,5 +1,5 @@
 """A node's decision that the job must end (--no_restart_exit_codes, --crash_loop_limit) ends it
-on every node, also in an elastic job above its minimum size (issue 12). Two agents on one
+on every node, also in an elastic job above its minimum size. Two agents on one
 ddp-rendezvous daemon on loopback, one worker each; waits have deadlines."""
 
 import os

@@ -1,4 +1,4 @@
-"""Multi-node jobs on loopback (issue 3, "Checked by": loopback tests): several real ddplaunch
+"""Multi-node jobs on loopback ("Checked by": loopback tests): several real ddplaunch
 processes on one machine join one ddp-rendezvous daemon on 127.0.0.1 and form one job.
 
 Every worker is tests/agent/mn_worker.py: it records its environment (start-*.json), joins the

@@ -1,4 +1,4 @@
-"""The failure summary names the real cause (issue 9, part 3): one worker of a two-node job is
+"""The failure summary names the real cause: one worker of a two-node job is
 killed with SIGKILL; its peers on both nodes then fail in their next collective. Every node's
 ddplaunch must report the killed worker and its signal as the root cause, never a peer's
 "exited with code 1".

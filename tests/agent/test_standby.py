@@ -1,4 +1,4 @@
-"""Standby workers (issue 13, part 1; docs/agent.md, "Standby workers").
+"""Standby workers (docs/agent.md, "Standby workers").
 
 Two halves:
 - the bootstrap (python/ddplaunch_standby.py) on its own: the test plays the agent on a real

@@ -1,4 +1,4 @@
-"""A supervisor that leaves nothing behind (issue 11, part 3), through real processes:
+"""A supervisor that leaves nothing behind, through real processes:
 
 - an agent SIGKILLed under workers that start grandchildren (a background child, a nested
   subshell's child, a `setsid` child, a double-forked `setsid` orphan) leaves no process behind;
@@ -162,7 +162,7 @@ class NothingLeftBehind(LaunchTestCase):
 
 
 class FailureSummaryTail(LaunchTestCase):
-    """Issue 9, part 3 (agent side): no error file, so the summary shows the stderr tail."""
+    """The agent side: no error file, so the summary shows the stderr tail."""
 
     def test_a_redirected_worker_without_an_error_file_is_summarised_with_its_stderr_tail(self):
         logs = os.path.join(self.tmp, "logs")

@@ -1,4 +1,4 @@
-"""Elastic multi-node jobs on network namespaces (issue 3, "Checked by": namespace tests).
+"""Elastic multi-node jobs on network namespaces ("Checked by": namespace tests).
 
 A head namespace runs ddp-rendezvous; three node namespaces run
 `ddplaunch --nnodes=2:3 --nproc_per_node=1` with a long-running Gloo worker
@@ -30,7 +30,7 @@ WORKER = os.path.join(SOURCE_DIR, "tests", "agent", "mn_worker.py")
 PYTHON = sys.executable  # the Python ctest runs the tests on (DDPLAUNCH_PYTHON)
 PORT = 29400  # the head is a fresh namespace: nothing else listens there
 HEARTBEAT_TIMEOUT = 2.0
-# reconnect_timeout (issue 10): how long a node that lost the head keeps its workers while it
+# reconnect_timeout: how long a node that lost the head keeps its workers while it
 # tries to reconnect; short here so the cut node gives up within the test's deadline.
 RECONNECT_TIMEOUT = 5.0
 CONF = ("heartbeat_interval=0.5,heartbeat_timeout=%g,last_call_timeout=1,join_timeout=30,reconnect_timeout=%g"
@@ -131,7 +131,7 @@ class NetnsElasticTest(unittest.TestCase):
         return gen
 
     def test_the_head_daemon_sigkilled_and_restarted_after_2_s_restarts_no_worker(self):
-        # Issue 10: the daemon is the one shared component; losing it must not touch training.
+        # The daemon is the one shared component; losing it must not touch training.
         gen = self.start_three()
         workers = sorted(r["pid"] for r in self.recs("start"))
         self.daemon.kill()  # SIGKILL (the whole process group), reaped

@@ -1,4 +1,4 @@
-"""A 2-node job formed from Slurm's variables alone, on the namespace cluster (issue 15).
+"""A 2-node job formed from Slurm's variables alone, on the namespace cluster.
 
 Two node namespaces each run `ddplaunch WORKER OUT` with no flag at all, in the environment srun
 gives one task per node of a 2-node step with 2 GPUs per node: SLURM_JOB_ID, SLURM_NNODES,

@@ -1,4 +1,4 @@
-"""The containers of examples/kubernetes run as written, on loopback, without a cluster (issue 15).
+"""The containers of examples/kubernetes run as written, on loopback, without a cluster.
 
 The daemon runs with the Deployment's command and arguments; two "pods" of the indexed Job run
 the Job container's command, arguments and environment, filled in as the kubelet would: the
@@ -16,8 +16,8 @@ What stands in for the cluster, and is therefore not checked here (docs/kubernet
 - the training program `train` (and its arguments) by tests/agent/mn_worker.py --no-gloo, and
   PET_NPROC_PER_NODE=gpu by 1 (no GPU needed);
 - the metrics flags the daemon's container uses: when the built daemon has them, /healthz and
-  /readyz are fetched on the `metrics` port as the probes would; when it does not yet (issue 15,
-  metrics), they are dropped with a note.
+  /readyz are fetched on the `metrics` port as the probes would; when it does not yet, they
+  are dropped with a note.
 """
 
 import json
@@ -90,7 +90,7 @@ class KubernetesCommandsTest(unittest.TestCase):
             flag, _, value = arg.partition("=")
             if flag in ("--metrics_port", "--metrics_addr") and not re.search(
                     r"(^|[\s,])%s([\s,=]|$)" % re.escape(flag), help_text):
-                print("\n[kubernetes] note: %s is not in this build yet (issue 15, metrics): dropped"
+                print("\n[kubernetes] note: %s is not in this build yet (metrics): dropped"
                       % flag, file=sys.stderr)
                 continue
             if flag == "--host" or flag == "--metrics_addr":

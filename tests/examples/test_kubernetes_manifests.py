@@ -1,4 +1,4 @@
-"""examples/kubernetes/*.yaml are valid Kubernetes objects, checked with no cluster (issue 15).
+"""examples/kubernetes/*.yaml are valid Kubernetes objects, checked with no cluster.
 
 Debian has no kubeconform, so the relevant parts of the Kubernetes OpenAPI schemas (v1.29;
 Deployment, Service, Job, Pod template, Container, EnvVar, Probe, Volume, ...) and Kubeflow's
@@ -36,11 +36,11 @@ SOURCE_DIR = os.environ.get("DDPLAUNCH_SOURCE_DIR") or os.path.abspath(
 EXAMPLES = os.path.join(SOURCE_DIR, "examples", "kubernetes")
 BINARIES = {name: os.path.join(os.path.abspath(BUILD_DIR), "bin", name) for name in ("ddplaunch", "ddp-rendezvous")}
 
-# Flags the manifests use that another part of issue 15 adds (the metrics helper's
+# Flags the manifests use that another part adds (the metrics helper's
 # `ddp-rendezvous --metrics_port` and `--metrics_addr`). While the built binary lacks one, it is reported, not
 # failed; once the binary has it, it is checked like every other flag.
-PENDING_FLAGS = {("ddp-rendezvous", "--metrics_port"): "issue 15 item 4, Prometheus metrics",
-                 ("ddp-rendezvous", "--metrics_addr"): "issue 15 item 4, Prometheus metrics"}
+PENDING_FLAGS = {("ddp-rendezvous", "--metrics_port"): "the Prometheus metrics",
+                 ("ddp-rendezvous", "--metrics_addr"): "the Prometheus metrics"}
 _noted = set()
 
 # ---- the schemas ------------------------------------------------------------------------------

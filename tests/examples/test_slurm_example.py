@@ -1,4 +1,4 @@
-"""examples/slurm/train.sbatch (issue 15): what can be checked without a Slurm cluster.
+"""examples/slurm/train.sbatch: what can be checked without a Slurm cluster.
 
 - It is valid bash; it asks for one task per node (#SBATCH and srun), and every ddplaunch flag
   it uses is one the built ddplaunch knows.

@@ -1,4 +1,4 @@
-"""ddplaunch inside a Slurm allocation, through the binary (issue 15).
+"""ddplaunch inside a Slurm allocation, through the binary.
 
 - Slurm ends a job (time limit, scancel, requeue) by sending SIGTERM to every process of the
   step at once, ddplaunch and its workers alike, and SIGKILL KillWait seconds later (30 s by

@@ -1,4 +1,4 @@
-"""torchrun 2.x command lines through the real ddplaunch binary (issue 9, part 2): every flag in
+"""torchrun 2.x command lines through the real ddplaunch binary: every flag in
 both spellings and as its PET_ variable, abbreviations, the NUMA binding seen from inside each
 worker (/proc/self/status), the virtual local rank, and the Python plug-in options at their
 defaults.

@@ -1,4 +1,4 @@
-"""Shared pieces of the metrics tests (issue 15): a ddp-rendezvous daemon with its metrics
+"""Shared pieces of the metrics tests: a ddp-rendezvous daemon with its metrics
 server on loopback, HTTP GETs with a deadline, the exposition parsed into samples, and a worker
 script that runs until the test releases it."""
 

@@ -1,4 +1,4 @@
-"""--event_log (issue 15 item 5): a job with one failure, its event logs (the agent's and the
+"""--event_log: a job with one failure, its event logs (the agent's and the
 daemon's) read back and matched to what happened: order, causes, ranks, generations. Also
 torchrun's --event_log_handler values. Loopback only; every wait has a deadline."""
 

@@ -1,4 +1,4 @@
-"""The metrics HTTP server through the real binaries (issue 15): /metrics, /healthz, /readyz of
+"""The metrics HTTP server through the real binaries: /metrics, /healthz, /readyz of
 the daemon and of ddplaunch, values that follow a real job, and hostile clients (garbage, huge
 heads, a slow client, a flood of idle connections) that neither stop the metrics nor the
 rendezvous. Loopback only; every wait has a deadline."""

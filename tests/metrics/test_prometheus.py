@@ -1,4 +1,4 @@
-"""A real Prometheus scrapes a running daemon and a running agent (issue 15 item 4): Debian's
+"""A real Prometheus scrapes a running daemon and a running agent: Debian's
 `prometheus`, a temporary config with a 1 s scrape interval, its own TSDB directory and a free
 loopback port; the values are read back through its HTTP query API (/api/v1/query). Skipped with
 a printed reason when the prometheus binary is missing. Every wait has a deadline."""

@@ -1,7 +1,7 @@
-"""`ddp-rendezvous status --watch` in a real terminal (issue 15 item 6): tmux runs the command
+"""`ddp-rendezvous status --watch` in a real terminal: tmux runs the command
 in a pane; the test captures the pane, sees the table, sees it change as a job starts and ends,
 sends C-c and sees a clean exit. Also: status defaults to localhost:29400 and shows a finished
-job, marked, after its nodes left (issue 17). Skipped with a printed reason without tmux."""
+job, marked, after its nodes left. Skipped with a printed reason without tmux."""
 
 import json
 import os
@@ -49,12 +49,14 @@ class StatusWatchTest(MetricsTestCase):
         self.assertIn("HEARTBEAT", screen)
         self.assertRegex(screen, r"watched\s+running\s+1\s+0/0")
         self.assertRegex(screen, r"\n\s+0\s+\S+\s+running\s+\d+\.\d s")
+        self.assertNotIn("(* finished", screen, "no legend for a mark the table does not show")
         self.release()
         self.assertEqual(job.wait(60), 0, job.describe())
         # The job ended and its node left: it stays listed, marked finished, with its end time.
         screen = wait_for(lambda: (lambda p: p if "succeeded*" in p else None)(self.pane()), 20,
                           "the finished job in the pane")
         self.assertRegex(screen, r"watched\s+succeeded\*\s+1\s+0/0\s+\S+\s+\d\d\d\d-\d\d-\d\d \d\d:\d\d:\d\d UTC")
+        self.assertIn("(* finished: kept for a while", screen)
 
         print(screen)
         self.tmux("send-keys", "-t", self.session, "C-c")

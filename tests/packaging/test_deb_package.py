@@ -1,4 +1,4 @@
-"""`cpack -G DEB` builds Debian packages whose binaries run from a clean unpack (issue 17, item 7):
+"""`cpack -G DEB` builds Debian packages whose binaries run from a clean unpack:
 the package's fields (name, the project's version, maintainer, the libraries' packages as
 dependencies), the man pages and docs inside, and ddplaunch running a two-worker job from a
 temporary root made with `dpkg-deb -x`, with no path into the build tree."""

@@ -1,4 +1,4 @@
-"""`cmake --install` installs a tool (issue 17, item 7): ddplaunch and ddp-rendezvous, their man
+"""`cmake --install` installs a tool: ddplaunch and ddp-rendezvous, their man
 pages, the docs, the Python package when the tree has one, and the worker SDK; the installed
 binaries print the project's version and carry no search path into the build tree."""
 import os
@@ -73,7 +73,7 @@ class InstallTest(unittest.TestCase):
             res = run(["python3", "-c", "import %s, sys; print(%s.__file__)" % (package, package)],
                       timeout=60, env=clean_env(PYTHONPATH=site), cwd=self.tmp).check()
             self.assertTrue(res.stdout.strip().startswith(site), res.describe())
-        # The standby bootstrap (--standby, issue 13) sits beside the package, where ddplaunch looks.
+        # The standby bootstrap (--standby) sits beside the package, where ddplaunch looks.
         if os.path.isfile(os.path.join(python_src, "ddplaunch_standby.py")):
             self.assertIn("share/ddplaunch/python/ddplaunch_standby.py", self.files)
 

@@ -1,4 +1,4 @@
-"""The man pages say what --help says (issue 17, item 7): ddplaunch(1) is generated from
+"""The man pages say what --help says: ddplaunch(1) is generated from
 `ddplaunch --help` (packaging/help_to_roff.py) and ddp-rendezvous(1) is written by hand
 (docs/man/ddp-rendezvous.1.in); both must render without a groff warning and name every flag
 and subcommand that the programs' --help names, so that a flag added without its man page fails

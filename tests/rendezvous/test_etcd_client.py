@@ -1,5 +1,5 @@
 """The etcd client (rendezvous/etcd.*) against a real 3-member etcd cluster on loopback
-(issue 14, part 3), through tests/rendezvous/etcd_probe.cpp: put/range, a txn that compares
+through tests/rendezvous/etcd_probe.cpp: put/range, a txn that compares
 revisions, leases (grant, keepalive, expiry, revoke), a killed member, authentication."""
 
 import http.server

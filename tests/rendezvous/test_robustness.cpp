@@ -1,4 +1,4 @@
-// Bad input (issue 3 part 5): each case checks the offender gets a clear error or is dropped,
+// Bad input: each case checks the offender gets a clear error or is dropped,
 // and that another session and another job on the same server keep working.
 #include <doctest/doctest.h>
 

@@ -120,7 +120,7 @@ TEST_CASE("waiting nodes hear how many joined and how long is left, at most once
 
 TEST_CASE("a node that did not ask for waiting notices (an older agent) gets none") {
   Fixture f;
-  f.sm.join(1, spec("node1", 2, 2));  // progress false, as an agent before issue 17 sends it
+  f.sm.join(1, spec("node1", 2, 2));  // progress false, as an agent before sends it
   NodeSpec asks = spec("node2", 2, 2);
   asks.progress = true;
   f.clock.advance(0.5);
@@ -287,6 +287,10 @@ TEST_CASE("a worker failure within budget restarts every node, counted once per 
     REQUIRE(r.size() == 1);
     CHECK(r[0]["counted"] == true);
     CHECK(r[0]["restart_count"] == 1);
+    // Two nodes of one host are told apart by their group rank.
+    const std::string reason = r[0]["reason"];
+    CHECK(reason.find("on host node2 [group rank ") != std::string::npos);
+    CHECK(reason.find("] exited with code 7") != std::string::npos);
   }
   f.sm.join(1, s1);
   f.sm.join(2, s2);
@@ -331,6 +335,7 @@ TEST_CASE("a worker failure with the budget spent fails the job everywhere with 
     std::string summary = failed[0]["summary"];
     CHECK(summary.find("signal 9") != std::string::npos);
     CHECK(summary.find("1 of 1 restarts") != std::string::npos);
+    CHECK(summary.find("on host node2 [group rank 1]") != std::string::npos);  // rank 1 ran there
   }
   // Finished nodes leaving are not losses, and the job is then forgotten.
   f.out.clear();
@@ -651,7 +656,7 @@ TEST_CASE("an invalid join is refused with the reason") {
   CHECK(f.sm.job_count() == 0);
 }
 
-// ---- The environment check at rendezvous (issue 6): make_env_round_check in the state machine.
+// ---- The environment check at rendezvous: make_env_round_check in the state machine.
 
 namespace {
 
@@ -734,6 +739,23 @@ TEST_CASE("env check: warn mode logs the difference and the round runs") {
   CHECK(env["breaking"] == true);
   CHECK(env["checked_nodes"] == 2);
   CHECK(contains(env["message"].get<std::string>(), "node node1 (10.0.0.1) has torch 2.1.0+cu121; node node2 has 2.1.0+cu118"));
+}
+
+TEST_CASE("env check: a finished job keeps the verdict on the nodes it ended with") {
+  EnvFixture f;
+  f.sm.set_retention({30, 10});
+  f.sm.join(1, env_spec("node1", 2, 2, "2.1.0+cu121", "warn"));
+  f.sm.join(2, env_spec("node2", 2, 2, "2.1.0+cu118", "warn"));
+  f.sm.report_success(1);
+  f.sm.report_success(2);
+  f.sm.disconnected(1, "closed");
+  f.sm.disconnected(2, "closed");
+  auto jobs = f.sm.status()["jobs"];
+  REQUIRE(jobs.size() == 1);
+  CHECK(jobs[0]["finished"] == true);
+  CHECK(jobs[0]["env"]["checked_nodes"] == 2);  // not the 0 nodes left after the end
+  CHECK(jobs[0]["env"]["agree"] == false);
+  CHECK(contains(jobs[0]["env"]["message"].get<std::string>(), "node node2 has 2.1.0+cu118"));
 }
 
 TEST_CASE("env check: strict mode runs a round whose nodes differ only in informational fields, and logs it") {
@@ -866,7 +888,7 @@ TEST_CASE("env check: a lock file named on one node only is a breaking differenc
   CHECK(contains(f.out.dropped[1].message, "node node1 (10.0.0.1) has lock file sha256 (none); node node2 has bbbbbbbbbbbb"));
 }
 
-// ---- Issue 11: refused rounds at a deadline, join churn, policy, input the codec would refuse.
+// ---- refused rounds at a deadline, join churn, policy, input the codec would refuse.
 
 TEST_CASE("a round refused at the last-call deadline forgets the job without touching it again") {
   // The round completes from tick() (the last-call timer), the check refuses it and every member
@@ -961,7 +983,7 @@ TEST_CASE("specs the codec would refuse are refused by the state machine too") {
   CHECK(f.sm.job_count() == 0);
 }
 
-// ---- issue 17: finished jobs stay in status for a while; issue 15: lifecycle events ----------
+// ---- finished jobs stay in status for a while; lifecycle events ----------
 
 namespace {
 

@@ -1,4 +1,4 @@
-"""ddp-rendezvous speaks systemd's readiness protocol (Type=notify) by itself (issue 15).
+"""ddp-rendezvous speaks systemd's readiness protocol (Type=notify) by itself.
 
 The test plays systemd: it binds a unix datagram socket, starts the daemon with NOTIFY_SOCKET
 naming it (a path, and an abstract name written '@name'), and reads the datagrams. READY=1 must

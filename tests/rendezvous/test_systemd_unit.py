@@ -1,4 +1,4 @@
-"""examples/systemd/ddp-rendezvous.service passes `systemd-analyze verify` (issue 15).
+"""examples/systemd/ddp-rendezvous.service passes `systemd-analyze verify`.
 
 verify needs ExecStart's program to exist, so the test checks a copy of the unit whose ExecStart
 names the built daemon. verify exits 0 even for settings it ignores ("Failed to parse service

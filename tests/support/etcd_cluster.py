@@ -1,4 +1,4 @@
-"""A real 3-member etcd cluster on loopback, for the etcd tests (issue 14).
+"""A real 3-member etcd cluster on loopback, for the etcd tests.
 
     from etcd_cluster import EtcdCluster
 
