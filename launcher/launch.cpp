@@ -445,13 +445,14 @@ void resolve_in_memory_restart(const LaunchConfig& config, agent::AgentOptions& 
       break;
     case LaunchConfig::InMemoryRestart::kAuto:
       // Programs that speak the channel: those that link the worker SDK, and Python scripts that
-      // use ddplaunch.InMemoryRestart (python/ddplaunch/restart.py). Any other program would
-      // only inherit one more descriptor.
+      // use ddplaunch.InMemoryRestart or ddplaunch.restartable (python/ddplaunch/). Any other
+      // program would only inherit one more descriptor.
       if (o.command.no_python) {
         o.in_memory_restart = has_elf_section(o.command.program, kStandbyMarkSection);
       } else {
         o.in_memory_restart = !o.command.module && !o.command.run_path &&
-                              file_contains(o.command.program, kPythonInMemoryRestart);
+                              (file_contains(o.command.program, kPythonInMemoryRestart) ||
+                               file_contains(o.command.program, kPythonRestartable));
       }
       break;
   }

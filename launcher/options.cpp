@@ -49,9 +49,10 @@ const std::vector<OptionSpec> kOptions = {
    "place of a cold start. 'auto': on for Python programs and worker SDK programs. Other programs "
    "always start cold (docs/agent.md)."},
   {"in_memory_restart", 0, false, "off|on|auto", "auto",
-   Group::kWorkers, "At a restart, keep healthy workers that can wait (worker SDK programs) instead of "
-   "stopping them: they park with their state and take the next round's assignment. 'auto': on for "
-   "worker SDK programs, off for the others (docs/agent.md)."},
+   Group::kWorkers, "At a restart, keep healthy workers that can wait (worker SDK programs, Python "
+   "scripts with ddplaunch.restartable or ddplaunch.InMemoryRestart) instead of stopping them: they "
+   "park with their state and take the next round's assignment. 'auto': on for those, off for the "
+   "others (docs/restartable.md)."},
   {"preload", 0, false, "MODULE,MODULE,...", "none",
    Group::kWorkers, "Modules a standby imports besides torch before its assignment (with "
    "--standby)."},

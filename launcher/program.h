@@ -52,14 +52,16 @@ FileKind classify_program_file(const std::string& path);
 // (64-bit little endian: Linux on x86-64 and aarch64). False
 // for anything else, a truncated or malformed file included; never throws. The worker SDK
 // marks programs that wait for a standby assignment with the section kStandbyMarkSection
-// (; worker_sdk/src/standby.cpp).
+// (worker_sdk/src/standby.cpp).
 constexpr const char* kStandbyMarkSection = ".ddplaunch_standby";
 bool has_elf_section(const std::string& path, const std::string& name);
 
 // Whether the first `limit` bytes of the file `path` hold `token`. False for a file that cannot
 // be read; never throws. `--in_memory_restart=auto` turns in-memory restart on for a Python
-// script that names kPythonInMemoryRestart (python/ddplaunch/restart.py).
+// script that names kPythonInMemoryRestart (python/ddplaunch/restart.py) or kPythonRestartable
+// (python/ddplaunch/wrapper.py).
 constexpr const char* kPythonInMemoryRestart = "InMemoryRestart";
+constexpr const char* kPythonRestartable = "ddplaunch.restartable";
 constexpr std::size_t kScriptScanLimit = std::size_t{4} << 20;
 bool file_contains(const std::string& path, const std::string& token, std::size_t limit = kScriptScanLimit);
 

@@ -26,7 +26,8 @@ import mmap
 import os
 import struct
 
-__all__ = ["step", "phase", "checkpoint", "done", "enabled", "abandoned", "InMemoryRestart"]
+__all__ = ["step", "phase", "checkpoint", "done", "enabled", "abandoned", "InMemoryRestart", "restartable", "resume",
+           "ResumableDistributedSampler"]
 
 # The slot's layout: contracts/progress_slot.h in the ddplaunch sources (the Python side's one
 # copy; tests/contracts/test_fixtures.py holds it to contracts/fixtures/progress_slot.bin).
@@ -168,3 +169,12 @@ if _words is not None:
 
 
 from .restart import InMemoryRestart  # noqa: E402 - uses abandoned() and enabled() above
+from .wrapper import restartable, resume  # noqa: E402
+
+
+def __getattr__(name):
+    # The sampler subclasses torch's DistributedSampler: torch is imported when it is first used.
+    if name == "ResumableDistributedSampler":
+        from . import wrapper
+        return wrapper.ResumableDistributedSampler
+    raise AttributeError("module 'ddplaunch' has no attribute %r" % name)

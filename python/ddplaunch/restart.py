@@ -122,6 +122,7 @@ class InMemoryRestart:
         self._parking = False       # between park() and the next init_process_group
         self._dump_armed = False
         self.parked = 0             # rounds continued after parking
+        self.plain_init = None      # torch's init_process_group, when the name is taken (ddplaunch.restartable)
         text = os.environ.get("DDPLAUNCH_WORKER_FD", "")
         # The agent's word comes through the progress slot: without it nothing could say park.
         if text.isdigit() and int(text) >= 3 and _progress_enabled():
@@ -158,12 +159,13 @@ class InMemoryRestart:
                              "stopped and started again at a restart\n" % backend)
             self._say_restartable(False)
             self._fd = None
+        init = self.plain_init or dist.init_process_group
         if self._fd is None:
-            dist.init_process_group(backend, **kwargs)
+            init(backend, **kwargs)
             return
         ddplaunch_standby._probe_before_env_rendezvous()
         before = _socket_fds()
-        dist.init_process_group(backend, **kwargs)
+        init(backend, **kwargs)
         after = _socket_fds()
         mine = {fd: inode for fd, inode in after.items() if before.get(fd) != inode and _is_connected_tcp(fd)}
         with self._lock:
