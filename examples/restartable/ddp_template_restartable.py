@@ -7,12 +7,14 @@ This is ddp_template.py with in-memory restart (docs/restartable.md): four lines
 peer fails, the healthy workers keep their process, model, optimizer and place in the epoch; a
 replacement receives them from a survivor; no sample is trained twice or skipped.
 
-For the tests, each rank records the samples of every step it completed (--record DIR), and a
-rank may kill itself at a given step (--die-at EPOCH:STEP:RANK, first attempt only).
+For the tests, each rank records the samples of every step it completed (--record DIR); a rank
+may kill itself at a given step (--die-at EPOCH:STEP:RANK), or every rank wait there until the
+file DIR/go exists (--pause-at EPOCH:STEP), on the first attempt only.
 """
 import argparse
 import os
 import signal
+import time
 
 import ddplaunch
 import torch
@@ -26,8 +28,15 @@ def record(args, rank, epoch, step, x):
     if args.record:
         with open(os.path.join(args.record, "rank%d-pid%d.txt" % (rank, os.getpid())), "a") as f:
             f.write("%d %s\n" % (epoch, " ".join(str(int(v)) for v in x[:, 0])))
-    if args.die_at == "%d:%d:%d" % (epoch, step, rank) and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+    if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        return
+    if args.die_at == "%d:%d:%d" % (epoch, step, rank):
         os.kill(os.getpid(), signal.SIGKILL)
+    if args.pause_at == "%d:%d" % (epoch, step):
+        open(os.path.join(args.record, "paused-%d" % rank), "w").close()
+        deadline = time.monotonic() + 120
+        while not os.path.exists(os.path.join(args.record, "go")) and time.monotonic() < deadline:
+            time.sleep(0.01)
 
 
 @ddplaunch.restartable
@@ -37,13 +46,15 @@ def main():
     parser.add_argument("--checkpoint", default="checkpoint.pt")
     parser.add_argument("--record", default="")
     parser.add_argument("--die-at", default="")
+    parser.add_argument("--pause-at", default="")
+    parser.add_argument("--samples", type=int, default=512)
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
-    samples = torch.arange(512, dtype=torch.float32).unsqueeze(1)  # a sample's feature is its index
-    dataset = TensorDataset(samples, torch.arange(512) % 4)
+    samples = torch.arange(args.samples, dtype=torch.float32).unsqueeze(1)  # a sample's feature is its index
+    dataset = TensorDataset(samples, torch.arange(args.samples) % 4)
     model = torch.nn.Sequential(torch.nn.Linear(1, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
     ddp = DDP(model)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.001, momentum=0.9)
@@ -62,7 +73,7 @@ def main():
         sampler.set_epoch(epoch)
         for step, (x, y) in enumerate(loader, 1):
             optimizer.zero_grad()
-            loss = torch.nn.functional.cross_entropy(ddp(x / 512), y)
+            loss = torch.nn.functional.cross_entropy(ddp(x / args.samples), y)
             loss.backward()
             optimizer.step()
             record(args, rank, epoch, step, x)
