@@ -35,6 +35,9 @@ class InstallTest(unittest.TestCase):
             self.assertIn("share/man/man1/%s.1" % name, self.files)
         for doc in ["README.md", "cli.md", "torchrun.md", "install.md", "exit-codes.md"]:
             self.assertIn("share/doc/ddplaunch/" + doc, self.files)
+        # The top-level README, not docs/README.md (the source tree's index of the docs).
+        with open(os.path.join(self.prefix, "share", "doc", "ddplaunch", "README.md")) as f:
+            self.assertEqual(f.readline(), "# ddplaunch\n", "share/doc/ddplaunch/README.md")
         # Only what is meant to be installed: no test, benchmark or fuzz binary.
         self.assertEqual(sorted(f for f in self.files if f.startswith("bin/")),
                          ["bin/ddp-rendezvous", "bin/ddplaunch"])
