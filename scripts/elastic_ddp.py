@@ -1,9 +1,12 @@
 #!/usr/bin/python3
 """An elastic PyTorch DDP job (CPU, Gloo) that saves and resumes its own checkpoints, written
-the way the PyTorch elastic tutorials write one. Run it under ddplaunch (or torchrun):
+the way the PyTorch elastic tutorials write one. Run it under ddplaunch (or torchrun), with
+the project's Python (torch 2.x; `scripts/python-env` prints where it is), given by `--python`
+or by PYTHON_EXEC as in the README:
 
+    export PYTHON_EXEC=$(scripts/python-env)/bin/python3
     ddplaunch --nnodes=2:3 --nproc_per_node=2 --max_restarts=3 --rdzv_backend=c10d \\
-        --rdzv_endpoint=head:29400 --rdzv_id=job1 --python /usr/bin/python3 \\
+        --rdzv_endpoint=head:29400 --rdzv_id=job1 \\
         scripts/elastic_ddp.py --checkpoint-dir /shared/ckpt
 
 What it does, in the tutorials' terms:

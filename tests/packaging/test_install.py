@@ -1,7 +1,10 @@
 """`cmake --install` installs a tool: ddplaunch and ddp-rendezvous, their man
 pages, the docs, the Python package when the tree has one, and the worker SDK; the installed
-binaries print the project's version and carry no search path into the build tree."""
+binaries print the project's version and carry no search path into the build tree. With
+`--strip` (docs/install.md, "A stripped install") the same files are installed, the programs
+carry no symbol table and no debug sections, are smaller than unstripped, and still run."""
 import os
+import re
 import shutil
 import tempfile
 import unittest
@@ -79,6 +82,60 @@ class InstallTest(unittest.TestCase):
         # The standby bootstrap (--standby) sits beside the package, where ddplaunch looks.
         if os.path.isfile(os.path.join(python_src, "ddplaunch_standby.py")):
             self.assertIn("share/ddplaunch/python/ddplaunch_standby.py", self.files)
+
+
+def section_names(binary):
+    """The section names of `binary` (readelf -S)."""
+    res = run(["readelf", "-S", "-W", binary], timeout=60).check()
+    names = re.findall(r"^\s*\[\s*\d+\]\s+(\S+)", res.stdout, re.M)
+    assert names, "readelf -S %s listed no section:\n%s" % (binary, res.stdout)
+    return names
+
+
+class StrippedInstallTest(unittest.TestCase):
+    """`cmake --install build --strip`, beside a plain install of the same build."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="ddp-install-strip-")
+        cls.plain = os.path.join(cls.tmp, "plain")
+        cls.stripped = os.path.join(cls.tmp, "stripped")
+        cls.installs = [run(["cmake", "--install", BUILD, "--prefix", cls.plain], timeout=300),
+                        run(["cmake", "--install", BUILD, "--prefix", cls.stripped, "--strip"],
+                            timeout=300)]
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def setUp(self):
+        for install in self.installs:
+            install.check()
+
+    def files(self, prefix):
+        return sorted(os.path.relpath(os.path.join(root, f), prefix)
+                      for root, _, files in os.walk(prefix) for f in files)
+
+    def test_the_same_files_are_installed(self):
+        self.assertEqual(self.files(self.stripped), self.files(self.plain))
+
+    def test_stripped_programs_have_no_symbols_or_debug_sections_and_are_smaller(self):
+        for name in PROGRAMS:
+            stripped = os.path.join(self.stripped, "bin", name)
+            plain = os.path.join(self.plain, "bin", name)
+            left = [s for s in section_names(stripped) if s.startswith(".debug") or s == ".symtab"]
+            self.assertEqual(left, [], "%s keeps %s after --strip" % (stripped, left))
+            self.assertIn(".symtab", section_names(plain), plain + " was stripped without --strip")
+            print("%s: %d bytes installed, %d with --strip" % (name, os.path.getsize(plain),
+                                                               os.path.getsize(stripped)))
+            self.assertLess(os.path.getsize(stripped), os.path.getsize(plain))
+
+    def test_stripped_programs_run(self):
+        version = project_version()
+        for name in PROGRAMS:
+            res = run([os.path.join(self.stripped, "bin", name), "--version"], timeout=30,
+                      env=clean_env(), cwd=self.tmp).check()
+            self.assertEqual(res.stdout, "%s %s\n" % (name, version), res.describe())
 
 
 if __name__ == "__main__":
