@@ -240,7 +240,7 @@ void RemoteRendezvous::log(const std::string& line) const {
   if (options_.log) {
     options_.log(line);
   } else {
-    std::fprintf(stderr, "[ddplaunch] %s\n", line.c_str());
+    std::fprintf(stderr, "ddplaunch: %s\n", line.c_str());
   }
 }
 
@@ -362,7 +362,8 @@ void RemoteRendezvous::show_progress() {
     in_place = false;
     const std::string& error = client_ ? client_->last_connect_error() : std::string();
     key = "reconnect";
-    text = "lost the rendezvous at " + lost_endpoint_ + "; reconnecting through " + endpoint_list() + ", attempt " +
+    // The loss itself was said once, when it happened (on_lost): this line counts the attempts.
+    text = "reconnecting to the rendezvous through " + endpoint_list() + ", attempt " +
            std::to_string(reconnect_attempts_) + (error.empty() ? "" : " (" + error + ")") +
            "; the workers keep running; giving up in " + seconds_left(left) + " (reconnect_timeout)";
   } else if (!connected) {

@@ -302,7 +302,7 @@ std::unique_ptr<agent::RendezvousHandler> make_rendezvous(boost::asio::io_contex
     remote.connect_timeout = config.timeouts.join_timeout;
     remote.reconnect_timeout = config.reconnect_timeout;
     remote.host_if_local = false;
-    remote.log = [](const std::string& line) { agent::ProgressLine::console().line("[ddplaunch] " + line + "\n"); };
+    remote.log = [](const std::string& line) { agent::say(line); };
     remote.progress = &agent::ProgressLine::console();
     const char* server_log = std::getenv("DDPLAUNCH_RDZV_SERVER_LOG");
     remote.echo_server_log = server_log != nullptr && *server_log != '\0' && std::string(server_log) != "0";
@@ -327,7 +327,7 @@ std::unique_ptr<agent::RendezvousHandler> make_rendezvous(boost::asio::io_contex
     remote.reconnect_timeout = config.reconnect_timeout;
     remote.standalone = config.standalone;
     // Through the agent's bounded console queue: a stalled console must not stop heartbeats.
-    remote.log = [](const std::string& line) { agent::ProgressLine::console().line("[ddplaunch] " + line + "\n"); };
+    remote.log = [](const std::string& line) { agent::say(line); };
     // Every wait shows its progress; the hosted server's own log only when asked.
     remote.progress = &agent::ProgressLine::console();
     const char* server_log = std::getenv("DDPLAUNCH_RDZV_SERVER_LOG");

@@ -1,5 +1,7 @@
 #include "metrics/http_server.h"
 
+#include <fcntl.h>
+
 #include <array>
 #include <chrono>
 #include <exception>
@@ -8,6 +10,17 @@ namespace ddp::metrics {
 
 namespace asio = boost::asio;
 using asio::ip::tcp;
+
+namespace {
+
+// Boost.Asio's socket() and accept() (Boost 1.74) do not ask for SOCK_CLOEXEC: marked here, as
+// rendezvous/cloexec.h does for the rendezvous' sockets.
+void close_on_exec(int fd) {
+  const int flags = ::fcntl(fd, F_GETFD);
+  if (flags >= 0 && !(flags & FD_CLOEXEC)) ::fcntl(fd, F_SETFD, flags | FD_CLOEXEC);
+}
+
+}  // namespace
 
 // One client: read a request head (bounded), answer, close. Kept alive by its pending handlers.
 class HttpServer::Connection : public std::enable_shared_from_this<Connection> {
@@ -75,6 +88,7 @@ class HttpServer::Connection : public std::enable_shared_from_this<Connection> {
 HttpServer::HttpServer(asio::io_context& io, const tcp::endpoint& endpoint, HttpServerOptions options)
     : io_(io), options_(options), acceptor_(io), retry_timer_(io) {
   acceptor_.open(endpoint.protocol());
+  close_on_exec(acceptor_.native_handle());
   acceptor_.set_option(tcp::acceptor::reuse_address(true));
   acceptor_.bind(endpoint);
   acceptor_.listen();
@@ -112,6 +126,7 @@ void HttpServer::accept() {
         boost::system::error_code ignored;
         socket.close(ignored);  // full: the client retries at its next scrape
       } else {
+        close_on_exec(socket.native_handle());
         auto c = std::make_shared<Connection>(*this, std::move(socket));
         // Forget connections that are gone, so that the table stays bounded by max_connections.
         for (auto it = open_.begin(); it != open_.end();) it = it->second.expired() ? open_.erase(it) : std::next(it);

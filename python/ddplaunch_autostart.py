@@ -78,8 +78,8 @@ def _register_step_hook(optimizer_module):
     if register is None:
         # torch 1.x: only ddplaunch.step() reports steps. Said once, by the job's first rank.
         if os.environ.get("RANK") == "0" and os.environ.get("DDPLAUNCH_PROGRESS_FILE"):
-            sys.stderr.write("ddplaunch: this torch has no global optimizer step hook (torch 2.0 and later "
-                             "have it): --hang_timeout and --standby see this job's steps only where it "
+            sys.stderr.write("ddplaunch (rank 0): this torch has no global optimizer step hook (torch 2.0 and "
+                             "later have it): --hang_timeout and --standby see this job's steps only where it "
                              "calls ddplaunch.step()\n")
         return
     register(_on_optimizer_step)

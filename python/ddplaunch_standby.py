@@ -33,6 +33,13 @@ WORKER_MAGIC = b"DDPW"                 # contracts/worker_channel.h
 WORKER_VERSION = 1
 
 
+def say(message):
+    """One line of ddplaunch's Python helpers inside a worker, on stderr: `ddplaunch (rank R): ...`
+    (the agent's own lines are `ddplaunch: ...`)."""
+    sys.stderr.write("ddplaunch (rank %s): %s\n" % (os.environ.get("RANK", "?"), message))
+    sys.stderr.flush()
+
+
 class BadAssignment(Exception):
     """The agent's message is not a valid assignment."""
 

@@ -22,6 +22,6 @@ try:
     import ddplaunch_autostart
     ddplaunch_autostart.install()
 except Exception as e:  # noqa: B902 - the user's script runs whatever happened here
-    sys.stderr.write("ddplaunch: the worker start-up hook failed (%s: %s); steps are reported only by "
-                     "ddplaunch.step()\n" % (type(e).__name__, e))
+    sys.stderr.write("ddplaunch (rank %s): the worker start-up hook failed (%s: %s); steps are reported "
+                     "only by ddplaunch.step()\n" % (os.environ.get("RANK", "?"), type(e).__name__, e))
 _run_hidden_sitecustomize()

@@ -1,6 +1,7 @@
 #include "rendezvous/client.h"
 
 #include "rendezvous/auth.h"
+#include "rendezvous/cloexec.h"
 
 #include <algorithm>
 #include <cmath>
@@ -142,6 +143,7 @@ void Client::retry(const std::string& reported, bool refused) {
 
 void Client::on_connected() {
   retry_timer_.cancel();
+  close_on_exec(socket_.native_handle());
   boost::system::error_code ec;
   socket_.set_option(tcp::no_delay(true), ec);
   stream_ = make_client_stream(std::move(socket_), options_.tls, host_);

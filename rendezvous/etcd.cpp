@@ -17,6 +17,7 @@
 #include <boost/beast/http.hpp>
 #include <boost/beast/ssl.hpp>
 
+#include "rendezvous/cloexec.h"
 #include "rendezvous/protocol.h"
 
 namespace ddp::rdzv {
@@ -137,6 +138,7 @@ Exchange post_on(asio::io_context& io, Stream& stream, const std::string& host, 
     if (ec) return finish("resolve " + host + ": " + ec.message());
     lowest.async_connect(results, [&](const beast::error_code& ec2, const tcp::endpoint&) {
       if (ec2) return finish(ec2 == beast::error::timeout ? "connect timed out" : "connect: " + ec2.message());
+      close_on_exec(lowest.socket().native_handle());
       handshake(stream, host, [&](const std::string& tls_error) {
       if (!tls_error.empty()) return finish(tls_error);
       http::async_write(stream, request, [&](const beast::error_code& ec3, std::size_t) {
@@ -277,6 +279,7 @@ class WatchSession {
     lowest_.async_connect(results, [this](const beast::error_code& ec, const tcp::endpoint&) {
       if (done_) return;
       if (ec) return finish(ec == beast::error::timeout ? "connect timed out" : "connect: " + ec.message());
+      close_on_exec(lowest_.socket().native_handle());
       keep_alive(lowest_.socket(), keepalive_idle_);
       handshake(stream_, host_, [this](const std::string& tls_error) {
         if (done_) return;

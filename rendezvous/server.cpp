@@ -1,5 +1,6 @@
 #include "rendezvous/server.h"
 
+#include "rendezvous/cloexec.h"
 #include "rendezvous/job_record.h"
 
 namespace ddp::rdzv {
@@ -27,6 +28,7 @@ Server::Server(asio::io_context& io, const tcp::endpoint& endpoint, ServerOption
   if (!options_.token.empty()) secrets_.set_cluster(options_.token);  // per-job secrets keep precedence
   make_state();
   acceptor_.open(endpoint.protocol());
+  close_on_exec(acceptor_.native_handle());
   acceptor_.set_option(tcp::acceptor::reuse_address(true));
   acceptor_.bind(endpoint);
   acceptor_.listen(asio::socket_base::max_listen_connections);
@@ -115,6 +117,7 @@ void Server::accept() {
       });
       return;
     }
+    close_on_exec(socket.native_handle());
     SessionHandler& handler = *this;
     auto session = std::make_shared<Session>(make_server_stream(std::move(socket), options_.tls), next_id_++, handler,
                                              SessionLimits{options_.max_frame_bytes, options_.max_queued_bytes});

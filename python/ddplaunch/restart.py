@@ -155,8 +155,8 @@ class InMemoryRestart:
         import torch.distributed as dist
 
         if self._fd is not None and str(backend).lower() != "gloo":
-            sys.stderr.write("ddplaunch: in-memory restart needs the Gloo backend (not %s): this worker is "
-                             "stopped and started again at a restart\n" % backend)
+            ddplaunch_standby.say("in-memory restart needs the Gloo backend (not %s): this worker is "
+                                  "stopped and started again at a restart" % backend)
             self._say_restartable(False)
             self._fd = None
         init = self.plain_init or dist.init_process_group
@@ -257,15 +257,15 @@ class InMemoryRestart:
             ddplaunch_standby.send_frame(self._fd, {"type": "parked", "step": step})
             env, cwd, out_fd, err_fd = ddplaunch_standby.receive(self._fd, keep_open=True)
         except (OSError, ddplaunch_standby.NoAssignment):
-            sys.stderr.write("ddplaunch: the agent closed this worker's channel while it was parked; exiting\n")
+            ddplaunch_standby.say("the agent closed this worker's channel while it was parked; exiting")
             os._exit(0)
         except ddplaunch_standby.BadAssignment as e:
-            sys.stderr.write("ddplaunch: bad assignment from the agent while parked: %s; exiting\n" % e)
+            ddplaunch_standby.say("bad assignment from the agent while parked: %s; exiting" % e)
             os._exit(1)
         try:
             ddplaunch_standby.become(env, cwd, out_fd, err_fd)
         except OSError as e:
-            sys.stderr.write("ddplaunch: cannot enter the working directory %s: %s; exiting\n" % (cwd, e))
+            ddplaunch_standby.say("cannot enter the working directory %s: %s; exiting" % (cwd, e))
             os._exit(1)
         self.parked += 1
 
@@ -308,9 +308,8 @@ class InMemoryRestart:
         if step == newest:
             return step, held
         received = torch.load(io.BytesIO(data.numpy().tobytes()), map_location="cpu", weights_only=False)
-        sys.stderr.write("rank %d: received the state rank %d sent (step %d, %d bytes), no checkpoint read\n"
-                         % (rank, src, newest, int(size[0])))
-        sys.stderr.flush()
+        ddplaunch_standby.say("received the state rank %d sent (step %d, %d bytes), no checkpoint read"
+                              % (src, newest, int(size[0])))
         return newest, received
 
     def close(self):

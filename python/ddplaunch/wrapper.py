@@ -29,7 +29,8 @@ function runs once, `resume` returns its first argument, and the sampler is a Di
 
 import functools
 import math
-import sys
+
+import ddplaunch_standby  # installed beside this package: say()
 
 from .restart import InMemoryRestart
 
@@ -88,8 +89,8 @@ def restartable(fn):
         if not session.restart.enabled:
             return fn(*args, **kwargs)
         if not session.count_steps():
-            sys.stderr.write("ddplaunch: ddplaunch.restartable needs torch 2.0 or later (its optimizer step hook); "
-                             "this worker is stopped and started again at a restart\n")
+            ddplaunch_standby.say("ddplaunch.restartable needs torch 2.0 or later (its optimizer step hook); "
+                                  "this worker is stopped and started again at a restart")
             session.restart.close()
             return fn(*args, **kwargs)
         plain_init = session.restart.plain_init = dist.init_process_group
@@ -103,8 +104,8 @@ def restartable(fn):
                 except Exception as e:  # noqa: BLE001 - recoverable() tells a lost round from a bug
                     if not session.restart.recoverable(e):
                         raise
-                    sys.stderr.write("ddplaunch: round abandoned (%s); parking with the state of step %d\n"
-                                     % (type(e).__name__, session.steps))
+                    ddplaunch_standby.say("round abandoned (%s); parking with the state of step %d"
+                                          % (type(e).__name__, session.steps))
                 # Outside the handler: the failed call's frames, its DistributedDataParallel among
                 # them, are gone before the next call builds its own. A call that failed before
                 # its resume() leaves what the one before it held.

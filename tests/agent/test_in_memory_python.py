@@ -281,7 +281,7 @@ class PythonJobUnderDdplaunch(LaunchTestCase):
         self.assertEqual(pids[(2, 0)], first[(1, 0)], "rank 0 kept its process\n" + proc.output())
         self.assertNotEqual(pids[(2, 1)], first[(1, 1)])
         out = self.finish(proc)
-        self.assertIn("rank 1: received the state rank 0 sent", out)
+        self.assertIn("ddplaunch (rank 1): received the state rank 0 sent", out)
         self.assertIn("round abandoned at step", out)
 
     def test_a_worker_made_from_a_standby_parks_too(self):
@@ -296,7 +296,7 @@ class PythonJobUnderDdplaunch(LaunchTestCase):
         self.assertEqual(third[(3, 1)], second[(2, 1)], "the standby-made rank 1 kept its process\n" + proc.output())
         self.assertNotEqual(third[(3, 0)], second[(2, 0)])
         out = self.finish(proc)
-        self.assertIn("rank 0: received the state rank 1 sent", out)
+        self.assertIn("ddplaunch (rank 0): received the state rank 1 sent", out)
 
 
 if __name__ == "__main__":

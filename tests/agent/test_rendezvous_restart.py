@@ -79,6 +79,10 @@ class RendezvousRestart(MultiNodeTestCase):
         status = run([RENDEZVOUS, "status", "--endpoint", "127.0.0.1:%d" % port], timeout=20)
         self.assertEqual(status.returncode, 0, status.describe())
         self.assertIn("rebuilt from its agents' resumes", status.stdout, status.describe())
+        for p in nodes:
+            # The loss is said once, in the agent's own voice; later lines count the attempts.
+            self.assertEqual(p.stderr().count("lost the rendezvous"), 1, p.describe())
+            self.assertNotIn("[ddplaunch]", p.stderr(), p.describe())
         self.finish_and_check_unchanged(nodes, rs)
 
     def test_daemon_back_after_reconnect_timeout_every_node_exits_3_and_no_worker_survives(self):
