@@ -311,7 +311,7 @@ struct Agent::Impl {
       return exit_code;
     }
     wait_for_signal();
-    start_standbys();
+    if (options.standby_first_round) start_standbys();
     join_when_standbys_ready();
     io.run();
     flush_output();

@@ -67,6 +67,10 @@ struct AgentOptions {
   // itself, which must wait inside the worker SDK (worker_sdk/src/standby.h). REQUIRES: one of
   // those; the launcher decides (--standby). Default off: every worker starts cold.
   bool standby = false;
+  // With `standby`: the first round's workers come from standbys too, and the agent joins once
+  // they have loaded (--standby=on). Otherwise (auto) the first round starts cold at once, and
+  // standbys start once it is up: a job that ends before its first step never pays for them.
+  bool standby_first_round = false;
   std::vector<std::string> preload;  // --preload: modules a standby imports besides torch
   // In-memory restart (contracts/worker_channel.h, docs/agent.md). Every worker gets
   // a channel to the agent (DDPLAUNCH_WORKER_FD); at a restart, a worker that said it is

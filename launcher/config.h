@@ -98,7 +98,7 @@ struct LaunchConfig {
   bool virtual_local_rank = false;     // --virtual_local_rank
   std::optional<agent::NumaMode> numa_binding;  // --numa_binding; unset = no binding
   enum class Standby { kOff, kOn, kAuto };
-  Standby standby = Standby::kOff;     // --standby; default off (docs/agent.md)
+  Standby standby = Standby::kAuto;    // --standby; default auto (docs/agent.md)
   std::vector<std::string> preload;    // --preload: module names; default none
   enum class InMemoryRestart { kOff, kOn, kAuto };
   InMemoryRestart in_memory_restart = InMemoryRestart::kAuto;  // --in_memory_restart; default auto

@@ -391,8 +391,10 @@ std::string file_timer_path(const std::string& log_dir) {
 }
 
 // --standby: on for Python programs and for programs that link the worker SDK (the
-// ELF mark of launcher/program.h) when asked ('on') or by 'auto'; everything else starts cold,
-// with a line when 'on' was asked for. --preload without a Python standby is said too. The
+// ELF mark of launcher/program.h) when asked ('on') or by 'auto', the default; everything else
+// starts cold, with a line when 'on' was asked for. 'auto' starts the first round cold and keeps
+// standbys from its first step on, so that a short job never waits for them; 'on' also starts
+// the first round from standbys. --preload without a Python standby is said too. The
 // program's file is read only when a standby was asked for.
 void resolve_standby(const LaunchConfig& config, agent::AgentOptions& o) {
   const bool asked = config.standby != LaunchConfig::Standby::kOff;
@@ -407,6 +409,7 @@ void resolve_standby(const LaunchConfig& config, agent::AgentOptions& o) {
     why_not = "its Python bootstrap (ddplaunch_standby.py) is not installed";
   }
   o.standby = why_not == nullptr;
+  o.standby_first_round = o.standby && config.standby == LaunchConfig::Standby::kOn;
   o.preload = config.preload;
   if (config.standby == LaunchConfig::Standby::kOn && why_not != nullptr) {
     std::fprintf(stderr,

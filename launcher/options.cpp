@@ -43,11 +43,14 @@ const std::vector<OptionSpec> kOptions = {
    "GPU (local rank N uses GPU N; without GPUs, local ranks go round-robin over the NUMA "
    "nodes). 'socket': every node of that socket; 'exclusive': the node's cores split among "
    "its workers; 'core-complex': one last-level-cache group each."},
-  {"standby", 0, false, "off|on|auto", "off",
+  {"standby", 0, false, "off|on|auto", "auto",
    Group::kWorkers, "Keep one standby process per local rank, started and loaded (import torch, or "
-   "libtorch for a worker SDK program) while the job runs, that becomes the next round's worker in "
-   "place of a cold start. 'auto': on for Python programs and worker SDK programs. Other programs "
-   "always start cold (docs/agent.md)."},
+   "libtorch for a worker SDK program), that becomes the next round's worker in place of a cold "
+   "start. 'auto': for Python programs and worker SDK programs, from the first round's first step "
+   "on (the first round starts cold); other programs start cold. 'on': the same, and the first "
+   "round's workers come from standbys too (start-up waits for them to load). Each standby holds "
+   "about 370 MiB of memory for Python, 190 MiB for a worker SDK program; '--standby=off' saves it "
+   "(docs/agent.md)."},
   {"in_memory_restart", 0, false, "off|on|auto", "auto",
    Group::kWorkers, "At a restart, keep healthy workers that can wait (worker SDK programs, Python "
    "scripts with ddplaunch.restartable or ddplaunch.InMemoryRestart) instead of stopping them: they "

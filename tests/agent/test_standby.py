@@ -517,9 +517,9 @@ LOAD_DEADLINE = 240  # seconds for a standby to import torch on a loaded 2-core 
 
 
 class StandbyWorkers(LaunchTestCase):
-    def start_job(self, nproc=2, extra=(), env=None):
+    def start_job(self, nproc=2, extra=(), env=None, standby=("--standby=on",)):
         self.worker = self.script("worker.py", WORKER)
-        proc = self.spawn_launch(["--standby=on", "--nproc_per_node=%d" % nproc, "--max_restarts=3",
+        proc = self.spawn_launch(list(standby) + ["--nproc_per_node=%d" % nproc, "--max_restarts=3",
                                   "--python", PYTHON] + list(extra) + [self.worker, "a1", "a two"],
                                  env=dict(env or {}, OUT_DIR=self.out))
         return proc
@@ -607,6 +607,35 @@ class StandbyWorkers(LaunchTestCase):
         self.assertIsInstance(self.waiting_standbys(proc, gen1), list, proc.describe())
         open(os.path.join(self.out, "finish"), "w").close()
         self.assertEqual(proc.wait(LOAD_DEADLINE), 0, proc.describe())
+
+    def test_by_default_the_first_round_starts_cold_and_its_standbys_once_it_has_stepped(self):
+        # No --standby: 'auto'. The first round does not wait for standbys to load; the next
+        # round's workers are the standbys started after the first step.
+        proc = self.start_job(standby=(), env={"STEP_WHEN": "step", "DDPLAUNCH_STANDBY_DELAY_MAX": "600"})
+        gen1 = self.wait_round(proc, 1)
+        for w in gen1:
+            self.assertFalse(w["torch"], "a worker of the first round came from a standby: %s" % w["pid"])
+            self.assertNotIn("DDPLAUNCH_STANDBY_FD", proc_environ(w["pid"]))
+        self.assertEqual(self.standby_pids(proc, gen1), [], "standbys started before any step")
+        open(os.path.join(self.out, "step"), "w").close()
+        standbys = self.waiting_standbys(proc, gen1)
+        self.assertIsInstance(standbys, list, proc.describe())
+        open(os.path.join(self.out, "fail_1"), "w").close()  # rank 1 exits 3: a restart
+        gen2 = self.wait_round(proc, 2)
+        self.assertEqual(sorted(w["pid"] for w in gen2), standbys, "the standbys did not become the workers")
+        self.assertTrue(all(w["torch"] for w in gen2), gen2)
+        open(os.path.join(self.out, "finish"), "w").close()
+        self.assertEqual(proc.wait(LOAD_DEADLINE), 0, proc.describe())
+
+    def test_by_default_a_job_that_ends_before_its_first_step_starts_no_standby(self):
+        proc = self.start_job(standby=(), extra=["--event_log=" + os.path.join(self.out, "events.jsonl")],
+                              env={"EXIT_AT_ONCE": "1"})
+        self.assertEqual(proc.wait(LOAD_DEADLINE), 0, proc.describe())
+        # Every process that ran user code is a worker of the first round, started cold.
+        self.assertEqual(len(self.ran_pids()), 2, proc.describe())
+        with open(os.path.join(self.out, "events.jsonl")) as f:
+            started = [e for e in map(json.loads, f) if e["type"] == "worker_started"]
+        self.assertEqual([e["standby"] for e in started], [False, False], started)
 
     def test_workers_that_report_no_step_get_their_next_standbys_after_standby_delay_max(self):
         proc = self.start_job(env={"NO_STEP": "1", "DDPLAUNCH_STANDBY_DELAY_MAX": "2"})

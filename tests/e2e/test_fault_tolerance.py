@@ -87,11 +87,9 @@ class FaultToleranceTest(unittest.TestCase):
     def start_job(self, epochs, job_id):
         job = ElasticJob(self, self.cluster, train_args(epochs), job_id=job_id, epochs=epochs)
         self.job = job
-        # With --standby=on (DDPLAUNCH_E2E_FLAGS), the event log shows which workers were standbys.
-        self.events = None
-        if "--standby=on" in job.ddplaunch_flags:
-            self.events = os.path.join(job.shared, "events.jsonl")
-            job.ddplaunch_flags.append("--event_log=" + self.events)
+        # The event log shows which workers were standbys.
+        self.events = os.path.join(job.shared, "events.jsonl")
+        job.ddplaunch_flags.append("--event_log=" + self.events)
         job.start_rendezvous()
         for node in (1, 2, 3):
             job.start_node(node)
@@ -149,9 +147,10 @@ class FaultToleranceTest(unittest.TestCase):
             if r.records:
                 self.assertEqual(r.record_worlds, {r.world}, "round %r: records disagree on the world size" % r)
         if self.events:
-            # Every agent starts its standbys before the first round forms, so all workers of
-            # the first round are `train` standbys that waited inside the SDK; later rounds use
-            # one where a standby was started (once every worker of the last round made a step).
+            # With --standby=on every agent starts its standbys before the first round forms, so
+            # all workers of the first round are `train` standbys that waited inside the SDK; by
+            # default (auto) the first round starts cold. Later rounds use one where a standby was
+            # started (once every worker of the last round made a step).
             with open(self.events) as f:
                 started = [e for e in map(json.loads, f) if e["type"] == "worker_started"]
             first = min(e["generation"] for e in started)
@@ -160,7 +159,10 @@ class FaultToleranceTest(unittest.TestCase):
                                  sum(1 for e in started if e["generation"] == g))
                 for g in sorted({e["generation"] for e in started})}, file=sys.stderr)
             first_round = [e for e in started if e["generation"] == first]
-            self.assertTrue(all(e["standby"] for e in first_round), first_round)
+            if "--standby=on" in job.ddplaunch_flags:
+                self.assertTrue(all(e["standby"] for e in first_round), first_round)
+            elif "--standby=off" not in job.ddplaunch_flags:
+                self.assertFalse(any(e["standby"] for e in first_round), first_round)
         return final[0]
 
     def rounds_after(self, job, generation):

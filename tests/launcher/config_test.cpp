@@ -659,7 +659,7 @@ TEST_SUITE("torchrun 2.x command lines are accepted") {
     CHECK(parse({"--stand", "t.py"}).config.standalone);
     // A newer option of ddplaunch's own (--standby) does not take that prefix from --standalone.
     CHECK(parse({"--standb=on", "t.py"}).config.standby == LaunchConfig::Standby::kOn);
-    CHECK_FALSE(parse({"--stand", "t.py"}).config.standby != LaunchConfig::Standby::kOff);
+    CHECK(parse({"--stand", "t.py"}).config.standby == LaunchConfig::Standby::kAuto);  // the default, untouched
     CHECK(parse({"--no_p", "/bin/true"}).config.no_python);
     // An exact name wins over longer names it is a prefix of (--tee, not --tee_anything).
     CHECK(parse({"--tee=1", "t.py"}).config.tee.default_value == 1);

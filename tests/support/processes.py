@@ -228,3 +228,13 @@ def children(ppid, comm=None):
         if int(rest.split()[1]) == ppid and (comm is None or head.split("(", 1)[1] == comm):
             out.append(int(name))
     return out
+
+
+def started_as_standby(pid):
+    """Whether `pid` was started as a standby (docs/agent.md, "Standby workers"): the kernel's copy
+    of its environment at exec names DDPLAUNCH_STANDBY_FD, whether or not it became a worker since."""
+    try:
+        with open("/proc/%d/environ" % pid, "rb") as f:
+            return any(v.startswith(b"DDPLAUNCH_STANDBY_FD=") for v in f.read().split(b"\0"))
+    except OSError:
+        return False
