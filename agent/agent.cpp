@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <deque>
 #include <array>
 #include <cerrno>
 #include <chrono>
@@ -81,7 +80,6 @@ struct Worker {
   bool given_up = false;                  // did not exit after SIGKILL (stuck in the kernel)
   bool python = false;                    // runs under the Python interpreter (faulthandler)
   bool hung = false;                      // declared hung: its exit is a failure, whatever its status
-  int dump_signal = 0;                    // hung, its dump signal not sent yet (it waits its turn)
   bool recorded = false;                  // its failure is in `failures`
   std::string note;                       // why the agent stopped it; heads its failure message
   // In-memory restart (docs/agent.md, "In-memory restart: the worker channel"): the agent's end
@@ -177,8 +175,7 @@ struct Agent::Impl {
   asio::steady_timer progress_timer;  // samples the progress board (--hang_timeout)
   asio::steady_timer dump_timer;      // SIGKILLs hung workers that did not die of their dump signal
   asio::steady_timer dump_step_timer;  // the next hung worker's dump signal, if the last one lives on
-  std::deque<int> dumps_due;          // hung workers (pids) whose dump signal waits its turn
-  int dumping = 0;                    // the hung worker whose stacks are being written
+  DumpQueue dumps;                    // hung workers whose dump signal waits its turn
   asio::steady_timer health_timer;    // the next --check_health (retry before a join, or periodic)
   asio::steady_timer health_deadline; // kills a check that runs too long
   asio::steady_timer standby_timer;   // starts the next standbys once the round is up (schedule_standbys)
@@ -630,7 +627,7 @@ struct Agent::Impl {
     if (it == nullptr) return;  // not ours (or from an earlier round)
     it->alive = false;
     it->status = st;
-    if (pid == dumping) send_next_dump();
+    if (pid == dumps.dumping()) send_next_dump();
     if (it->link) it->link->close();
     // A failure is recorded with what the summary shows (record_failure); every other exit here.
     if (state != State::kRunning || st.success()) {
@@ -862,8 +859,7 @@ struct Agent::Impl {
     give_up_timer.cancel();
     dump_timer.cancel();
     dump_step_timer.cancel();
-    dumps_due.clear();
-    dumping = 0;
+    dumps.clear();
     ProgressLine::console().release();
     park_timer.cancel();
     // Leftovers in the workers' process groups (their own children) go with them, and with a
@@ -983,32 +979,25 @@ struct Agent::Impl {
     for (const auto& h : verdict.declared) {
       Worker* w = live_worker(h.pid);
       w->hung = true;
-      w->dump_signal = h.signal;
       w->note = h.note;
       say(h.message);
-      dumps_due.push_back(h.pid);
+      dumps.add(h.pid, h.signal);
     }
     send_next_dump();
   }
 
   void send_next_dump() {
-    dumping = 0;
-    while (!dumps_due.empty()) {
-      Worker* w = live_worker(dumps_due.front());
-      dumps_due.pop_front();
-      if (w == nullptr) continue;
-      if (w->dump_signal == SIGABRT) {
+    const auto dump = dumps.next(monotonic_seconds(), [this](int pid) { return live_worker(pid) != nullptr; });
+    if (dump) {
+      if (dump->signal == SIGABRT) {
         // Its stacks go to the console in one piece: what the agent said is out first, and what
         // it says meanwhile waits (a Python worker's dump takes milliseconds).
         OutputQueue::console().flush(std::chrono::milliseconds(200));
         ProgressLine::console().hold();
       }
-      processes->signal_process(w->pid, w->dump_signal);
-      w->dump_signal = 0;
-      dumping = w->pid;
-      const double now = monotonic_seconds();
-      arm(dump_step_timer, now + HangWatch::kDumpStep, [this] { send_next_dump(); });
-      arm(dump_timer, now + HangWatch::kDumpGrace, [this] {
+      processes->signal_process(dump->pid, dump->signal);
+      arm(dump_step_timer, dump->next_at, [this] { send_next_dump(); });
+      arm(dump_timer, dump->kill_at, [this] {
         for (auto& w : workers) {
           if (w.alive && w.hung) processes->signal_group(w.pid, SIGKILL);
         }

@@ -19,7 +19,6 @@ HangVerdict HangWatch::check(const std::vector<WatchedWorker>& workers, double n
   const auto hangs = monitor_.check(now);
   if (hangs.empty()) return verdict;
   verdict.hang = true;
-  verdict.sigkill_at = now + kDumpGrace;
   for (const auto& h : hangs) {
     auto it = std::find_if(workers.begin(), workers.end(),
                            [&](const WatchedWorker& w) { return w.ref.local_rank == h.slot; });

@@ -1,8 +1,8 @@
 // Hang detection, the agent's side: how often the progress board is sampled, which workers a
 // hang takes (HangMonitor, agent/progress.h, decides which ranks stalled), what each is sent (its
 // dump signal: SIGABRT to a Python worker, whose faulthandler prints every thread's stack before
-// it dies; SIGKILL to anything else), and when the ones that survived their dump signal get
-// SIGKILL (kDumpGrace later). A hung worker's exit is then a failure like any other, headed by
+// it dies; SIGKILL to anything else), in which order (DumpQueue), and when the ones that
+// survived their dump signal get SIGKILL (kDumpGrace later). A hung worker's exit is then a failure like any other, headed by
 // the note said here.
 //
 // Owned by Agent::Impl for the whole run; pure (the samples and the time are given), used on the
@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "agent/policy.h"
@@ -38,8 +39,6 @@ struct HungWorker {
 struct HangVerdict {
   bool hang = false;                 // a hang was seen: sampling stops for this round
   std::vector<HungWorker> declared;  // the workers it takes (not declared before), to signal in order
-  double sigkill_at = -1;            // SIGKILL to the declared workers still alive then (hang only),
-                                     // kDumpGrace after the last of them is signalled
 };
 
 class HangWatch {
@@ -77,6 +76,46 @@ class HangWatch {
   HangMonitor monitor_;
   double round_began_ = 0;
   bool said_silence_ = false;
+};
+
+// The hung workers' dump signals, one at a time, so that two stack dumps never interleave on a
+// console they share: the next is due when the one being dumped has exited, at the latest
+// HangWatch::kDumpStep after it was signalled. Pure: the agent sends the signals, arms its timers
+// at the times said here, and tells it which workers have exited.
+class DumpQueue {
+ public:
+  struct Dump {
+    int pid = 0;
+    int signal = 0;
+    double next_at = 0;  // the next dump is due then if this worker is still alive
+    double kill_at = 0;  // every hung worker still alive then gets SIGKILL (HangWatch::kDumpGrace)
+  };
+
+  void add(int pid, int signal) { due_.push_back({pid, signal}); }
+  // The dump to send at `now`, skipping workers that ended before their turn (`alive(pid)` is
+  // false); nullopt when none is left, and then nothing is being dumped.
+  template <class Alive>
+  std::optional<Dump> next(double now, Alive alive) {
+    dumping_ = 0;
+    while (!due_.empty()) {
+      const auto [pid, signal] = due_.front();
+      due_.erase(due_.begin());
+      if (!alive(pid)) continue;
+      dumping_ = pid;
+      return Dump{pid, signal, now + HangWatch::kDumpStep, now + HangWatch::kDumpGrace};
+    }
+    return std::nullopt;
+  }
+  // The worker whose stacks are being written (0: none); its exit makes the next dump due.
+  int dumping() const { return dumping_; }
+  void clear() {
+    due_.clear();
+    dumping_ = 0;
+  }
+
+ private:
+  std::vector<std::pair<int, int>> due_;  // (pid, signal), in the order declared
+  int dumping_ = 0;
 };
 
 }  // namespace ddp::agent

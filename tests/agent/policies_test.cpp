@@ -156,7 +156,6 @@ TEST_SUITE("hang detection samples the board and sends hung workers their dump s
       for (const auto& s : row.samples) watch.observe(s.slot, s.sample, s.at);
       const HangVerdict verdict = watch.check(row.workers, row.now);
       CHECK(verdict.hang == row.hang);
-      if (row.hang) CHECK(verdict.sigkill_at == doctest::Approx(row.now + HangWatch::kDumpGrace));
       REQUIRE(verdict.declared.size() == row.declared.size());
       for (std::size_t i = 0; i < row.declared.size(); ++i) {
         CHECK(verdict.declared[i].pid == row.declared[i].pid);
@@ -165,6 +164,33 @@ TEST_SUITE("hang detection samples the board and sends hung workers their dump s
         CHECK(verdict.declared[i].message == row.declared[i].message);
       }
     }
+  }
+
+  TEST_CASE("hung workers are dumped one at a time, in order, skipping those that ended before their turn") {
+    DumpQueue q;
+    const auto always = [](int) { return true; };
+    CHECK_FALSE(q.next(0, always));
+    CHECK(q.dumping() == 0);
+    q.add(11, SIGABRT);
+    q.add(12, SIGKILL);
+    q.add(13, SIGABRT);
+    auto d = q.next(10, always);
+    REQUIRE(d);
+    CHECK(d->pid == 11);
+    CHECK(d->signal == SIGABRT);
+    CHECK(d->next_at == doctest::Approx(10 + HangWatch::kDumpStep));
+    CHECK(d->kill_at == doctest::Approx(10 + HangWatch::kDumpGrace));
+    CHECK(q.dumping() == 11);
+    // 12 exited meanwhile: 13 is next.
+    d = q.next(10.5, [](int pid) { return pid != 12; });
+    REQUIRE(d);
+    CHECK(d->pid == 13);
+    CHECK(d->kill_at == doctest::Approx(10.5 + HangWatch::kDumpGrace));
+    CHECK_FALSE(q.next(12, always));
+    CHECK(q.dumping() == 0);
+    q.add(14, SIGABRT);
+    q.clear();
+    CHECK_FALSE(q.next(13, always));
   }
 
   TEST_CASE("a new round forgets the last one's beats and best step") {
