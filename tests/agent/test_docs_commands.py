@@ -8,12 +8,14 @@ The rule for fenced blocks in those pages:
 - a command block is run by this test: bash -e -o pipefail, from a copy of the repository root
   (its entries linked, `build` linked to the build directory under test), with the build's bin/
   on PATH, a first `python3` that has no torch (as on a fresh Debian machine with a system or
-  pyenv Python), and a deadline; it must exit 0;
+  pyenv Python), and a deadline; it must exit 0. A block that builds, installs into the system
+  or runs the tests (NEVER_RUN below) is never run: it must be marked;
 - or the line right above its fence is `<!-- not run here: REASON -->`, naming what covers it
   instead where something does; such blocks are printed with their reason, like skipped tests;
 - or it is in RUN_ELSEWHERE: run as written by another test named there.
 
-Placeholders a user fills in are replaced before a block runs (SUBSTITUTIONS below, each with why).
+Placeholders and fixed paths under /tmp are replaced before a block runs (SUBSTITUTIONS below,
+each with why).
 """
 
 import os
@@ -36,9 +38,16 @@ HEADING = re.compile(r"^#+ (.*)$")
 RUN_ELSEWHERE = {("README.md", "Single node"): "tests/agent/test_readme.py"}
 # (text in a block, its replacement, why): applied to every block this test runs.
 SUBSTITUTIONS = [
-    ("/tmp/", "{tmp}/", "the test's own temporary directory, so that runs share and leave no files"),
+    ("/tmp/", "{tmp}/", "the test's own temporary directory: runs share no files and leave none"),
 ]
 BLOCK_DEADLINE_S = 120
+# Commands this test never runs, because they would change the build under test or the system,
+# or run tests themselves: a block holding one must carry a not-run marker.
+NEVER_RUN = re.compile(r"\bcmake\s+(-S|-B|--build)|\bscripts/(setup|test|demo)\b|\bctest\b|\bsudo\b"
+                       r"|\bapt(-get)?\s+install|\bpip3?\s+install|\bsystemctl\b"
+                       r"|--prefix[= ]/(usr|opt)\b|\binstall\s.*\s/(etc|usr|opt)/|>\s*/(etc|usr|opt)/")
+# (what a block names, the build output it needs): without it the block is skipped, saying why.
+NEEDS_THE_SDK = re.compile(r"lib/\*\.a|bin/train\b")
 # What a line of commands starts with: a program a user runs, or a path to one.
 COMMAND_WORDS = {"ddplaunch", "ddp-rendezvous", "torchrun", "train", "cmake", "ctest", "cpack", "python",
                  "python3", "pip", "pip3", "export", "curl", "kill", "openssl", "install", "systemctl",
@@ -206,6 +215,15 @@ class DocsCommands(LaunchTestCase):
             report.append("%s: run%s" % (block.where(), " (substituted %s)" % ", ".join(substituted)
                                          if substituted else ""))
             with self.subTest(block=block.where()):
+                unsafe = NEVER_RUN.search("\n".join(re.sub(r"(^|\s)#.*", "", line) for line in script.splitlines()))
+                if unsafe:
+                    report[-1] = "%s: NOT RUN: it holds %r" % (block.where(), unsafe.group(0).strip())
+                    self.fail("%s holds %r, which this test never runs (it would change the build under test "
+                              "or the system): mark the block `<!-- not run here: REASON -->`"
+                              % (block.where(), unsafe.group(0).strip()))
+                if NEEDS_THE_SDK.search(script) and not os.path.exists(os.path.join(BUILD_DIR, "bin", "train")):
+                    report[-1] = "%s: skipped: the worker SDK is not built (DDPLAUNCH_BUILD_WORKER_SDK=OFF)" % block.where()
+                    continue
                 result = run(["bash", "--noprofile", "--norc", "-e", "-o", "pipefail", "-c", script],
                              timeout=BLOCK_DEADLINE_S, env=env, cwd=root)
                 self.assertFalse(result.timed_out, "%s: still running after %d s\n%s"
