@@ -102,7 +102,6 @@ void Server::stop() {
 
 void Server::accept() {
   if (stopped_ || accepting_) return;
-  if (unauthenticated_ >= options_.max_unauthenticated) return;  // resumed when one says hello or goes
   accepting_ = true;
   acceptor_.async_accept([this, alive = alive_](boost::system::error_code ec, tcp::socket socket) {
     if (!*alive) return;
@@ -123,6 +122,8 @@ void Server::accept() {
                                              SessionLimits{options_.max_frame_bytes, options_.max_queued_bytes});
     sessions_.add(session);
     ++unauthenticated_;
+    unauthenticated_order_.push_back(session->id());
+    evict_unauthenticated();
     session->nonce = random_hex();
     session->send(encode(make_challenge(session->nonce)));
     session->start(options_.hello_timeout);
@@ -132,6 +133,33 @@ void Server::accept() {
     }
     accept();
   });
+}
+
+void Server::evict_unauthenticated() {
+  while (unauthenticated_ > options_.max_unauthenticated && unauthenticated_order_.size() > 1) {
+    const std::uint64_t id = unauthenticated_order_.front();
+    unauthenticated_order_.pop_front();
+    Session* oldest = sessions_.find(id);
+    if (oldest == nullptr || oldest->authenticated) continue;  // said hello or closed meanwhile
+    // Closed at once, not after an error it may never read: its place is the newcomer's now.
+    oldest->close("evicted: " + std::to_string(options_.max_unauthenticated) +
+                  " connections had not said hello");
+    ++evicted_unlogged_;
+  }
+  // The entries at the front that no longer count go too, so that the queue stays as long as
+  // the connections accepted since the oldest one still waiting for its hello.
+  while (!unauthenticated_order_.empty()) {
+    const Session* front = sessions_.find(unauthenticated_order_.front());
+    if (front != nullptr && !front->authenticated) break;
+    unauthenticated_order_.pop_front();
+  }
+  if (evicted_unlogged_ > 0 && clock_.now() - eviction_logged_at_ >= 1.0) {
+    log("closed the oldest of the connections that had not said hello, " + std::to_string(evicted_unlogged_) +
+        " time(s): more than max_unauthenticated (" + std::to_string(options_.max_unauthenticated) +
+        ") were open at once (a flood, or a slow network)");
+    evicted_unlogged_ = 0;
+    eviction_logged_at_ = clock_.now();
+  }
 }
 
 void Server::tick() {
@@ -210,7 +238,6 @@ void Server::handle_first(Session& session, const Message& message) {
   session.all_jobs = secrets_.is_cluster_secret(hello.job_id);
   session.job_id = hello.job_id;
   session.set_phase(Session::Phase::Authenticated);
-  accept();  // may have paused at max_unauthenticated
   if (message.type == MessageType::status) {
     send_status(session);
     session.close_after_flush();

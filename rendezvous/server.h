@@ -31,8 +31,10 @@ struct ServerOptions {
   Secrets secrets;
   std::size_t max_frame_bytes = kDefaultMaxFrameBytes;  // per frame payload (default 1 MiB)
   std::size_t max_connections = 16384;              // more are answered with an error and closed
-  std::size_t max_unauthenticated = 1024;           // past this the server stops accepting until
-                                                    // some connection says hello or is dropped
+  std::size_t max_unauthenticated = 1024;           // connections that have not said hello; past
+                                                    // this the oldest of them is closed (accepting
+                                                    // never pauses: a flood cannot queue honest
+                                                    // agents behind it)
   std::size_t max_queued_bytes = 16u << 20;         // per connection; a peer that never reads is cut off
   double hello_timeout = 5.0;                       // a connection must say hello within this (s)
   double idle_timeout = 60.0;                       // after hello, before join: dropped when silent (s)
@@ -91,6 +93,9 @@ class Server : private SessionHandler, private Outbox {
 
  private:
   void accept();
+  // Closes the oldest connections that have not said hello until at most max_unauthenticated
+  // remain (the newest, just accepted, is kept).
+  void evict_unauthenticated();
   void tick();
   void on_message(Session& session, Message message) override;
   void on_bad_message(Session& session, const ProtocolError& error) override;
@@ -132,6 +137,11 @@ class Server : private SessionHandler, private Outbox {
   boost::asio::steady_timer accept_retry_timer_;
   SessionManager sessions_;
   std::size_t unauthenticated_ = 0;
+  // Sessions in the order they were accepted, oldest first, for eviction; entries of sessions
+  // that said hello or closed since are skipped when they reach the front.
+  std::deque<std::uint64_t> unauthenticated_order_;
+  std::size_t evicted_unlogged_ = 0;  // evictions not yet said in the log (one line a second)
+  double eviction_logged_at_ = -1e9;
   bool accepting_ = false;
   bool stopped_ = false;
   std::uint64_t next_id_ = 1;

@@ -38,6 +38,23 @@ SOURCE_DIR = os.environ.get("DDPLAUNCH_SOURCE_DIR") or os.path.abspath(
     os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 DDPLAUNCH = os.path.join(BUILD_DIR, "bin", "ddplaunch")
 RENDEZVOUS = os.path.join(BUILD_DIR, "bin", "ddp-rendezvous")
+
+
+def start_cluster(test, nodes=3, reason=None):
+    """For a test's setUp: skips `test`, printing why, when the namespace cluster cannot run here
+    (or for `reason`, the test's own); otherwise checks that ddplaunch and ddp-rendezvous are
+    built, brings up `nodes` namespaces, tears them down at the test's cleanup, returns the cluster."""
+    from cluster import Cluster
+    reason = Cluster.unavailable_reason() or reason
+    if reason:
+        print("skipped: " + reason, file=sys.stderr)
+        test.skipTest(reason)
+    for binary in (DDPLAUNCH, RENDEZVOUS):
+        test.assertTrue(os.access(binary, os.X_OK), "%s is not built" % binary)
+    cluster = Cluster(nodes=nodes)
+    test.addCleanup(cluster.down)
+    cluster.up()
+    return cluster
 TRAIN = os.path.join(BUILD_DIR, "bin", "train")
 ELASTIC_DDP = os.path.join(SOURCE_DIR, "scripts", "elastic_ddp.py")
 PYTHON = sys.executable  # the Python ctest runs the tests on (DDPLAUNCH_PYTHON)

@@ -21,9 +21,7 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from cluster import Cluster  # noqa: E402
-from elastic_job import (DDPLAUNCH, HEADER_RE, RENDEZVOUS, TRAIN, ElasticJob,  # noqa: E402
-                         sample_accounting)
+from elastic_job import HEADER_RE, TRAIN, ElasticJob, sample_accounting, start_cluster  # noqa: E402
 from processes import run, wait_for  # noqa: E402
 
 # The job: no shard ever needs padding at 4 or 6 workers (SAMPLES is a multiple of 12 and
@@ -67,17 +65,9 @@ class FaultToleranceTest(unittest.TestCase):
     maxDiff = None
 
     def setUp(self):
-        reason = Cluster.unavailable_reason()
-        if reason is None and not os.path.exists(TRAIN):
-            reason = "%s is not built (configure with -DDDPLAUNCH_BUILD_WORKER_SDK=ON)" % TRAIN
-        if reason:
-            print("skipped: " + reason, file=sys.stderr)
-            self.skipTest(reason)
-        for binary in (DDPLAUNCH, RENDEZVOUS):
-            self.assertTrue(os.access(binary, os.X_OK), "%s is not built" % binary)
-        self.cluster = Cluster(nodes=3)
-        self.addCleanup(self.cluster.down)
-        self.cluster.up()
+        missing = None if os.path.exists(TRAIN) else \
+            "%s is not built (configure with -DDDPLAUNCH_BUILD_WORKER_SDK=ON)" % TRAIN
+        self.cluster = start_cluster(self, reason=missing)
         self.started = time.monotonic()
 
     def tearDown(self):

@@ -18,8 +18,7 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from cluster import Cluster  # noqa: E402
-from elastic_job import DDPLAUNCH, ELASTIC_DDP, PYTHON, RENDEZVOUS, ElasticJob  # noqa: E402
+from elastic_job import ELASTIC_DDP, PYTHON, ElasticJob, start_cluster  # noqa: E402
 
 ACCURACY = 0.9
 CHECKPOINT_EVERY = 10
@@ -29,21 +28,13 @@ class PythonJobFaultToleranceTest(unittest.TestCase):
     maxDiff = None
 
     def setUp(self):
-        reason = Cluster.unavailable_reason()
-        if reason is None:
-            try:
-                import torch  # noqa: F401  (this file runs on the Python the job does)
-            except ImportError:
-                reason = "%s has no torch (install python3-torch)" % PYTHON
-        if reason:
-            print("skipped: " + reason, file=sys.stderr)
-            self.skipTest(reason)
-        for binary in (DDPLAUNCH, RENDEZVOUS):
-            self.assertTrue(os.access(binary, os.X_OK), "%s is not built" % binary)
+        try:
+            import torch  # noqa: F401  (this file runs on the Python the job does)
+            missing = None
+        except ImportError:
+            missing = "%s has no torch (install python3-torch)" % PYTHON
         self.assertTrue(os.path.exists(ELASTIC_DDP))
-        self.cluster = Cluster(nodes=3)
-        self.addCleanup(self.cluster.down)
-        self.cluster.up()
+        self.cluster = start_cluster(self, reason=missing)
         self.started = time.monotonic()
 
     def tearDown(self):

@@ -23,8 +23,7 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from cluster import Cluster  # noqa: E402
-from elastic_job import DDPLAUNCH, PYTHON, RDZV_CONF, RDZV_PORT, RENDEZVOUS, SOURCE_DIR  # noqa: E402
+from elastic_job import DDPLAUNCH, PYTHON, RDZV_CONF, RDZV_PORT, RENDEZVOUS, SOURCE_DIR, start_cluster  # noqa: E402
 
 TEMPLATE = os.path.join(SOURCE_DIR, "examples", "restartable", "ddp_template_restartable.py")
 SAMPLES = 480  # a multiple of 8 x 2 x 3: no padding at world size 3 or 2
@@ -45,15 +44,7 @@ def wait_until(condition, timeout, what, procs=()):
 
 class RestartableTemplateNodeCrash(unittest.TestCase):
     def setUp(self):
-        reason = Cluster.unavailable_reason()
-        if reason:
-            print("skipped: " + reason, file=sys.stderr)
-            self.skipTest(reason)
-        for binary in (DDPLAUNCH, RENDEZVOUS):
-            self.assertTrue(os.access(binary, os.X_OK), "%s is not built" % binary)
-        self.cluster = Cluster(nodes=3)
-        self.addCleanup(self.cluster.down)
-        self.cluster.up()
+        self.cluster = start_cluster(self)
         self.shared = tempfile.mkdtemp(prefix="ddp-e2e-restartable-")
         self.addCleanup(shutil.rmtree, self.shared, True)
         self.records = os.path.join(self.shared, "records")

@@ -306,6 +306,30 @@ TEST_CASE("a flood of connections is capped and the server keeps serving") {
   healthy.check_server_still_serves(st.port());
 }
 
+TEST_CASE("connections that never say hello cannot keep an honest client out: the oldest of them is closed") {
+  ServerOptions o;
+  o.max_unauthenticated = 10;
+  o.hello_timeout = 600;  // only eviction can free a place within this test's deadlines
+  ServerThread st(o);
+  Healthy healthy(st.port());
+  std::vector<std::unique_ptr<RawConn>> flood;
+  for (int i = 0; i < 50; ++i) flood.push_back(std::make_unique<RawConn>(st.port()));
+  // Accepting never paused: the honest client, behind 50 silent ones, is served.
+  RawConn honest(st.port());
+  REQUIRE(honest.connected());
+  honest.say_hello("honest-job", "");
+  REQUIRE(honest.recv_type("welcome"));
+  honest.send(make_join(one_node("honest-job")));
+  CHECK(honest.recv_type("round"));
+  // The oldest silent connections were closed, the newest are still held, within the budget.
+  CHECK(flood.front()->wait_closed());
+  CHECK(st.on_server([&] { return st.server->unauthenticated_count(); }) <= o.max_unauthenticated);
+  CHECK(st.on_server([&] { return st.server->unauthenticated_count(); }) >= 1);
+  healthy.conn.send(make_heartbeat());
+  CHECK(healthy.conn.recv_type("heartbeat_ack"));
+  healthy.check_server_still_serves(st.port());
+}
+
 TEST_CASE("a busy server tells an extra connection why it is refused") {
   ServerOptions o;
   o.max_connections = 2;
