@@ -455,11 +455,23 @@ void Client::heartbeat() {
     }
   } else {
     if (!finished_ && now - last_heard_ > to_duration(options_.heartbeat_timeout)) {
+      // Looked at twice, 10 ms apart: a process that did not run for a while (stopped, starved,
+      // a paused VM) wakes with this timer and its socket ready at once, and what the server
+      // sent meanwhile (acks, or that it dropped this node) is read before the verdict.
+      if (!silence_seen_) {
+        silence_seen_ = true;
+        heartbeat_timer_.expires_after(std::chrono::milliseconds(10));
+        heartbeat_timer_.async_wait([self = shared_from_this()](boost::system::error_code ec) {
+          if (!ec) self->heartbeat();
+        });
+        return;
+      }
       fail("rendezvous " + endpoint_text_ + " silent for " +
            std::to_string(std::chrono::duration<double>(now - last_heard_).count()) + " s (heartbeat_timeout " +
            std::to_string(options_.heartbeat_timeout) + " s)", true);
       return;
     }
+    silence_seen_ = false;
     send(make_heartbeat());
   }
   heartbeat_timer_.expires_after(to_duration(welcomed_ ? options_.heartbeat_interval : 0.1));

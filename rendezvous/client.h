@@ -143,6 +143,7 @@ class Client : public std::enable_shared_from_this<Client> {
   std::string endpoint_text_;  // HOST:PORT as connected to, for every message
   std::chrono::steady_clock::time_point deadline_;
   std::chrono::steady_clock::time_point last_heard_;
+  bool silence_seen_ = false;  // the last look found heartbeat_timeout passed (heartbeat())
   double retry_delay_ = 0.05;
   std::chrono::steady_clock::time_point last_retry_log_{};
   bool welcomed_ = false;

@@ -42,6 +42,16 @@ struct ServerThread {
   }
 };
 
+// Polls `done` (a thread that runs no io_context meanwhile) until it holds or the deadline passes.
+bool wait_until(const std::function<bool()>& done, double seconds) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
+
 NodeSpec one_node(const std::string& job) {
   NodeSpec s = node_spec(job, "healthy", 1, 1);
   s.timeouts.heartbeat_timeout = 30;
@@ -328,6 +338,38 @@ TEST_CASE("connections that never say hello cannot keep an honest client out: th
   healthy.conn.send(make_heartbeat());
   CHECK(healthy.conn.recv_type("heartbeat_ack"));
   healthy.check_server_still_serves(st.port());
+}
+
+TEST_CASE("an agent that did not run for longer than heartbeat_timeout reads what the server said before blaming it") {
+  // The agent's process stalls (SIGSTOP, a starved machine, a paused VM) while the server drops
+  // it for silence. When it runs again, its heartbeat timer and its socket are ready at once; the
+  // server's word ("dropped this node") must win over "the server was silent", whichever of the
+  // two handlers runs first. Several stalls: a handler order that blames the server shows.
+  ServerThread st(ServerOptions{});
+  for (int i = 0; i < 6; ++i) {
+    CAPTURE(i);
+    asio::io_context io;
+    NodeSpec spec = node_spec("stall-" + std::to_string(i), "h", 1, 1);
+    spec.timeouts.heartbeat_interval = 0.05;
+    spec.timeouts.heartbeat_timeout = 0.3;
+    std::vector<std::string> lost;
+    std::size_t rounds = 0;
+    ClientEvents e;
+    e.on_round = [&](const Assignment&) { ++rounds; };
+    e.on_disconnected = [&](const std::string& m) { lost.push_back(m); };
+    e.on_error = [&](const std::string& m) { lost.push_back("error: " + m); };
+    ClientOptions o;
+    o.job_id = spec.job_id;
+    auto client = Client::create(io, o, e);
+    client->connect(Endpoint{"127.0.0.1", st.port()}, 10.0);
+    client->join(spec);
+    REQUIRE(run_until(io, [&] { return rounds == 1; }));
+    // The stall: this thread runs none of the client's handlers until the server has dropped it.
+    REQUIRE(wait_until([&] { return st.on_server([&] { return st.server->connection_count(); }) == 0; }, 10.0));
+    REQUIRE(run_until(io, [&] { return !lost.empty(); }));
+    CHECK(lost[0].find("dropped this node") != std::string::npos);
+    CHECK(lost[0].find("silent for") == std::string::npos);
+  }
 }
 
 TEST_CASE("a busy server tells an extra connection why it is refused") {
