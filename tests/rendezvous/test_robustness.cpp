@@ -343,8 +343,10 @@ TEST_CASE("connections that never say hello cannot keep an honest client out: th
 TEST_CASE("an agent that did not run for longer than heartbeat_timeout reads what the server said before blaming it") {
   // The agent's process stalls (SIGSTOP, a starved machine, a paused VM) while the server drops
   // it for silence. When it runs again, its heartbeat timer and its socket are ready at once; the
-  // server's word ("dropped this node") must win over "the server was silent", whichever of the
-  // two handlers runs first. Several stalls: a handler order that blames the server shows.
+  // server's word ("dropped this node") must win over "the server was silent". The stall here is
+  // a handler that runs just before the client's heartbeat, in the same batch of expired timers,
+  // and waits for the server's drop: the heartbeat's handler is then queued before the socket's
+  // data is even seen, the order in which a stopped process can wake.
   ServerThread st(ServerOptions{});
   for (int i = 0; i < 6; ++i) {
     CAPTURE(i);
@@ -364,9 +366,16 @@ TEST_CASE("an agent that did not run for longer than heartbeat_timeout reads wha
     client->connect(Endpoint{"127.0.0.1", st.port()}, 10.0);
     client->join(spec);
     REQUIRE(run_until(io, [&] { return rounds == 1; }));
-    // The stall: this thread runs none of the client's handlers until the server has dropped it.
-    REQUIRE(wait_until([&] { return st.on_server([&] { return st.server->connection_count(); }) == 0; }, 10.0));
+    bool dropped = false;
+    asio::steady_timer stall(io);
+    stall.expires_at(asio::steady_timer::clock_type::now() - std::chrono::hours(1));  // the first to run
+    stall.async_wait([&](boost::system::error_code) {
+      dropped = wait_until([&] { return st.on_server([&] { return st.server->connection_count(); }) == 0; }, 10.0);
+    });
+    // Not running the io_context meanwhile: the client's next heartbeat expires too, unrun.
+    std::this_thread::sleep_for(std::chrono::duration<double>(4 * spec.timeouts.heartbeat_interval));
     REQUIRE(run_until(io, [&] { return !lost.empty(); }));
+    REQUIRE(dropped);
     CHECK(lost[0].find("dropped this node") != std::string::npos);
     CHECK(lost[0].find("silent for") == std::string::npos);
   }
