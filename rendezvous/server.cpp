@@ -10,6 +10,11 @@ using asio::ip::tcp;
 using nlohmann::json;
 
 namespace {
+// A tick this much later than its interval is a stall of the server, whose time no node's
+// heartbeat pays for; from a second on it is logged.
+constexpr double kStallSeconds = 0.1;
+constexpr double kStallLogSeconds = 1.0;
+
 std::string seconds(double s) {
   json j = s;  // shortest round-trip text: "5", "0.3"
   return j.dump() + " s";
@@ -165,6 +170,17 @@ void Server::evict_unauthenticated() {
 void Server::tick() {
   if (stopped_) return;
   try {
+    // A tick far later than its interval means this process did not run meanwhile: the nodes'
+    // heartbeats of that time are still unread, and their silence is the server's own.
+    const double now = clock_.now();
+    const double late = last_tick_ < 0 ? 0 : now - last_tick_ - options_.tick_interval;
+    last_tick_ = now;
+    if (late > kStallSeconds) {
+      if (late >= kStallLogSeconds) {
+        log("this server did not run for " + seconds(late) + "; that time does not count against any node's heartbeat");
+      }
+      state_->stalled(late);
+    }
     state_->tick();
   } catch (const std::exception& e) {  // a bug, not input: keep serving the other jobs
     log(std::string("internal error in the deadline check: ") + e.what());

@@ -137,6 +137,7 @@ class Server : private SessionHandler, private Outbox {
   boost::asio::steady_timer accept_retry_timer_;
   SessionManager sessions_;
   std::size_t unauthenticated_ = 0;
+  double last_tick_ = -1;  // when tick() last ran (SteadyClock seconds); -1: never
   // Sessions in the order they were accepted, oldest first, for eviction; entries of sessions
   // that said hello or closed since are skipped when they reach the front.
   std::deque<std::uint64_t> unauthenticated_order_;

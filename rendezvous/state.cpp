@@ -728,6 +728,15 @@ void StateMachine::drop_all(Job& job, const std::string& code, const std::string
   }
 }
 
+void StateMachine::stalled(double seconds) {
+  if (!(seconds > 0)) return;
+  const double now = clock_.now();
+  for (auto& [id, job] : jobs_) {
+    for (auto& [conn, node] : job.nodes) node.last_seen = std::min(now, node.last_seen + seconds);
+    job.next_heartbeat_check += seconds;
+  }
+}
+
 void StateMachine::tick() {
   const double now = clock_.now();
   prune_finished(now);

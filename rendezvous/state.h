@@ -146,6 +146,11 @@ class StateMachine {
   void disconnected(ConnId conn, const std::string& why);
   // Checks every deadline against the clock. The server calls it every few milliseconds.
   void tick();
+  // The server did not run for `seconds` (stopped, starved, a paused VM): the heartbeats nodes
+  // sent meanwhile wait unread in its sockets. Every node's silence is counted as if that time
+  // had not passed, so that the next tick drops no node for the server's own stall; a node that
+  // really went silent is dropped that much later.
+  void stalled(double seconds);
 
   // Every job: state, generation, restarts, nodes with their last heartbeat age; then the
   // finished jobs still kept (Retention), marked "finished": true with "ended_seconds_ago".

@@ -2,6 +2,7 @@
 // and that another session and another job on the same server keep working.
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <fstream>
 #include <future>
 #include <thread>
@@ -379,6 +380,41 @@ TEST_CASE("an agent that did not run for longer than heartbeat_timeout reads wha
     CHECK(lost[0].find("dropped this node") != std::string::npos);
     CHECK(lost[0].find("silent for") == std::string::npos);
   }
+}
+
+TEST_CASE("a server that did not run for longer than heartbeat_timeout drops none of the nodes that kept sending") {
+  // The server's process stalls while a member keeps heartbeating. When it runs again, its
+  // deadline check may run before it reads the heartbeats that waited: here a handler queued just
+  // before an expired tick holds the server's thread, the order in which a stopped process wakes.
+  ServerThread st(ServerOptions{});
+  RawConn member(st.port());
+  REQUIRE(member.connected());
+  member.say_hello("stalled-server", "");
+  REQUIRE(member.recv_type("welcome"));
+  NodeSpec spec = node_spec("stalled-server", "h", 1, 1);
+  spec.timeouts.heartbeat_interval = 0.05;
+  spec.timeouts.heartbeat_timeout = 0.5;
+  member.send(make_join(spec));
+  REQUIRE(member.recv_type("round"));
+  std::atomic<bool> stalling{false};
+  asio::post(st.io, [&] {
+    // Busy long enough for the next tick to expire; the stall is armed to run just before it.
+    auto stall = std::make_shared<asio::steady_timer>(st.io);
+    stall->expires_at(asio::steady_timer::clock_type::now() - std::chrono::hours(1));
+    stall->async_wait([&, stall](boost::system::error_code) {
+      stalling = true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // the stall, not a measurement
+      stalling = false;
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  });
+  REQUIRE(wait_until([&] { return stalling.load(); }, 10.0));
+  member.send(make_heartbeat());  // read only after the stall
+  REQUIRE(wait_until([&] { return !stalling.load(); }, 10.0));
+  member.send(make_heartbeat());
+  auto ack = member.recv_type("heartbeat_ack");
+  CHECK(ack);
+  CHECK(st.on_server([&] { return st.server->state().node_count(); }) == 1);
 }
 
 TEST_CASE("a busy server tells an extra connection why it is refused") {

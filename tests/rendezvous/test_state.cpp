@@ -211,6 +211,32 @@ TEST_CASE("a node that stops heartbeating is dropped after heartbeat_timeout and
   CHECK(f.out.round(1).group_world_size == 1);
 }
 
+TEST_CASE("a stall of the server itself costs no node its place; a node silent beyond it is dropped that much later") {
+  Fixture f;
+  NodeSpec s1 = spec("node1", 1, 2), s2 = spec("node2", 1, 2);
+  s1.timeouts.heartbeat_timeout = s2.timeouts.heartbeat_timeout = 3;
+  f.sm.join(1, s1);
+  f.sm.join(2, s2);
+  f.out.clear();
+  f.clock.advance(1);
+  f.sm.touch(1);
+  f.sm.touch(2);
+  f.clock.advance(10);  // the server did not run: both nodes' heartbeats wait unread
+  f.sm.stalled(10);
+  f.sm.tick();
+  CHECK(f.out.dropped.empty());
+  f.sm.touch(1);  // node1's waiting heartbeats are read; node2 really went silent
+  f.clock.advance(2.9);
+  f.sm.tick();
+  CHECK(f.out.dropped.empty());  // node2: 3.0 s of silence while the server ran, not past the timeout
+  f.sm.touch(1);
+  f.clock.advance(0.2);
+  f.sm.tick();
+  REQUIRE(f.out.dropped.count(2) == 1);
+  CHECK(f.out.dropped[2].code == "heartbeat_timeout");
+  CHECK(f.out.dropped.count(1) == 0);
+}
+
 TEST_CASE("when fewer than MIN survive, the survivors wait for nodes until join_timeout") {
   Fixture f;
   f.sm.join(1, spec("node1", 2, 2));
