@@ -185,6 +185,10 @@ class AsyncCheckpointWriter {
   std::optional<Done> poll();
   // Blocks until no write is in flight, then as poll().
   std::optional<Done> wait();
+  // Blocks until no writer of this process has a write in flight (their results stay to be
+  // collected): for a process about to take a fatal signal's default action, so that it does
+  // not die in the middle of a write. Called from the thread that owns the writers.
+  static void wait_for_all();
 
  private:
   enum class State { kIdle, kWriting, kFinished };
