@@ -155,3 +155,42 @@ def read_sample_log(path):
                             "step": int(fields["step"]),
                             "indices": [int(i) for i in fields["indices"].split(",") if i]})
     return entries
+
+
+def _crc32c_table():
+    table = []
+    for i in range(256):
+        c = i
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+        table.append(c)
+    return table
+
+
+_CRC32C = _crc32c_table()
+
+
+def crc32c(data):
+    crc = 0xFFFFFFFF
+    table = _CRC32C
+    for b in data:
+        crc = table[(crc ^ b) & 0xFF] ^ (crc >> 8)
+    return crc ^ 0xFFFFFFFF
+
+
+def checkpoint_problem(path):
+    """None when `path` is a complete checkpoint file (magic, version 2, payload length and
+    CRC-32C as docs/worker-sdk.md describes them), else what is wrong with it."""
+    import struct
+    with open(path, "rb") as f:
+        data = f.read()
+    if len(data) < 24:
+        return "shorter than the header (%d bytes)" % len(data)
+    magic, version, crc, length = struct.unpack("<8sIIQ", data[:24])
+    if magic != b"DDPCKPT\0" or version != 2:
+        return "bad magic or version"
+    if len(data) - 24 != length:
+        return "payload is %d bytes, header says %d" % (len(data) - 24, length)
+    if crc32c(data[24:]) != crc:
+        return "checksum mismatch"
+    return None

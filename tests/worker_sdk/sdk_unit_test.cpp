@@ -18,10 +18,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <iterator>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <map>
 #include <set>
 #include <thread>
@@ -382,6 +384,107 @@ TEST_CASE("the manager keeps the last K and falls back past a corrupt newest che
   REQUIRE(messages.size() == 3);
   CHECK(messages[2].find("no valid checkpoint") != std::string::npos);
   CHECK(messages[2].find("starting fresh") != std::string::npos);
+}
+
+TEST_CASE("a host copy owns its tensors and reuses the memory of a recycled copy") {
+  auto weight = torch::arange(12, torch::kFloat32).reshape({3, 4});
+  ddp::CheckpointState live;
+  live.put("model/weight", weight);
+  live.put("model/transposed", weight.t());  // not contiguous
+  live.put_int("ddp.step", 7);
+  live.put_double("lr", 0.5);
+  live.put_bytes("blob", "abc");
+  ddp::CheckpointState copy = ddp::host_copy(live);
+  weight.add_(100);  // training goes on
+  CHECK(copy.tensor("model/weight").equal(torch::arange(12, torch::kFloat32).reshape({3, 4})));
+  CHECK(copy.tensor("model/transposed").equal(torch::arange(12, torch::kFloat32).reshape({3, 4}).t()));
+  CHECK(copy.tensor("model/transposed").is_contiguous());
+  CHECK(copy.get_int("ddp.step") == 7);
+  CHECK(copy.get_double("lr") == 0.5);
+  CHECK(copy.get_bytes("blob") == "abc");
+
+  const void* memory = copy.tensor("model/weight").data_ptr();
+  ddp::CheckpointState again = ddp::host_copy(live, std::move(copy));
+  CHECK(again.tensor("model/weight").data_ptr() == memory);
+  CHECK(again.tensor("model/weight").equal(weight));
+
+  ddp::CheckpointState grown;
+  grown.put("model/weight", torch::zeros({5}));
+  ddp::CheckpointState fresh = ddp::host_copy(grown, std::move(again));  // another shape: new memory
+  CHECK(fresh.tensor("model/weight").sizes() == torch::IntArrayRef{5});
+}
+
+TEST_CASE("the async writer runs one write at a time and reports each result or error once") {
+  std::promise<void> release;
+  std::shared_future<void> gate = release.get_future().share();
+  std::vector<int64_t> written;
+  ddp::AsyncCheckpointWriter writer(
+      [&](int64_t step, const ddp::CheckpointState& state, const std::function<void(const std::string&)>& log) {
+        if (step == 1) gate.wait();
+        if (step == 2) throw ddp::CheckpointError("write checkpoint step 2: No space left on device");
+        log("notice of step " + std::to_string(step));
+        written.push_back(state.get_int("ddp.step"));
+        return "path-" + std::to_string(step);
+      });
+  auto state_of = [](int64_t step) {
+    ddp::CheckpointState state;
+    state.put_int("ddp.step", step);
+    return state;
+  };
+  CHECK_FALSE(writer.busy());
+  CHECK_FALSE(writer.poll().has_value());
+  writer.start(1, state_of(1));
+  CHECK(writer.busy());
+  CHECK_THROWS_WITH_AS(writer.start(2, state_of(2)), doctest::Contains("at most one at a time"), ddp::UsageError);
+  CHECK_FALSE(writer.poll().has_value());  // in flight
+  release.set_value();
+  auto done = writer.wait();
+  REQUIRE(done.has_value());
+  CHECK(done->step == 1);
+  CHECK(done->path == "path-1");
+  CHECK(done->notices == std::vector<std::string>{"notice of step 1"});
+  CHECK(done->snapshot.get_int("ddp.step") == 1);
+  CHECK_FALSE(writer.busy());
+  CHECK_FALSE(writer.wait().has_value());  // reported once
+
+  writer.start(2, state_of(2));
+  CHECK_THROWS_WITH_AS(writer.wait(), doctest::Contains("No space left on device"), ddp::CheckpointError);
+  CHECK_FALSE(writer.poll().has_value());  // the error is reported once
+
+  writer.start(3, state_of(3));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (writer.busy() && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+  REQUIRE_FALSE(writer.busy());
+  CHECK_THROWS_WITH_AS(writer.start(4, state_of(4)), doctest::Contains("not collected"), ddp::UsageError);
+  auto third = writer.poll();
+  REQUIRE(third.has_value());
+  CHECK(third->step == 3);
+  CHECK(written == std::vector<int64_t>{1, 3});
+}
+
+TEST_CASE("a background write of a host copy is the same file as a synchronous write of the live state") {
+  TempDir dir;
+  auto weight = torch::randn({64, 32});
+  ddp::CheckpointState live;
+  live.put_int("ddp.step", 10);
+  live.put("model/weight", weight);
+  ddp::CheckpointManager sync_manager({(dir.path / "sync").string(), 3}, 0, [](const std::string&) {});
+  const std::string sync_path = sync_manager.save(10, live);
+  ddp::AsyncCheckpointWriter writer([&](int64_t step, const ddp::CheckpointState& state,
+                                        const std::function<void(const std::string&)>& log) {
+    ddp::CheckpointManager manager({(dir.path / "async").string(), 3}, 0, log);
+    return manager.save(step, state);
+  });
+  writer.start(10, ddp::host_copy(live));
+  weight.zero_();  // the live state changes while the copy is written
+  auto done = writer.wait();
+  REQUIRE(done.has_value());
+  auto read = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  CHECK(fs::path(done->path).filename() == fs::path(sync_path).filename());
+  CHECK(read(done->path) == read(sync_path));
 }
 
 TEST_CASE("only rank 0 writes checkpoints") {

@@ -32,6 +32,7 @@ struct Flags {
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;
   int keep_last = 3;
+  bool checkpoint_async = false;
   uint64_t seed = 0;
   int64_t crash_at_step = -1;
   int crash_rank = -1;
@@ -162,6 +163,7 @@ ddp::TrainerOptions trainer_options(const Flags& flags) {
   options.checkpoint_dir = flags.checkpoint_dir;
   options.checkpoint_every = flags.checkpoint_every;
   options.keep_last = flags.keep_last;
+  options.checkpoint_async = flags.checkpoint_async;
   options.log_every = flags.log_every;
   options.sampler.seed = flags.seed;
   options.sampler.shuffle = !flags.no_shuffle;
@@ -266,6 +268,9 @@ void report(const Flags& flags, const ddp::TrainResult& result, double accuracy,
             << " samples_per_s=" << result.samples_per_second
             << " steady_steps_per_s=" << result.steady_steps_per_second
             << " exposed_sync_s=" << result.exposed_sync_seconds << std::endl;
+  std::cout << "[train] checkpoints_saved=" << result.checkpoints_saved
+            << " checkpoints_skipped=" << result.checkpoints_skipped
+            << " checkpoint_stall_s=" << result.checkpoint_stall_seconds << std::endl;
   std::cout << "[train] final_accuracy=" << accuracy << std::endl;
   if (!flags.dump_params.empty()) {
     std::ofstream out(flags.dump_params, std::ios::binary);
@@ -333,6 +338,7 @@ int main(int argc, char** argv) {
   app.add_option("--checkpoint-dir", flags.checkpoint_dir, "directory for checkpoints; resumes from the newest valid one");
   app.add_option("--checkpoint-every", flags.checkpoint_every, "steps between checkpoints (0: at the end and on SIGTERM)")->capture_default_str();
   app.add_option("--keep-last", flags.keep_last, "checkpoints to keep")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_flag("--checkpoint-async", flags.checkpoint_async, "write periodic checkpoints on a background thread from a host copy taken at the step (one write at a time; a periodic checkpoint due while one is in flight is skipped)");
   app.add_option("--seed", flags.seed, "seed of the model, the data and the shuffling")->capture_default_str();
   app.add_option("--crash-at-step", flags.crash_at_step, "exit with code 13 before step N, on the first attempt only (TORCHELASTIC_RESTART_COUNT=0); every rank, or --crash-rank");
   app.add_option("--crash-rank", flags.crash_rank, "the rank --crash-at-step exits (default: every rank)");

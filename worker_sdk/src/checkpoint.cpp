@@ -1,15 +1,24 @@
 #include "ddp/checkpoint.h"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <iomanip>
 #include <sstream>
+#include <thread>
+#include <unordered_map>
 
 #include "ddp/crc32c.h"
 #include "ddp/error.h"
@@ -71,6 +80,31 @@ std::optional<int64_t> step_of(const std::string& filename) {
   return std::stoll(digits);
 }
 
+// DDP_TEST_CHECKPOINT_PAUSE=STEP:GATE (checkpoint.h): tests only. Called by the writer once the
+// first payload bytes of `path` are in `tmp`; pauses once per process.
+void test_pause(const std::string& path, const std::string& tmp) {
+  const char* spec = std::getenv("DDP_TEST_CHECKPOINT_PAUSE");
+  if (spec == nullptr) return;
+  const std::string text = spec;
+  const size_t colon = text.find(':');
+  if (colon == std::string::npos) return;
+  const auto step = step_of(fs::path(path).filename().string());
+  if (!step || *step < std::atoll(text.substr(0, colon).c_str())) return;
+  const std::string gate = text.substr(colon + 1);
+  std::error_code ec;
+  static std::atomic<bool> paused{false};
+  if (!fs::exists(gate, ec) || paused.exchange(true)) return;
+  {
+    std::ofstream reached(gate + ".reached.tmp");
+    reached << tmp << "\n";
+  }
+  fs::rename(gate + ".reached.tmp", gate + ".reached", ec);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (fs::exists(gate, ec) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
 // Streams a payload from `produce` into `path` atomically: header placeholder, payload (CRC
 // computed while writing), header written in place, fsync, rename, directory fsync.
 void write_checkpoint_stream(const std::string& path,
@@ -86,6 +120,7 @@ void write_checkpoint_stream(const std::string& path,
     write_all(fd, header, sizeof header, tmp);
     uint32_t crc = 0;
     uint64_t length = 0;
+    bool paused = false;
     produce([&](const char* data, size_t size) {
       // CRC a chunk while it is still in cache, then hand it to the kernel in one write().
       while (size > 0) {
@@ -101,6 +136,10 @@ void write_checkpoint_stream(const std::string& path,
         length += n;
         data += n;
         size -= n;
+        if (!paused) {
+          paused = true;
+          test_pause(path, tmp);
+        }
       }
     });
     std::memcpy(header, kCheckpointMagic, 8);
@@ -434,6 +473,48 @@ void write_checkpoint(const std::string& path, const CheckpointState& state) {
   });
 }
 
+CheckpointState host_copy(const CheckpointState& state, CheckpointState recycled) {
+  std::unordered_map<std::string, torch::Tensor> spare;
+  for (const auto& old : recycled.entries()) {
+    if (old.kind == CheckpointState::Kind::kTensor) spare.emplace(old.key, old.tensor);
+  }
+  recycled = CheckpointState();  // `spare` holds the only references now
+  torch::NoGradGuard no_grad;
+  CheckpointState copy;
+  for (const auto& e : state.entries()) {
+    switch (e.kind) {
+      case CheckpointState::Kind::kTensor: {
+        const torch::Tensor source = e.tensor.detach();
+        torch::Tensor target;
+        auto found = spare.find(e.key);
+        if (found != spare.end()) {
+          const torch::Tensor& t = found->second;
+          if (t.scalar_type() == source.scalar_type() && t.sizes() == source.sizes() &&
+              t.device().is_cpu() && t.is_contiguous() && t.use_count() == 1) {
+            target = t;
+          }
+        }
+        if (!target.defined()) {
+          target = torch::empty(source.sizes(), torch::TensorOptions().dtype(source.scalar_type()));
+        }
+        target.copy_(source);
+        copy.put(e.key, target);
+        break;
+      }
+      case CheckpointState::Kind::kInt:
+        copy.put_int(e.key, e.integer);
+        break;
+      case CheckpointState::Kind::kDouble:
+        copy.put_double(e.key, e.real);
+        break;
+      case CheckpointState::Kind::kBytes:
+        copy.put_bytes(e.key, e.bytes);
+        break;
+    }
+  }
+  return copy;
+}
+
 torch::Tensor encode_checkpoint(const CheckpointState& state) {
   // Two passes over the state: one to size the tensor, one to write into it (no staging copy).
   uint64_t size = 0;
@@ -683,6 +764,133 @@ std::optional<LoadedCheckpoint> CheckpointManager::load_latest(std::optional<int
          " invalid skipped); starting fresh");
   }
   return std::nullopt;
+}
+
+namespace {
+
+// Every live AsyncCheckpointWriter, for wait_for_all(). Writers are made and destroyed on the
+// thread that owns them, as wait_for_all() is called.
+std::mutex g_writers_mu;
+std::vector<AsyncCheckpointWriter*> g_writers;  // guarded by g_writers_mu
+
+}  // namespace
+
+AsyncCheckpointWriter::AsyncCheckpointWriter(WriteFn write)
+    : write_(std::move(write)), thread_([this] { loop(); }) {
+  std::lock_guard<std::mutex> lock(g_writers_mu);
+  g_writers.push_back(this);
+}
+
+void AsyncCheckpointWriter::wait_for_all() {
+  std::lock_guard<std::mutex> registry(g_writers_mu);
+  for (AsyncCheckpointWriter* writer : g_writers) {
+    std::unique_lock<std::mutex> lock(writer->mu_);
+    writer->cv_.wait(lock, [writer] { return writer->state_ != State::kWriting; });
+  }
+}
+
+AsyncCheckpointWriter::~AsyncCheckpointWriter() {
+  {
+    std::lock_guard<std::mutex> lock(g_writers_mu);
+    g_writers.erase(std::remove(g_writers.begin(), g_writers.end(), this), g_writers.end());
+  }
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [this] { return state_ != State::kWriting; });
+    stopping_ = true;
+    if (error_) {
+      // Nobody is left to report it to: the process is leaving fit() with another error.
+      try {
+        std::rethrow_exception(error_);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "[ddp] background checkpoint write of step %lld failed: %s\n",
+                     static_cast<long long>(step_), e.what());
+      } catch (...) {
+      }
+    }
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+bool AsyncCheckpointWriter::busy() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return state_ == State::kWriting;
+}
+
+void AsyncCheckpointWriter::start(int64_t step, CheckpointState snapshot) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (state_ == State::kWriting) {
+      throw UsageError("AsyncCheckpointWriter: the write of step " + std::to_string(step_) +
+                       " is in flight; at most one at a time");
+    }
+    if (state_ == State::kFinished) {
+      throw UsageError("AsyncCheckpointWriter: the write of step " + std::to_string(step_) +
+                       " finished and was not collected (poll or wait first)");
+    }
+    state_ = State::kWriting;
+    step_ = step;
+    snapshot_ = std::move(snapshot);
+  }
+  cv_.notify_all();
+}
+
+std::optional<AsyncCheckpointWriter::Done> AsyncCheckpointWriter::poll() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (state_ != State::kFinished) return std::nullopt;
+  state_ = State::kIdle;
+  if (error_) {
+    std::exception_ptr error = error_;
+    error_ = nullptr;
+    std::rethrow_exception(error);
+  }
+  std::optional<Done> done = std::move(done_);
+  done_.reset();
+  return done;
+}
+
+std::optional<AsyncCheckpointWriter::Done> AsyncCheckpointWriter::wait() {
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [this] { return state_ != State::kWriting; });
+  }
+  return poll();
+}
+
+void AsyncCheckpointWriter::loop() {
+#ifdef __linux__
+  // Below the training thread: on a host with no idle core the write takes what the training
+  // leaves instead of half of its core. Best effort; a failure leaves the priority as it was.
+  ::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 10);
+#endif
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [this] { return stopping_ || state_ == State::kWriting; });
+    if (state_ != State::kWriting) return;  // stopping, nothing in flight
+    const int64_t step = step_;
+    CheckpointState snapshot = std::move(snapshot_);
+    lock.unlock();
+    Done done;
+    done.step = step;
+    std::exception_ptr error;
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      done.path = write_(step, snapshot, [&done](const std::string& line) { done.notices.push_back(line); });
+    } catch (...) {
+      error = std::current_exception();
+    }
+    done.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    done.snapshot = std::move(snapshot);
+    lock.lock();
+    if (error) {
+      error_ = error;
+    } else {
+      done_ = std::move(done);
+    }
+    state_ = State::kFinished;
+    cv_.notify_all();
+  }
 }
 
 }  // namespace ddp

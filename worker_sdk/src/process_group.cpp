@@ -23,6 +23,7 @@
 #include <sstream>
 #include <thread>
 
+#include "ddp/checkpoint.h"
 #include "ddp/error.h"
 #include "ddp/progress.h"
 #include "standby.h"
@@ -116,11 +117,13 @@ constexpr std::chrono::milliseconds kWaitSlice{20};
 
 // The round was abandoned by the agent while this worker waits for `what`: the collective has a
 // failed peer and will not complete, so the step cannot be finished. SIGTERM's default action,
-// which the Trainer's handler deferred to the end of the step, is taken now.
+// which the Trainer's handler deferred to the end of the step, is taken now, once a checkpoint
+// write in flight on a background thread (checkpoint_async) has completed.
 [[noreturn]] void die_of_abandoned_round(const std::string& what) {
   const std::string line = "[ddp] " + what + ": the agent abandoned the round (a peer failed) while this "
                            "worker waited for it; exiting at once, nothing saved\n";
   (void)!::write(STDERR_FILENO, line.data(), line.size());
+  AsyncCheckpointWriter::wait_for_all();
   ::signal(SIGTERM, SIG_DFL);
   ::raise(SIGTERM);
   ::_exit(128 + SIGTERM);  // SIGTERM blocked in this thread: the same exit status by hand

@@ -232,6 +232,12 @@ struct Trainer::Run {
   int64_t run_samples = 0;
   double last_local_loss = std::numeric_limits<double>::quiet_NaN();
   double previous_global_loss = std::numeric_limits<double>::quiet_NaN();
+  // checkpoint_async on rank 0, from its first periodic save. Declared last: destroyed first,
+  // its destructor waits for the write in flight when fit() leaves by an exception.
+  int64_t writing_step = -1;               // the write in flight
+  SamplerPosition writing_position{0, 0};
+  CheckpointState recycled;                // the last written snapshot, reused by the next copy
+  std::unique_ptr<AsyncCheckpointWriter> writer;
 };
 
 CheckpointState Trainer::capture(int64_t step, const SamplerPosition& position) const {
@@ -251,17 +257,82 @@ CheckpointState Trainer::capture(int64_t step, const SamplerPosition& position) 
   return state;
 }
 
-void Trainer::save(int64_t step, const SamplerPosition& position, TrainResult& result) {
-  if (options_.checkpoint_dir.empty()) return;
-  if (group_->rank() != 0) return;
+namespace {
+
+std::string describe_save(const std::string& path, int64_t step, const SamplerPosition& position, int64_t size) {
+  return "saved checkpoint " + path + " (step " + std::to_string(step) + ", epoch " +
+         std::to_string(position.epoch) + ", position " + std::to_string(position.consumed) + "/" +
+         std::to_string(size) + ")";
+}
+
+}  // namespace
+
+void Trainer::collect_write(Run& run, bool wait) {
+  if (!run.writer) return;
+  std::optional<AsyncCheckpointWriter::Done> done;
+  if (wait && run.writer->busy()) {
+    log("waiting for the checkpoint write of step " + std::to_string(run.writing_step) + " in flight");
+    PhaseScope phase("checkpoint");
+    done = run.writer->wait();
+  } else {
+    done = run.writer->poll();  // nothing can start meanwhile: only this thread starts writes
+  }
+  if (!done) return;
+  for (const auto& line : done->notices) log(line);
+  run.result.last_checkpoint = done->path;
+  run.recycled = std::move(done->snapshot);
+  Progress::instance().checkpoint(done->step);
+  std::ostringstream seconds;
+  seconds.precision(3);
+  seconds << done->seconds;
+  log(describe_save(done->path, done->step, run.writing_position, data_.size()) +
+      " in the background in " + seconds.str() + " s");
+}
+
+bool Trainer::save(Run& run, int64_t step, const SamplerPosition& position, bool periodic) {
+  if (options_.checkpoint_dir.empty()) return true;
+  if (group_->rank() != 0) return true;
+  TrainResult& result = run.result;
+  const auto start = std::chrono::steady_clock::now();
+  auto stalled = [&] {
+    result.checkpoint_stall_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    ++result.checkpoints_saved;
+  };
+  if (periodic && options_.checkpoint_async) {
+    collect_write(run, false);  // a finished write's error surfaces here
+    if (run.writer && run.writer->busy()) {
+      if (result.checkpoints_skipped++ == 0) {
+        log("checkpoint of step " + std::to_string(step) + " skipped: the previous write is still in " +
+            "flight (periodic checkpoints are skipped while one is; the count is printed at the end)");
+      }
+      return false;
+    }
+    PhaseScope phase("checkpoint");
+    CheckpointState snapshot = host_copy(capture(step, position), std::move(run.recycled));
+    if (!run.writer) {
+      const CheckpointOptions options{options_.checkpoint_dir, options_.keep_last};
+      run.writer = std::make_unique<AsyncCheckpointWriter>(
+          [options](int64_t s, const CheckpointState& state, const std::function<void(const std::string&)>& notice) {
+            CheckpointManager manager(options, 0, notice);
+            return manager.save(s, state);
+          });
+    }
+    run.writing_step = step;
+    run.writing_position = position;
+    run.writer->start(step, std::move(snapshot));
+    stalled();
+    return true;
+  }
+  collect_write(run, true);  // at most one write at a time, and none lost
   PhaseScope phase("checkpoint");
   const CheckpointState state = capture(step, position);
   CheckpointManager manager({options_.checkpoint_dir, options_.keep_last}, group_->rank(), log);
   result.last_checkpoint = manager.save(step, state);
   Progress::instance().checkpoint(step);
-  log("saved checkpoint " + result.last_checkpoint + " (step " + std::to_string(step) +
-      ", epoch " + std::to_string(position.epoch) + ", position " +
-      std::to_string(position.consumed) + "/" + std::to_string(data_.size()) + ")");
+  if (periodic) stalled();
+  log(describe_save(result.last_checkpoint, step, position, data_.size()));
+  return true;
 }
 
 // Takes the model, optimizer, sampler position, step and RNG from `state` (a checkpoint, or a
@@ -474,8 +545,9 @@ bool Trainer::train_step(Run& run, Round& round, int64_t epoch) {
     return false;
   }
   if (options_.checkpoint_every > 0 && step % options_.checkpoint_every == 0) {
-    save(step, round.sampler.position(), result);
-    run.last_saved = step;
+    if (save(run, step, round.sampler.position(), /*periodic=*/true)) run.last_saved = step;
+  } else if (run.writer) {
+    collect_write(run, false);  // report a finished background write (or its error) promptly
   }
   return true;
 }
@@ -531,9 +603,13 @@ void Trainer::finish_round(Run& run, Round& round) {
       final_position = SamplerPosition{options_.epochs, 0};
     }
     if (step != run.last_saved) {
-      save(step, final_position, result);
+      save(run, step, final_position, /*periodic=*/false);
       run.last_saved = step;
     }
+  }
+  collect_write(run, true);  // the last periodic write, when the final step was saved by it
+  if (result.checkpoints_skipped > 0) {
+    log(std::to_string(result.checkpoints_skipped) + " periodic checkpoint(s) skipped while a write was in flight");
   }
 
   auto final_loss = torch::tensor({std::isnan(run.last_local_loss) ? 0.0 : run.last_local_loss},
@@ -581,6 +657,7 @@ class InMemoryScope {
 
 // The round was abandoned: wait for the next one with the state of the last completed step.
 void Trainer::park(Run& run) {
+  collect_write(run, true);  // no write in flight while parked, or when SIGTERM ends the process
   if (stop_requested()) {
     // The agent stops this worker (the job ends): SIGTERM's default action, deferred so far.
     ::signal(SIGTERM, SIG_DFL);

@@ -3,11 +3,15 @@
 
 #include <torch/torch.h>
 
+#include <condition_variable>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace ddp {
@@ -28,6 +32,12 @@ inline constexpr size_t kCheckpointHeaderSize = 24;
 // Writes header + payload to `path` atomically: a temporary file in the same directory,
 // fsync, rename over `path`, fsync of the directory. Throws CheckpointError with the path
 // and the system error.
+//
+// For tests only: with DDP_TEST_CHECKPOINT_PAUSE=STEP:GATE in the environment and the file GATE
+// present, the process's first write of a checkpoint of step STEP or later (ckpt-<step>.ddpckpt)
+// stops after the first bytes of its payload are in the temporary file, creates GATE.reached
+// (holding the temporary file's path) and waits until GATE is removed (at most 120 s). Tests use
+// it to kill or stop a process in the middle of a write.
 void write_checkpoint_file(const std::string& path, const std::string& payload);
 
 // Reads and verifies a checkpoint file; returns the payload. Throws CheckpointError saying
@@ -78,6 +88,12 @@ void write_checkpoint(const std::string& path, const CheckpointState& state);
 // Reads, verifies (size, magic, version, checksum, index bounds) and parses a checkpoint.
 // Throws CheckpointError saying what is wrong.
 CheckpointState read_checkpoint(const std::string& path);
+
+// A deep copy of `state` in host memory: every tensor copied to a contiguous CPU tensor of its
+// own, so the training thread can go on changing the originals. Tensors of `recycled` (an
+// earlier copy nobody else uses) whose key, dtype and shape match are reused as the
+// destinations, which spares the allocation and page faults of a fresh copy.
+CheckpointState host_copy(const CheckpointState& state, CheckpointState recycled = {});
 
 // The bytes a checkpoint file of `state` holds (header and payload), in a CPU uint8 tensor: what
 // a survivor of an in-memory restart sends to the ranks that hold no state (Trainer).
@@ -132,6 +148,62 @@ class CheckpointManager {
   int rank_;
   Log log_;
   bool cleaned_temporaries_ = false;
+};
+
+// One background thread that writes checkpoint snapshots, one at a time (the Trainer's
+// `checkpoint_async`). Owned by its user (the Trainer: one per fit(), on rank 0); start(),
+// poll() and wait() are called from one thread (the training thread), `write` runs on the
+// writer thread. A write's error is kept until poll() or wait() rethrows it, so it is reported
+// as the synchronous save would have reported it. The destructor waits for the write in flight.
+class AsyncCheckpointWriter {
+ public:
+  // Writes `state` as the checkpoint of `step`, returns its path (CheckpointManager::save).
+  // `log` collects the notices the write produces; they are handed back in Done.
+  using WriteFn = std::function<std::string(int64_t step, const CheckpointState& state,
+                                            const std::function<void(const std::string&)>& log)>;
+  struct Done {
+    int64_t step = 0;
+    std::string path;
+    double seconds = 0;               // the write on the writer thread
+    std::vector<std::string> notices;  // what `write` logged
+    CheckpointState snapshot;          // the written snapshot, for host_copy() to recycle
+  };
+
+  explicit AsyncCheckpointWriter(WriteFn write);
+  ~AsyncCheckpointWriter();
+  AsyncCheckpointWriter(const AsyncCheckpointWriter&) = delete;
+  AsyncCheckpointWriter& operator=(const AsyncCheckpointWriter&) = delete;
+
+  // True while a write is in flight.
+  bool busy() const;
+  // Hands `snapshot` to the writer thread. REQUIRES: !busy() and the previous write collected
+  // by poll() or wait() (else UsageError: at most one write in flight, none unreported).
+  void start(int64_t step, CheckpointState snapshot);
+  // The write that finished and was not yet collected; rethrows its error (a CheckpointError,
+  // or whatever `write` threw) instead when it failed. nullopt when none finished, or one is in
+  // flight.
+  std::optional<Done> poll();
+  // Blocks until no write is in flight, then as poll().
+  std::optional<Done> wait();
+  // Blocks until no writer of this process has a write in flight (their results stay to be
+  // collected): for a process about to take a fatal signal's default action, so that it does
+  // not die in the middle of a write. Called from the thread that owns the writers.
+  static void wait_for_all();
+
+ private:
+  enum class State { kIdle, kWriting, kFinished };
+  void loop();
+
+  WriteFn write_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  State state_ = State::kIdle;    // guarded by mu_
+  bool stopping_ = false;         // guarded by mu_
+  int64_t step_ = 0;              // guarded by mu_: the write in flight or finished
+  CheckpointState snapshot_;      // guarded by mu_
+  std::optional<Done> done_;      // guarded by mu_: a finished write's result
+  std::exception_ptr error_;      // guarded by mu_: a finished write's error
+  std::thread thread_;            // last member: starts after the fields above exist
 };
 
 }  // namespace ddp

@@ -33,6 +33,11 @@ struct TrainerOptions {
   std::string checkpoint_dir;      // empty: no checkpoints, no resume
   int64_t checkpoint_every = 0;    // steps; 0: only at the end and on SIGTERM
   int keep_last = 3;               // default 3
+  // Periodic checkpoints are copied to host memory at the step and written by a background
+  // thread while training goes on; one write at a time, a periodic save that comes while one is
+  // in flight is skipped; the final and SIGTERM saves wait for it, then write synchronously
+  // (docs/worker-sdk.md, "Asynchronous checkpoints"). Default false.
+  bool checkpoint_async = false;
   int64_t log_every = 50;          // steps between rank-0 log lines; 0: none
   bool handle_sigterm = true;      // on SIGTERM: finish the step, save, return (default true)
   // When ddplaunch offers it (docs/worker-sdk.md, "In-memory restart"): a peer's failure does not
@@ -72,6 +77,13 @@ struct TrainResult {
   double steady_steps_per_second = 0;
   double exposed_sync_seconds = 0; // gradient-sync wait not hidden behind backward, this rank
   std::string last_checkpoint;   // path of the last checkpoint this run wrote ("" if none)
+  // Periodic checkpoints of this run (rank 0; the final and SIGTERM saves not counted): saved
+  // (for checkpoint_async: handed to the writer thread), skipped because the previous write was
+  // still in flight (checkpoint_async only), and the training thread's time in them (for
+  // checkpoint_async the host copy, for synchronous saves the whole write).
+  int64_t checkpoints_saved = 0;
+  int64_t checkpoints_skipped = 0;
+  double checkpoint_stall_seconds = 0;
   int in_memory_restarts = 0;    // rounds this fit() continued in after parking
 };
 
@@ -116,7 +128,14 @@ class Trainer {
   void log_throughput(const Run& run, Round& round, int64_t epoch);
   void finish_round(Run& run, Round& round);
   void park(Run& run);
-  void save(int64_t step, const SamplerPosition& position, TrainResult& result);
+  // Rank 0 saves the checkpoint of `step` (other ranks and no checkpoint_dir: nothing). When
+  // `periodic` and checkpoint_async: a host copy goes to the writer thread, or, while a write is
+  // in flight, nothing (returns false: skipped; the only false). Otherwise (every final and
+  // SIGTERM save) the write in flight is waited for, then this one is written synchronously.
+  bool save(Run& run, int64_t step, const SamplerPosition& position, bool periodic);
+  // Reports the background write that finished (`wait`: waits for the one in flight first) and
+  // rethrows its error.
+  void collect_write(Run& run, bool wait);
 
   std::shared_ptr<ProcessGroup> group_;
   std::shared_ptr<torch::nn::Module> model_;
