@@ -2,8 +2,8 @@
 // hang takes (HangMonitor, agent/progress.h, decides which ranks stalled), what each is sent (its
 // dump signal: SIGABRT to a Python worker, whose faulthandler prints every thread's stack before
 // it dies; SIGKILL to anything else), in which order (DumpQueue), and when the ones that
-// survived their dump signal get SIGKILL (kDumpGrace later). A hung worker's exit is then a failure like any other, headed by
-// the note said here.
+// survived their dump signal get SIGKILL (kDumpGrace later). A hung worker's exit is then a
+// failure like any other, headed by the note said here.
 //
 // Owned by Agent::Impl for the whole run; pure (the samples and the time are given), used on the
 // agent's io_context thread. Impl reads the board, arms its timers at the times said here, and
