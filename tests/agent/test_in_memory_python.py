@@ -69,6 +69,13 @@ WORKER = textwrap.dedent("""
             dist.barrier()
             dist.destroy_process_group()
             sys.exit(3)
+    if rank == 0 and os.environ.get("STALL") == "block":
+        import threading
+        threading.Event().wait(600)   # blocked, using no CPU: like a Gloo wait no shut socket ends
+    if rank == 0 and os.environ.get("STALL") == "busy":
+        end = time.monotonic() + 4    # computing: the lost round is seen at the next collective
+        while time.monotonic() < end:
+            pass
     if rank == 1:
         time.sleep(600)       # no longer takes part: rank 0 waits on it in vain
     step = 0
@@ -186,6 +193,30 @@ class ParkingWithoutDdplaunch(LaunchTestCase):
         self.assertIn("round 2 world 1 held %d state {'step': %d}" % (parked["step"], parked["step"]), after)
         self.assertEqual(read_frame(c0), {"type": "restartable", "value": False}, after)
         self.assertIsNone(p1.poll(), "rank 1 sleeps on: nothing of rank 0's parking killed it")
+
+    def test_a_worker_blocked_where_the_shut_sockets_do_not_reach_gives_up_its_state(self):
+        port = free_port()
+        (p0, c0, out0), (p1, c1, out1) = self.start(0, port, {"STALL": "block"}), self.start(1, port)
+        self.assertEqual(read_frame(c0), {"type": "restartable", "value": True}, self.text(out0))
+        wait_for(lambda: "round 1 world 2 sum 2.0" in self.text(out0), 60, "rank 0's first all_reduce")
+        self.abandon(0)
+        # 2 s later, its main thread still waits and used no CPU: it says it cannot park, so
+        # that the agent stops it at once instead of at the park deadline.
+        self.assertEqual(read_frame(c0), {"type": "restartable", "value": False}, self.text(out0))
+        self.assertIn("this process cannot park", self.text(out0))
+        self.assertIsNone(p0.poll(), self.text(out0))
+
+    def test_a_worker_busy_computing_when_the_round_is_lost_parks_at_its_next_collective(self):
+        port = free_port()
+        (p0, c0, out0), (p1, c1, out1) = self.start(0, port, {"STALL": "busy"}), self.start(1, port)
+        self.assertEqual(read_frame(c0), {"type": "restartable", "value": True}, self.text(out0))
+        wait_for(lambda: "round 1 world 2 sum 2.0" in self.text(out0), 60, "rank 0's first all_reduce")
+        self.abandon(0)
+        # Its 4 s of computing use CPU: it is not taken for blocked, and parks once they end.
+        parked = read_frame(c0)
+        self.assertEqual(parked["type"], "parked", self.text(out0))
+        self.assertNotIn("cannot park", self.text(out0))
+        self.assertIn("blocked collective ended: RuntimeError recoverable True", self.text(out0))
 
     def test_an_error_of_the_programs_own_is_not_a_lost_round(self):
         port = free_port()

@@ -109,10 +109,20 @@ class PythonJobFaultToleranceTest(unittest.TestCase):
         self.assertEqual(len(after_crash), 4 * len(after), started)
         first_after = [e for e in after_crash if e["generation"] == after[0].generation]
         if in_memory:
-            # The four survivors kept their processes: the same pids, given the new round.
-            self.assertTrue(all(e.get("in_memory") for e in first_after), first_after)
+            # The four survivors kept their processes: the same pids, given the new round. One
+            # exception: a survivor whose Gloo collective no shut connection ends (it says so,
+            # 2 s after the restart) gives its rank to a fresh process instead. None waited for
+            # the park deadline.
+            output = "\n".join(job.agent(node).output() for node in (1, 2))
+            self.assertNotIn("did not park within", output, job.describe())
+            cannot_park = output.count("this process cannot park")
+            if cannot_park:
+                print("survivors that could not park, replaced: %d" % cannot_park, file=sys.stderr)
+            kept = [e for e in first_after if e.get("in_memory")]
+            self.assertEqual(len(first_after) - len(kept), cannot_park, "%r\n%s" % (first_after, job.describe()))
+            self.assertLess(cannot_park, len(first_after), job.describe())
             before_pids = {e["pid"] for e in started if e["generation"] == before.generation}
-            self.assertLessEqual({e["pid"] for e in first_after}, before_pids, started)
+            self.assertLessEqual({e["pid"] for e in kept}, before_pids, started)
         elif standby:
             # Every worker of the rounds after the crash was a standby that became the worker.
             self.assertTrue(all(e["standby"] for e in after_crash), after_crash)
