@@ -50,7 +50,7 @@ __all__ = ["InMemoryRestart"]
 _WATCH_PERIOD = 0.02               # seconds between looks at the agent's word
 _WORD_WAIT = 60.0                  # how long a failed collective waits for the agent's word
 _STUCK_DUMP = 2.0                  # seconds after the round's end before a worker not parked dumps its stacks
-_STUCK_CPU = 0.04                  # CPU seconds the main thread may use in those 2 s and still count as blocked
+_STUCK_CPU = 0.04                  # CPU seconds the training thread may use in those 2 s and still count as blocked
 
 
 def _socket_fds():
@@ -98,9 +98,9 @@ def _is_connected_tcp(fd):
         s.close()
 
 
-def _main_thread_cpu():
-    """CPU seconds (user + system) the main thread has used; 0.0 when /proc cannot tell."""
-    tid = getattr(threading.main_thread(), "native_id", None)
+def _thread_cpu(tid):
+    """CPU seconds (user + system) thread `tid` of this process has used; 0.0 when /proc cannot
+    tell."""
     try:
         with open("/proc/self/task/%d/stat" % tid) as f:
             fields = f.read().rsplit(")", 1)[1].split()
@@ -134,6 +134,7 @@ class InMemoryRestart:
         self._said_restartable = False
         self._parking = False       # between park() and the next init_process_group
         self._round = 0             # init_process_group calls so far
+        self._round_tid = None      # the thread that called init_process_group last
         self._dump_armed = False
         self.parked = 0             # rounds continued after parking
         self.plain_init = None      # torch's init_process_group, when the name is taken (ddplaunch.restartable)
@@ -186,6 +187,7 @@ class InMemoryRestart:
             self._sockets = mine
             self._parking = False
             self._round += 1
+            self._round_tid = threading.get_native_id()  # the thread that trains, and would park
         if not self._said_restartable:
             self._say_restartable(True)
         if self._watcher is None and self._fd is not None:
@@ -216,7 +218,7 @@ class InMemoryRestart:
     def _watch(self):
         import faulthandler
 
-        stuck_check = None  # (when, the main thread's CPU seconds at the shutdown, round): a park overdue
+        stuck_check = None  # (when, the training thread's CPU seconds at the shutdown, round): a park overdue
         while True:
             time.sleep(_WATCH_PERIOD)
             if self._sockets and abandoned():
@@ -228,17 +230,17 @@ class InMemoryRestart:
                     if not self._parking:
                         faulthandler.dump_traceback_later(_STUCK_DUMP, exit=False)
                         self._dump_armed = True
-                        stuck_check = (time.monotonic() + _STUCK_DUMP, _main_thread_cpu(), self._round)
+                        stuck_check = (time.monotonic() + _STUCK_DUMP, _thread_cpu(self._round_tid), self._round)
             elif stuck_check is not None and (self._parking or self._fd is None or stuck_check[2] != self._round):
                 stuck_check = None
             elif stuck_check is not None and time.monotonic() >= stuck_check[0]:
                 _, cpu_then, round_then = stuck_check
                 stuck_check = None
-                if _main_thread_cpu() - cpu_then < _STUCK_CPU:
+                if _thread_cpu(self._round_tid) - cpu_then < _STUCK_CPU:
                     self._give_up_parking(round_then)
 
     def _give_up_parking(self, round_then):
-        """Every connection of the abandoned round `round_then` is shut, yet the main thread still
+        """Every connection of the abandoned round `round_then` is shut, yet the training thread still
         waits, using no CPU: a Gloo collective can wait on a buffer that no closed pair signals,
         until the group's timeout (30 min), and nothing in this process ends that wait. Told that
         this worker is no longer restartable, the agent stops it now, and the next round gives
