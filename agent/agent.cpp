@@ -505,6 +505,8 @@ struct Agent::Impl {
     setup.python = !options.command.no_python;
     setup.python_helper_dir = options.python_helper_dir;
     setup.fault_handler = options.hang.enabled();
+    setup.env_digest = options.env_digest;
+    setup.env_check = options.node.env_check;
     return setup;
   }
 

@@ -97,6 +97,10 @@ struct AgentOptions {
   // A directory holding the `ddplaunch` Python helper, appended to PYTHONPATH of Python
   // workers so that `import ddplaunch` works. Empty (default): PYTHONPATH is left alone.
   std::string python_helper_dir;
+  // The environment digest of this node (agent::environment_digest()), exported to workers as
+  // DDPLAUNCH_ENV_FINGERPRINT with node.env_check as DDPLAUNCH_ENV_CHECK, so that checkpoints can
+  // record which environment wrote them. Empty (default): neither is exported.
+  std::string env_digest;
   // TORCHELASTIC_ENABLE_FILE_TIMER=1: the FIFO the agent serves torch's FileTimerClient on
   // (agent/file_timer.h), exported as TORCHELASTIC_TIMER_FILE. Empty (default): off.
   std::string file_timer_path;

@@ -273,6 +273,30 @@ json interpreter_fingerprint(const FingerprintOptions& options) {
   return python_fingerprint(options, env, cache_dir_of(options.cache_dir, env));
 }
 
+json environment_fingerprint(const FingerprintOptions& options) {
+  auto env = environment_of(options.use_process_environment, options.environment);
+  json fp = json::object();
+  if (options.python) fp[std::string(schema::kPython)] = python_fingerprint(options, env, cache_dir_of(options.cache_dir, env));
+  if (!options.env_lock.empty()) fp[std::string(schema::kEnvLock)] = env_lock_fingerprint(options, env);
+  return fp;
+}
+
+std::string environment_digest(const json& fingerprint) {
+  // One "path=value" line per breaking fact in schema order, so that the same software gives the
+  // same digest whichever of the two functions above made the fingerprint.
+  std::string lines;
+  for (const schema::Field& f : schema::kFields) {
+    if (f.kind != schema::Kind::breaking || f.path.rfind(schema::kProgram, 0) == 0) continue;
+    const std::size_t dot = f.path.find('.');
+    auto section = fingerprint.find(std::string(f.path.substr(0, dot)));
+    if (section == fingerprint.end() || !section->is_object()) continue;
+    auto value = section->find(std::string(f.path.substr(dot + 1)));
+    if (value == section->end()) continue;
+    lines.append(f.path).append("=").append(value->dump()).append("\n");
+  }
+  return lines.empty() ? std::string() : sha256_hex(lines);
+}
+
 json compute_fingerprint(const FingerprintOptions& options) {
   auto env = environment_of(options.use_process_environment, options.environment);
   std::string cache_dir = cache_dir_of(options.cache_dir, env);

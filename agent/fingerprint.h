@@ -69,6 +69,17 @@ nlohmann::json machine_fingerprint();  // {"arch", "os", "glibc"}
 nlohmann::json interpreter_fingerprint(const FingerprintOptions& options);
 // gpu_fingerprint(): agent/gpus.h.
 
+// The sections of the fingerprint that describe the environment rather than the machine or the
+// program: "python" (for Python workers) and "env_lock" (with --env_lock). What a single node,
+// which compares with no one, computes for its checkpoints' lineage.
+nlohmann::json environment_fingerprint(const FingerprintOptions& options);
+
+// The sha256 (hex) of a fingerprint's breaking facts outside "program" (the program changes
+// between runs on purpose; checkpoints record its hash on their own): equal for two fingerprints
+// exactly when --env_check=strict would let them into one job, program aside. Workers get it as
+// DDPLAUNCH_ENV_FINGERPRINT. "" when the fingerprint has no such fact.
+std::string environment_digest(const nlohmann::json& fingerprint);
+
 // The readable table of `ddplaunch --check_env`: one line per fact, "label  value".
 std::string render_fingerprint_table(const nlohmann::json& fingerprint);
 

@@ -115,12 +115,20 @@ std::map<std::string, std::string> worker_env(const RoundEnv& round, int local_r
 
 namespace {
 
-// What a Python worker needs from its interpreter's start, the same in every round: `import
+// What every worker gets from `setup`, the same in every round: the environment's digest that
+// checkpoints record; for a Python worker, what it needs from its interpreter's start: `import
 // ddplaunch` and its start-up hook (python/sitecustomize.py, which runs the sitecustomize it
 // hides), and faulthandler for the stacks of a hung worker. The helper directory goes first, so
 // that a sitecustomize on the user's PYTHONPATH does not hide ours.
-void add_python_env(const WorkerSetup& setup, const std::map<std::string, std::string>& inherited,
-                    std::map<std::string, std::string>& env) {
+void add_setup_env(const WorkerSetup& setup, const std::map<std::string, std::string>& inherited,
+                   std::map<std::string, std::string>& env) {
+  if (!setup.env_digest.empty()) {
+    env["DDPLAUNCH_ENV_FINGERPRINT"] = setup.env_digest;
+    env["DDPLAUNCH_ENV_CHECK"] = setup.env_check;
+  } else {  // an outer launcher's digest is not this job's
+    env.erase("DDPLAUNCH_ENV_FINGERPRINT");
+    env.erase("DDPLAUNCH_ENV_CHECK");
+  }
   if (!setup.python) return;
   if (!setup.python_helper_dir.empty()) {
     auto& path = env["PYTHONPATH"];
@@ -141,7 +149,7 @@ std::map<std::string, std::string> build_worker_env(const RoundEnv& round, const
     env["DDPLAUNCH_PROGRESS_SLOT"] = std::to_string(local_rank);
   }
   if (!setup.timer_file.empty()) env["TORCHELASTIC_TIMER_FILE"] = setup.timer_file;
-  add_python_env(setup, inherited, env);
+  add_setup_env(setup, inherited, env);
   return env;
 }
 
@@ -149,7 +157,7 @@ std::map<std::string, std::string> build_standby_env(const WorkerSetup& setup, i
                                                      const std::map<std::string, std::string>& inherited) {
   std::map<std::string, std::string> env = inherited;
   if (should_set_omp_num_threads(local_world_size, inherited)) env["OMP_NUM_THREADS"] = "1";
-  add_python_env(setup, inherited, env);
+  add_setup_env(setup, inherited, env);
   env[kStandbyFdVariable] = std::to_string(standby_fd);
   return env;
 }

@@ -65,6 +65,10 @@ struct WorkerSetup {
   // PYTHONFAULTHANDLER=1 unless the agent's environment sets it: a hung worker's stacks, printed
   // by faulthandler on SIGABRT (--hang_timeout). Default false.
   bool fault_handler = false;
+  // DDPLAUNCH_ENV_FINGERPRINT and DDPLAUNCH_ENV_CHECK, for the lineage that checkpoints record
+  // (docs/checkpoints.md); both unset when env_digest is empty (default).
+  std::string env_digest;
+  std::string env_check;
 };
 
 // The complete environment of the worker of `local_rank` in `round`: the agent's own

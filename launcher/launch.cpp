@@ -694,6 +694,15 @@ int launch(const LaunchConfig& config) {
   // child) and only where a rendezvous compares nodes.
   if (!uses_local_rendezvous(config) && config.env_check != EnvCheckMode::kOff && !config.standalone) {
     options.node.fingerprint = node_fingerprint(config, program);
+    options.env_digest = agent::environment_digest(options.node.fingerprint);
+  } else if (config.env_check != EnvCheckMode::kOff) {
+    // Alone, a node compares with no one, but its checkpoints still record which environment
+    // wrote them: the interpreter probe is the one the torch check above made (cached).
+    try {
+      options.env_digest = agent::environment_digest(agent::environment_fingerprint(fingerprint_options(config, program)));
+    } catch (const agent::FingerprintError& e) {
+      throw UsageError(std::string("ddplaunch: --env_lock: ") + e.what());
+    }
   }
   // One event bus for the event log and the metrics; the metrics server on the agent's
   // io_context (docs/metrics.md).

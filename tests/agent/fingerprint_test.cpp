@@ -301,6 +301,29 @@ TEST_CASE("--env_lock hashes a file or a command's output, and names what is wro
   CHECK_THROWS_AS(compute_fingerprint(o), FingerprintError);
 }
 
+TEST_CASE("the environment digest is one node's and one alone's alike, and changes with the software only") {
+  TempDir dir;
+  FingerprintOptions o = python_options("/usr/bin/python3", dir);
+  write_file(dir / "requirements.txt", "torch==2.1.0\n");
+  o.env_lock = dir / "requirements.txt";
+  write_file(dir / "train.py", "print(1)\n");
+  o.program = dir / "train.py";
+  const std::string node = environment_digest(compute_fingerprint(o));
+  const std::string alone = environment_digest(environment_fingerprint(o));
+  CHECK(node.size() == 64);
+  CHECK(node == alone);
+  write_file(dir / "train.py", "print(2)\n");  // a new program: the same environment
+  CHECK(environment_digest(compute_fingerprint(o)) == node);
+  write_file(dir / "requirements.txt", "torch==2.2.0\n");  // new software: another digest
+  CHECK(environment_digest(environment_fingerprint(o)) != node);
+  json fake = environment_fingerprint(python_options(fake_interpreter(dir, "2.1.0+cu118"), dir));
+  CHECK(environment_digest(fake) != environment_digest(environment_fingerprint(python_options("/usr/bin/python3", dir))));
+  FingerprintOptions none;  // an executable with no --env_lock: nothing to record
+  none.python = false;
+  none.cache_dir = dir / "cache";
+  CHECK(environment_digest(environment_fingerprint(none)).empty());
+}
+
 TEST_CASE("NCCL_* and CUDA_VISIBLE_DEVICES settings are recorded, other variables are not") {
   TempDir dir;
   FingerprintOptions o;

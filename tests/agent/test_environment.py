@@ -21,6 +21,13 @@ with open(os.path.join(os.environ["OUT_DIR"], "env_%s.json" % os.environ["RANK"]
     json.dump(record, f)
 """
 
+DUMP_DIGEST = """
+import json, os
+with open(os.path.join(os.environ["OUT_DIR"], "digest_%s.json" % os.environ["RANK"]), "w") as f:
+    json.dump({"fingerprint": os.environ.get("DDPLAUNCH_ENV_FINGERPRINT"),
+               "check": os.environ.get("DDPLAUNCH_ENV_CHECK")}, f)
+"""
+
 ALL_REDUCE = """
 import json, os
 import torch
@@ -169,6 +176,31 @@ class WorkerEnvironment(LaunchTestCase):
                              env={"OUT_DIR": self.out})
         self.assertEqual(result.returncode, 0, result.describe())
         self.assertEqual([r["sum"] for r in self.records("sum_").values()], [3.0, 3.0])
+
+    def test_workers_get_the_environment_digest_that_changes_with_the_software_only(self):
+        script = self.script("digest.py", DUMP_DIGEST)
+        lock = os.path.join(self.tmp, "requirements.txt")
+
+        def digests(*flags, lock_text="torch==2.15.0\n"):
+            with open(lock, "w") as f:
+                f.write(lock_text)
+            for name in os.listdir(self.out):
+                os.unlink(os.path.join(self.out, name))
+            result = self.launch(["--nproc_per_node=2", "--python", PYTHON, "--env_lock", lock, *flags, script],
+                                 env={"OUT_DIR": self.out, "DDPLAUNCH_ENV_FINGERPRINT": "inherited"})
+            self.assertEqual(result.returncode, 0, result.describe())
+            records = list(self.records("digest_").values())
+            self.assertEqual(len(records), 2)
+            self.assertEqual(records[0], records[1], "every worker of a node gets the same")
+            return records[0]
+
+        first = digests()
+        self.assertRegex(first["fingerprint"], "^[0-9a-f]{64}$")
+        self.assertEqual(first["check"], "strict")
+        self.assertEqual(digests("--env_check=warn"), dict(first, check="warn"), "the same software, the same digest")
+        self.assertNotEqual(digests(lock_text="torch==2.14.0\n")["fingerprint"], first["fingerprint"])
+        off = digests("--env_check=off")
+        self.assertEqual(off, {"fingerprint": None, "check": None}, "no check, no digest, not even an inherited one")
 
     def test_a_shell_script_runs_with_no_python(self):
         path = os.path.join(self.tmp, "worker.sh")

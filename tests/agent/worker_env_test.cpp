@@ -204,6 +204,24 @@ TEST_SUITE("the worker environment follows docs/architecture.md") {
     CHECK(build_standby_env(setup, 4, 9, {{"OMP_NUM_THREADS", "8"}}).at("OMP_NUM_THREADS") == "8");
   }
 
+  TEST_CASE("every worker and standby gets the environment digest and the check mode, when there is one") {
+    RoundEnv round;
+    WorkerSetup setup;
+    setup.python = false;  // not only Python workers: an SDK program records it too
+    CHECK(build_worker_env(round, setup, 0, "/e", {}).count("DDPLAUNCH_ENV_FINGERPRINT") == 0);
+    CHECK(build_worker_env(round, setup, 0, "/e", {}).count("DDPLAUNCH_ENV_CHECK") == 0);
+    CHECK(build_worker_env(round, setup, 0, "/e", {{"DDPLAUNCH_ENV_FINGERPRINT", "outer"}})
+              .count("DDPLAUNCH_ENV_FINGERPRINT") == 0);  // an outer launcher's is not this job's
+    setup.env_digest = std::string(64, 'a');
+    setup.env_check = "strict";
+    auto env = build_worker_env(round, setup, 0, "/e", {{"DDPLAUNCH_ENV_FINGERPRINT", "stale"}});
+    CHECK(env.at("DDPLAUNCH_ENV_FINGERPRINT") == std::string(64, 'a'));
+    CHECK(env.at("DDPLAUNCH_ENV_CHECK") == "strict");
+    auto standby = build_standby_env(setup, 1, 9, {});
+    CHECK(standby.at("DDPLAUNCH_ENV_FINGERPRINT") == std::string(64, 'a'));
+    CHECK(standby.at("DDPLAUNCH_ENV_CHECK") == "strict");
+  }
+
   TEST_CASE("the worker channel's descriptor is named, renamed and removed") {
     std::map<std::string, std::string> env = {{"HOME", "/home/u"}};
     set_worker_channel(env, 12);

@@ -39,6 +39,9 @@ sys.exit(code)
 # Differences on purpose (docs/cli.md, "Differences from torchrun 2.x"): name -> what differs.
 ONLY_DDPLAUNCH = {"DDPLAUNCH_GENERATION", "NCCL_ASYNC_ERROR_HANDLING", "DDPLAUNCH_SUPERVISOR",
                   "DDPLAUNCH_PROGRESS_FILE", "DDPLAUNCH_PROGRESS_SLOT"}
+# The environment's digest, for checkpoints' lineage: there when the check has software to
+# digest (a Python worker's interpreter, or --env_lock), not for a bare executable.
+ENV_DIGEST = {"DDPLAUNCH_ENV_FINGERPRINT", "DDPLAUNCH_ENV_CHECK"}
 ONLY_TORCHRUN = set()
 DIFFERENT_VALUE = {"TORCHELASTIC_USE_AGENT_STORE",   # torchrun "True", ddplaunch "False"
                    "PYTHONPATH"}                     # Python workers: + the ddplaunch helper's directory
@@ -119,7 +122,11 @@ class TorchrunCompat(unittest.TestCase):
         for f in tr:
             t, d = tr[f], dl[f]
             with self.subTest(worker=f):
-                self.assertEqual(set(d) - set(t), ONLY_DDPLAUNCH, "variables only ddplaunch sets")
+                only_ddplaunch = set(d) - set(t)
+                if only_ddplaunch & ENV_DIGEST:
+                    self.assertEqual(only_ddplaunch & ENV_DIGEST, ENV_DIGEST, "the digest comes with its mode")
+                    self.assertRegex(d["DDPLAUNCH_ENV_FINGERPRINT"], "^[0-9a-f]{64}$")
+                self.assertEqual(only_ddplaunch - ENV_DIGEST, ONLY_DDPLAUNCH, "variables only ddplaunch sets")
                 self.assertEqual(set(t) - set(d), ONLY_TORCHRUN, "variables only torchrun sets")
                 for key in set(t) & set(d) - DIFFERENT_VALUE - PER_RUN:
                     self.assertEqual(d[key], t[key], key)
