@@ -4,9 +4,10 @@ and every rank resuming from it. Runs under torchrun or ddplaunch; at a restart 
 starts again from the last epoch's checkpoint.
 
 This is examples/restartable/ddp_template.py with ddplaunch's checkpoints (docs/checkpoints.md):
-three lines differ. Rank 0's save returns at once and the file is written in the background,
-atomically and with a checksum; load returns the newest checkpoint that verifies, falling back
-past a damaged one. --checkpoint names a directory (one file per epoch, the newest three kept).
+three new lines replace five. ddplaunch.save writes on rank 0 only (no `if rank == 0`) and
+returns at once, the file being written in the background, atomically and with a checksum;
+ddplaunch.load returns the newest checkpoint that verifies, falling back past a damaged one, or
+None. --checkpoint now names a directory (one file per epoch, the newest three kept).
 
 For the tests, each rank records the samples of every step it completed (--record DIR); a rank
 may kill itself at a given step (--die-at EPOCH:STEP:RANK), or every rank wait there until the
