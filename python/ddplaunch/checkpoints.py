@@ -334,9 +334,8 @@ def _prune(path, keep):
             _remove(os.path.join(path, name))
 
 
-_lock = threading.RLock()  # guards _current and _steps_seen (the training thread and the signal handler)
+_lock = threading.RLock()  # guards _current (the training thread and the SIGTERM handler, in the same thread)
 _current = None            # the _Write in flight or last finished, not yet waited for
-_steps_seen = {}           # {directory: newest step saved or loaded by this process}
 _handlers_installed = False
 
 
@@ -413,6 +412,7 @@ def save(state, dir, step=None, keep=3):
     state is dropped and at most one copy is held. A failed write raises CheckpointError from
     the next save() or wait_for_save(). On ranks other than 0 this does nothing and returns None.
     """
+    global _current
     path = _directory(dir)
     if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
         raise CheckpointError("keep=%r: the number of checkpoints to keep must be an integer of at least 1" % (keep,))
@@ -428,9 +428,8 @@ def save(state, dir, step=None, keep=3):
             os.makedirs(path, exist_ok=True)
         except OSError as e:
             raise CheckpointError("cannot create the checkpoint directory %s: %s" % (path, e.strerror or e)) from e
-        records, _ = _steps(path)
-        seen = _steps_seen.get(os.path.abspath(path))
-        newest = max(list(records) + ([seen] if seen is not None else []), default=None)
+        records, _ = _steps(path)  # complete: the previous write has committed or failed
+        newest = max(records, default=None)
         if step is None:
             step = 0 if newest is None else newest + 1
         elif newest is not None and step < newest:
@@ -444,9 +443,7 @@ def save(state, dir, step=None, keep=3):
         write = _Write(snapshot, path, step, keep)
         write.thread = threading.Thread(target=write.run, name="ddplaunch-checkpoint-writer", daemon=True)
         with _lock:
-            global _current
             _current = write
-            _steps_seen[os.path.abspath(path)] = step
             write.thread.start()
     return step
 
@@ -526,9 +523,6 @@ def load(dir, map_location="cpu", weights_only=None):
                                      "this directory, pass weights_only=False)")) from e
         if skipped:
             _say("resuming from %s (step %d), the newest valid checkpoint" % (data_path, step))
-        with _lock:
-            key = os.path.abspath(path)
-            _steps_seen[key] = max(step, _steps_seen.get(key, step))
         return state
     if skipped:
         _say("no valid checkpoint in %s (%d skipped): starting fresh" % (path, len(skipped)))

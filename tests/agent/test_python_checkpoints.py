@@ -313,11 +313,23 @@ else:
 
 
 class Lineage(Case):
+    env = {"RANK": "0", "WORLD_SIZE": "2", "DDPLAUNCH_ENV_FINGERPRINT": "a" * 64}
+    saved = None  # a directory with one checkpoint that train.py saved in the environment above
+
     def setUp(self):
         super().setUp()
-        self.env = {"RANK": "0", "WORLD_SIZE": "2", "DDPLAUNCH_ENV_FINGERPRINT": "a" * 64}
-        saver = self.child(LINEAGE, ["save", self.dir], env=self.env, name="train.py")
-        self.assertEqual(saver.wait(60), 0, saver.describe())
+        if Lineage.saved is None:
+            saver = self.child(LINEAGE, ["save", self.dir], env=self.env, name="train.py")
+            self.assertEqual(saver.wait(60), 0, saver.describe())
+            Lineage.saved = tempfile.mkdtemp(prefix="ddplaunch_ckpt_lineage_")
+            shutil.copytree(self.dir, os.path.join(Lineage.saved, "ckpt"))
+        else:
+            shutil.copytree(os.path.join(Lineage.saved, "ckpt"), self.dir)
+
+    @classmethod
+    def tearDownClass(cls):
+        if cls.saved:
+            shutil.rmtree(cls.saved, True)
 
     def load_in_child(self, program=LINEAGE, **env):
         proc = self.child(program, ["load", self.dir], env=dict(self.env, **env), name="train.py")
@@ -411,7 +423,9 @@ class Template(Case):
         os.mkdir(records)
         env = dict(os.environ, TMPDIR=self.tmp)
         env.pop("PYTHONPATH", None)  # ddplaunch puts its own helper directory there
-        r = run([self.ddplaunch(), "--nproc_per_node=2", "--max_restarts=1", "--python", PYTHON, TEMPLATE,
+        # --standby=off: the restart is a cold start, which reads the checkpoint (and no standby
+        # process imports torch beside the workers).
+        r = run([self.ddplaunch(), "--nproc_per_node=2", "--max_restarts=1", "--standby=off", "--python", PYTHON, TEMPLATE,
                  "--record", records, "--die-at", "1:10:1", "--checkpoint", self.dir], timeout=300, env=env, cwd=self.tmp)
         self.assertFalse(r.timed_out, r.describe())
         self.assertEqual(r.returncode, 0, r.describe())
