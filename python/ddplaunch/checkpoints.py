@@ -44,6 +44,12 @@ _HASH_CHUNK = 4 << 20
 _hooks = {}
 
 
+def _hook(name, step):
+    call = _hooks.get(name)
+    if call is not None:
+        call(step)
+
+
 class CheckpointError(Exception):
     """A checkpoint could not be saved or loaded: misuse (a path that is not a directory, a
     step that goes back), a failed write (reported by the next save() or wait_for_save()), or a
@@ -269,26 +275,22 @@ class _Write:
         tmp = None
         try:
             import torch
-            hook = _hooks.get
             base = os.path.join(self.path, _base(self.step))
             record_path, data_path = base + ".json", base + ".pt"
             tmp = os.path.join(self.path, ".%s.pt.tmp-%d" % (_base(self.step), os.getpid()))
-            if hook("start"):
-                _hooks["start"](self.step)
+            _hook("start", self.step)
             with open(tmp, "wb") as f:
                 torch.save(self.snapshot, f)
                 f.flush()
                 os.fsync(f.fileno())
             self.snapshot = None  # the memory goes back before the checksum pass
             size, digest = _sha256_of(tmp)
-            if hook("written"):
-                _hooks["written"](self.step)
+            _hook("written", self.step)
             _remove(record_path)  # the same step saved again: uncommitted until its new record
             os.replace(tmp, data_path)
             tmp = None
             _fsync_dir(self.path)
-            if hook("renamed"):
-                _hooks["renamed"](self.step)
+            _hook("renamed", self.step)
             _write_json(record_path, {"format": _FORMAT, "step": self.step, "file": os.path.basename(data_path),
                                       "size": size, "sha256": digest, "time": time.time(), "lineage": self.lineage})
             _report_progress(self.step)
@@ -319,7 +321,16 @@ def _report_progress(step):
 def _prune(path, keep):
     """Keeps the `keep` newest committed checkpoints; removes older ones (record first: a data
     file without a record is never loaded), data files that have no record, and temporary files
-    of writers that are gone."""
+    of writers that are gone. A file that cannot be removed is named on stderr; the checkpoint
+    just written stands."""
+    try:
+        _remove_old(path, keep)
+    except OSError as e:
+        _say("cannot remove old checkpoints in %s: %s%s" % (path, e.strerror or e, ": " + e.filename if e.filename
+                                                               else ""))
+
+
+def _remove_old(path, keep):
     records, data = _steps(path)
     committed = sorted(records)
     for step in committed[:-keep]:

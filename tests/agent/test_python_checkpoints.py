@@ -384,7 +384,7 @@ def code_lines(path):
     return text[end:].splitlines()
 
 
-def epochs_trained(records, pid_of=None):
+def epochs_trained(records):
     """{pid: sorted epochs} from the template's --record files."""
     out = {}
     for path in glob.glob(os.path.join(records, "*.txt")):
