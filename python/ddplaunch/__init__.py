@@ -14,7 +14,8 @@ python/ddplaunch_autostart.py). A script calls these to say more, or to count it
     ddplaunch.done()                     # steps are over: teardown is not a hang
 
 and in-memory restart (ddplaunch.InMemoryRestart, python/ddplaunch/restart.py): a healthy
-worker keeps its process, model and optimizer across a restart.
+worker keeps its process, model and optimizer across a restart; and checkpoints
+(ddplaunch.save, ddplaunch.load, python/ddplaunch/checkpoints.py, docs/checkpoints.md).
 
 ddplaunch gives each worker a shared-memory slot (DDPLAUNCH_PROGRESS_FILE,
 DDPLAUNCH_PROGRESS_SLOT); step() writes a counter there, no system call, well under a
@@ -27,7 +28,10 @@ import os
 import struct
 
 __all__ = ["step", "phase", "checkpoint", "done", "enabled", "abandoned", "InMemoryRestart", "restartable", "resume",
-           "ResumableDistributedSampler"]
+           "ResumableDistributedSampler", "save", "load", "wait_for_save", "CheckpointError"]
+
+# The project's version (CMakeLists.txt's project(VERSION)); checkpoints record it.
+__version__ = "0.1.0"
 
 # The slot's layout: contracts/progress_slot.h in the ddplaunch sources (the Python side's one
 # copy; tests/contracts/test_fixtures.py holds it to contracts/fixtures/progress_slot.bin).
@@ -172,9 +176,17 @@ from .restart import InMemoryRestart  # noqa: E402 - uses abandoned() and enable
 from .wrapper import restartable, resume  # noqa: E402
 
 
+_CHECKPOINT_NAMES = ("save", "load", "wait_for_save", "CheckpointError")
+
+
 def __getattr__(name):
     # The sampler subclasses torch's DistributedSampler: torch is imported when it is first used.
     if name == "ResumableDistributedSampler":
         from . import wrapper
         return wrapper.ResumableDistributedSampler
+    # Every worker imports this package (at its first optimizer step): the checkpoint module
+    # loads when a script first names it.
+    if name in _CHECKPOINT_NAMES:
+        from . import checkpoints
+        return getattr(checkpoints, name)
     raise AttributeError("module 'ddplaunch' has no attribute %r" % name)
