@@ -412,6 +412,8 @@ class Template(Case):
         if not os.path.exists(DDPLAUNCH):
             self.fail("ddplaunch not built: %s" % DDPLAUNCH)
         prefix = os.path.join(self.tmp, "prefix")
+        if os.path.exists(os.path.join(prefix, "bin", "ddplaunch")):
+            return os.path.join(prefix, "bin", "ddplaunch")
         os.makedirs(os.path.join(prefix, "bin"))
         os.makedirs(os.path.join(prefix, "share", "ddplaunch"))
         shutil.copy2(DDPLAUNCH, os.path.join(prefix, "bin", "ddplaunch"))
@@ -437,6 +439,37 @@ class Template(Case):
         state, lines = self.load()
         self.assertEqual((state["epoch"], lines), (2, []))
         self.assertEqual(sorted(os.listdir(self.dir))[-2:], ["ckpt-000000000002.json", "ckpt-000000000002.pt"])
+
+    def test_under_ddplaunch_the_checked_environment_is_the_lineage_and_strict_refuses_another(self):
+        # The real agent's DDPLAUNCH_ENV_FINGERPRINT, not one set by hand: --env_lock is part of
+        # the environment the check digests, so a new lock file is a new environment.
+        lock = os.path.join(self.tmp, "requirements.txt")
+        env = dict(os.environ, TMPDIR=self.tmp)
+        env.pop("PYTHONPATH", None)
+
+        def job(lock_text, epochs, *flags):
+            with open(lock, "w") as f:
+                f.write(lock_text)
+            records = tempfile.mkdtemp(dir=self.tmp)
+            r = run([self.ddplaunch(), "--nproc_per_node=2", "--standby=off", "--env_lock", lock, *flags,
+                     "--python", PYTHON, TEMPLATE, "--record", records, "--epochs", str(epochs),
+                     "--checkpoint", self.dir], timeout=300, env=env, cwd=self.tmp)
+            self.assertFalse(r.timed_out, r.describe())
+            return r, sorted(epochs_trained(records).values())
+
+        r, trained = job("torch==2.15.0\n", 1)
+        self.assertEqual((r.returncode, trained), (0, [[0], [0]]), r.describe())
+        r, trained = job("torch==2.15.0\n", 2)  # the same environment: resumes without a word
+        self.assertEqual((r.returncode, trained), (0, [[1], [1]]), r.describe())
+        self.assertNotIn("another environment", r.stderr, r.describe())
+        r, trained = job("torch==2.16.0\n", 3)  # strict, the default: refused, nothing trained
+        self.assertNotEqual(r.returncode, 0, r.describe())
+        self.assertEqual(trained, [], r.describe())
+        self.assertIn("it was written in another environment", r.stderr, r.describe())
+        self.assertRegex(r.stderr, "exit(ed with)? code:? 3|exitcode *: *3|exit code 3", r.describe())
+        r, trained = job("torch==2.16.0\n", 3, "--env_check=warn")  # warn: resumes, and says so
+        self.assertEqual((r.returncode, trained), (0, [[2], [2]]), r.describe())
+        self.assertIn("was written in another environment", r.stderr, r.describe())
 
     def test_it_runs_unchanged_under_torchrun_and_alone(self):
         records = os.path.join(self.tmp, "records")
