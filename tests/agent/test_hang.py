@@ -82,10 +82,14 @@ def load(path):
 
 
 class HangDetection(LaunchTestCase):
-    def test_python_rank_blocked_before_allreduce_is_restarted_within_one_second_of_the_hang(self):
+    def test_python_rank_blocked_before_allreduce_is_restarted_without_waiting_out_the_grace(self):
+        # How fast is bench/hang's (bench/RESULTS.md); here, what makes it fast: the hung rank is
+        # killed at the declaration (SIGABRT for its stacks, then SIGKILL), not sent SIGTERM and
+        # waited for, so the next attempt starts long before a 60 s --shutdown_timeout would end.
         timeout = 3
         script = self.script("ddp_hang.py", DDP_HANG)
-        proc = self.spawn_launch(["--nproc_per_node=2", "--max_restarts=1", "--hang_timeout=%d" % timeout, script],
+        proc = self.spawn_launch(["--nproc_per_node=2", "--max_restarts=1", "--hang_timeout=%d" % timeout,
+                                  "--shutdown_timeout=60", script],
                                  env={"OUT_DIR": self.out})
         # The declaration is the agent's line; seen within the 20 ms polling of wait_for.
         wait_for(lambda: "made no progress for" in proc.stderr(), 120, "the hang to be declared")
@@ -99,7 +103,7 @@ class HangDetection(LaunchTestCase):
         print("last progress -> declared %.2f s, declared -> every worker restarted %.2f s (hang_timeout %d s)"
               % (declared - last_progress, restarted - declared, timeout))
         self.assertGreaterEqual(declared - last_progress, timeout - 0.5, "declared before the timeout")
-        self.assertLessEqual(restarted - declared, 1.0)
+        self.assertLess(restarted - declared, 30, "the restart waited for the shutdown grace")
 
     def test_summary_names_the_hung_rank_and_shows_its_python_traceback(self):
         script = self.script("ddp_hang.py", DDP_HANG)
