@@ -60,7 +60,8 @@ LineageCheck check_lineage(const CheckpointState& state, const Lineage& current,
     const int64_t then = state.get_int(kWorldSizeKey);
     check.notices.push_back(prefix + "world_size was " + std::to_string(then) + ", now " +
                             std::to_string(current.world_size) + ": resuming; the sampler splits the rest of the " +
-                            "epoch over " + std::to_string(current.world_size) + " ranks, every sample once");
+                            "epoch over " + std::to_string(current.world_size) +
+                            (current.world_size == 1 ? " rank" : " ranks") + ", every sample once");
   }
   if (!state.contains(kLineageVersionKey)) {
     check.notices.push_back("checkpoint " + name + " carries no lineage (written before checkpoints recorded " +
