@@ -41,9 +41,10 @@ class Workers:
     """`world` train processes of one group. Use as a context manager: leaving it kills any
     worker still running (SIGKILL to its process group)."""
 
-    def __init__(self, world, args, restart_count=0, single=False, extra_env=None, rank_env=None):
+    def __init__(self, world, args, restart_count=0, single=False, extra_env=None, rank_env=None,
+                 program=None):
         """`extra_env`: added to every worker's environment; `rank_env`: {rank: variables} added to
-        that rank's after it."""
+        that rank's after it; `program`: run instead of `train`."""
         self.dir = tempfile.TemporaryDirectory(prefix="ddp-sdk-workers-")
         port = free_port()
         self.procs = []
@@ -59,7 +60,7 @@ class Workers:
             env.update((rank_env or {}).get(rank, {}))
             out = open(os.path.join(self.dir.name, "out%d" % rank), "w+")
             err = open(os.path.join(self.dir.name, "err%d" % rank), "w+")
-            proc = subprocess.Popen([TRAIN] + list(args), stdout=out, stderr=err, env=env,
+            proc = subprocess.Popen([program or TRAIN] + list(args), stdout=out, stderr=err, env=env,
                                     start_new_session=True)
             self.procs.append((proc, out, err))
 

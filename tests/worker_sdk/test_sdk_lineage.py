@@ -7,6 +7,7 @@ import hashlib
 import os
 import re
 import shutil
+import subprocess
 import tempfile
 import unittest
 
@@ -37,9 +38,9 @@ def project_version():
 
 
 class LineageTest(unittest.TestCase):
-    def train(self, ckpt, epochs, extra_env, world=1, expect=0):
+    def train(self, ckpt, epochs, extra_env, world=1, expect=0, program=None):
         results = h.run(world, ARGS + ["--checkpoint-dir", ckpt, "--epochs", str(epochs)],
-                        single=world == 1, extra_env=extra_env)
+                        single=world == 1, extra_env=extra_env, program=program)
         for r in results:
             self.assertEqual(r.returncode, expect, r)
         return results
@@ -107,11 +108,7 @@ class LineageTest(unittest.TestCase):
                 old = hashlib.sha256(f.read()).hexdigest()
             with open(rebuilt, "rb") as f:
                 new = hashlib.sha256(f.read()).hexdigest()
-            original, h.TRAIN = h.TRAIN, rebuilt
-            try:
-                out = self.train(ckpt, 2, env(ENV_A, "strict"))[0].stdout
-            finally:
-                h.TRAIN = original
+            out = self.train(ckpt, 2, env(ENV_A, "strict"), program=rebuilt)[0].stdout
             self.assertEqual(h.value(out, "resumed_from_step"), "8")
             self.assertEqual(lineage_lines(out), [
                 "[ddp] lineage of checkpoint %s: program_sha256 was %s, now %s: another build of the program "
@@ -151,6 +148,41 @@ class LineageTest(unittest.TestCase):
             self.assertRegex(results[1].stderr, re.escape(
                 "train: error: Trainer: another rank refused to resume from checkpoint %s (written in another "
                 "environment, and --env_check=strict is set); its error says more" % newest(ckpt)))
+
+    def test_under_ddplaunch_another_env_lock_is_refused_or_with_warn_named(self):
+        ddplaunch = os.path.join(h.BUILD, "bin", "ddplaunch")
+        self.assertTrue(os.path.exists(ddplaunch), "ddplaunch not built: %s" % ddplaunch)
+        with tempfile.TemporaryDirectory() as d:
+            ckpt = os.path.join(d, "ckpt")
+            locks = []
+            for name in ("a", "b"):  # --env_lock is part of the environment fingerprint
+                locks.append(os.path.join(d, "lock-" + name))
+                with open(locks[-1], "w") as f:
+                    f.write("numpy==1.%s\n" % name)
+
+            def launch(*flags, epochs):
+                proc = subprocess.run([ddplaunch, "--nproc_per_node=2", "--max_restarts=3"] + list(flags)
+                                      + [h.TRAIN] + ARGS + ["--checkpoint-dir", ckpt, "--epochs", str(epochs)],
+                                      env=h.clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True, timeout=120)
+                return proc.returncode, proc.stdout
+
+            rc, out = launch("--env_lock=" + locks[0], epochs=1)
+            self.assertEqual(rc, 0, out)
+            recorded = h.checkpoint_scalars(newest(ckpt))["ddp.lineage.env_fingerprint"].decode()
+            self.assertRegex(recorded, "^[0-9a-f]{64}$")
+
+            rc, out = launch("--env_lock=" + locks[1], "--no_restart_exit_codes=3", epochs=2)
+            self.assertEqual(rc, 1, out)
+            self.assertIn("refusing to resume from checkpoint %s: it was written in another environment "
+                          "(env_fingerprint was %s, now " % (newest(ckpt), recorded[:16]), out)
+            self.assertRegex(out, r"worker \d exited with code 3, which --no_restart_exit_codes lists: not restarting")
+
+            rc, out = launch("--env_lock=" + locks[1], "--env_check=warn", epochs=2)
+            self.assertEqual(rc, 0, out)
+            self.assertIn("[ddp] lineage of checkpoint %s: env_fingerprint was %s, now " % (
+                os.path.join(ckpt, "ckpt-000000000004.ddpckpt"), recorded[:16]), out)
+            self.assertEqual(h.value(out, "resumed_from_step"), "4")
 
 
 if __name__ == "__main__":
