@@ -41,7 +41,10 @@ class Workers:
     """`world` train processes of one group. Use as a context manager: leaving it kills any
     worker still running (SIGKILL to its process group)."""
 
-    def __init__(self, world, args, restart_count=0, single=False, extra_env=None):
+    def __init__(self, world, args, restart_count=0, single=False, extra_env=None, rank_env=None,
+                 program=None):
+        """`extra_env`: added to every worker's environment; `rank_env`: {rank: variables} added to
+        that rank's after it; `program`: run instead of `train`."""
         self.dir = tempfile.TemporaryDirectory(prefix="ddp-sdk-workers-")
         port = free_port()
         self.procs = []
@@ -54,9 +57,10 @@ class Workers:
                             "TORCHELASTIC_RESTART_COUNT": str(restart_count),
                             "DDPLAUNCH_GENERATION": str(restart_count)})
             env.update(extra_env or {})
+            env.update((rank_env or {}).get(rank, {}))
             out = open(os.path.join(self.dir.name, "out%d" % rank), "w+")
             err = open(os.path.join(self.dir.name, "err%d" % rank), "w+")
-            proc = subprocess.Popen([TRAIN] + list(args), stdout=out, stderr=err, env=env,
+            proc = subprocess.Popen([program or TRAIN] + list(args), stdout=out, stderr=err, env=env,
                                     start_new_session=True)
             self.procs.append((proc, out, err))
 
@@ -194,3 +198,56 @@ def checkpoint_problem(path):
     if crc32c(data[24:]) != crc:
         return "checksum mismatch"
     return None
+
+
+def checkpoint_scalars(path):
+    """{key: value} of a checkpoint's integer, double and byte-string entries (tensors left out),
+    read through its index as docs/worker-sdk.md describes it."""
+    import struct
+    with open(path, "rb") as f:
+        data = f.read()
+    problem = checkpoint_problem(path)
+    assert problem is None, "%s: %s" % (path, problem)
+    (index_length,) = struct.unpack_from("<Q", data, 24)
+    pos, end = 32, 32 + index_length
+    data_start = (end + 63) // 64 * 64
+    (count,) = struct.unpack_from("<I", data, pos)
+    pos += 4
+    values = {}
+    for _ in range(count):
+        (key_length,) = struct.unpack_from("<I", data, pos)
+        key = data[pos + 4:pos + 4 + key_length].decode()
+        pos += 4 + key_length
+        kind = data[pos]
+        pos += 1
+        if kind == 0:  # tensor: dtype, ndim, sizes, offset, length
+            (ndim,) = struct.unpack_from("<I", data, pos + 1)
+            pos += 1 + 4 + 8 * ndim + 16
+        elif kind == 1:
+            (values[key],) = struct.unpack_from("<q", data, pos)
+            pos += 8
+        elif kind == 2:
+            (values[key],) = struct.unpack_from("<d", data, pos)
+            pos += 8
+        else:
+            offset, length = struct.unpack_from("<QQ", data, pos)
+            values[key] = data[data_start + offset:data_start + offset + length]
+            pos += 16
+    assert pos == end, "%s: the index ends at %d, its length says %d" % (path, pos, end)
+    return values
+
+
+def rename_checkpoint_key(path, old, new):
+    """Renames the entry `old` of a checkpoint to `new` (of the same length) and fixes its
+    checksum: the file then reads as one that never had `old`."""
+    import struct
+    assert len(old) == len(new)
+    with open(path, "rb") as f:
+        data = bytearray(f.read())
+    needle = struct.pack("<I", len(old)) + old.encode()
+    at = data.find(needle, 32)
+    assert at >= 0, "%s has no key %s" % (path, old)
+    data[at + 4:at + 4 + len(old)] = new.encode()
+    struct.pack_into("<I", data, 12, crc32c(bytes(data[24:])))
+    with open(path, "wb") as f:
+        f.write(data)

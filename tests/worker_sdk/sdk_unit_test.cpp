@@ -150,6 +150,111 @@ TEST_CASE("the portable crc32c (slicing-by-8) agrees with the dispatched one at 
   }
 }
 
+TEST_CASE("sha256 matches the FIPS 180-4 test vectors, fed whole or in pieces") {
+  CHECK(ddp::sha256_hex("") == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  CHECK(ddp::sha256_hex("abc") == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  const std::string two_blocks = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";
+  CHECK(ddp::sha256_hex(two_blocks) == "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  const std::string million(1000000, 'a');
+  CHECK(ddp::sha256_hex(million) == "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+  for (size_t piece : {1, 3, 55, 56, 63, 64, 65, 1000}) {  // every block-boundary case of update()
+    ddp::Sha256 hash;
+    for (size_t at = 0; at < 5000; at += piece) hash.update(million.data() + at, std::min(piece, 5000 - at));
+    CHECK(hash.hex_digest() == ddp::sha256_hex(million.data(), 5000));
+  }
+  TempDir dir;
+  const std::string path = (dir.path / "f").string();
+  { std::ofstream(path, std::ios::binary) << million; }
+  CHECK(ddp::sha256_file(path) == ddp::sha256_hex(million));
+  CHECK_THROWS_WITH_AS(ddp::sha256_file(path + ".missing"), doctest::Contains("f.missing: No such file"), ddp::Error);
+  CHECK(ddp::program_sha256() == ddp::sha256_file("/proc/self/exe"));
+}
+
+namespace {
+
+ddp::Lineage lineage_of(std::string env, std::string program, std::string version, int64_t world) {
+  return ddp::Lineage{std::move(env), std::move(program), std::move(version), world};
+}
+
+ddp::CheckpointState recorded(const ddp::Lineage& lineage) {
+  ddp::CheckpointState state;
+  ddp::record_lineage(state, lineage);
+  return state;
+}
+
+}  // namespace
+
+TEST_CASE("a checkpoint's lineage is compared field by field with the resuming process") {
+  const std::string a(64, 'a'), b(64, 'b'), p(64, '1'), q(64, '2');
+  const auto now = lineage_of(a, p, "0.1.0", 2);
+  SUBCASE("the same lineage says nothing") {
+    const auto check = ddp::check_lineage(recorded(now), now, true, "C");
+    CHECK(check.notices.empty());
+    CHECK(check.refusal.empty());
+  }
+  SUBCASE("each differing field is one line naming the field, its value then and now") {
+    const auto check = ddp::check_lineage(recorded(lineage_of(a, q, "0.0.9", 3)), now, true, "C");
+    CHECK(check.refusal.empty());
+    REQUIRE(check.notices.size() == 3);
+    CHECK(check.notices[0] == "lineage of checkpoint C: world_size was 3, now 2: resuming; the sampler splits the rest "
+                              "of the epoch over 2 ranks, every sample once");
+    CHECK(check.notices[1] == "lineage of checkpoint C: program_sha256 was 2222222222222222, now 1111111111111111: "
+                              "another build of the program wrote it; resuming");
+    CHECK(check.notices[2] == "lineage of checkpoint C: version was ddplaunch 0.0.9, now ddplaunch 0.1.0; resuming");
+  }
+  SUBCASE("another environment is a warning, or under strict a refusal with the ways out") {
+    const auto warned = ddp::check_lineage(recorded(lineage_of(b, p, "0.1.0", 2)), now, false, "C");
+    CHECK(warned.refusal.empty());
+    REQUIRE(warned.notices.size() == 1);
+    CHECK(warned.notices[0].find("env_fingerprint was bbbbbbbbbbbbbbbb, now aaaaaaaaaaaaaaaa: it was written in another "
+                                 "environment") != std::string::npos);
+    const auto refused = ddp::check_lineage(recorded(lineage_of(b, p, "0.1.0", 2)), now, true, "C");
+    CHECK(refused.notices.empty());
+    CHECK(refused.refusal.find("refusing to resume from checkpoint C: it was written in another environment "
+                               "(env_fingerprint was bbbbbbbbbbbbbbbb, now aaaaaaaaaaaaaaaa") == 0);
+    CHECK(refused.refusal.find("pass --env_check=warn to resume anyway") != std::string::npos);
+    CHECK(refused.refusal.find('\n') == std::string::npos);
+  }
+  SUBCASE("a fingerprint or program hash unknown on one side is named, not compared, never refused") {
+    for (const auto& [then, current] : {std::pair{lineage_of("", "", "0.1.0", 2), now},
+                                        std::pair{now, lineage_of("", "", "0.1.0", 2)}}) {
+      const auto check = ddp::check_lineage(recorded(then), current, true, "C");
+      CHECK(check.refusal.empty());
+      REQUIRE(check.notices.size() == 2);
+      CHECK(check.notices[0].find("not compared") != std::string::npos);
+      CHECK(check.notices[1].find("program_sha256") != std::string::npos);
+      CHECK(check.notices[1].find("not compared") != std::string::npos);
+    }
+  }
+  SUBCASE("a checkpoint from before lineage says so once, and still names a world-size change") {
+    ddp::CheckpointState old;
+    old.put_int("ddp.world_size", 3);
+    const auto check = ddp::check_lineage(old, now, true, "C");
+    CHECK(check.refusal.empty());
+    REQUIRE(check.notices.size() == 2);
+    CHECK(check.notices[0].find("world_size was 3, now 2") != std::string::npos);
+    CHECK(check.notices[1] == "checkpoint C carries no lineage (written before checkpoints recorded one): its "
+                              "environment, program and ddplaunch version are not compared");
+  }
+}
+
+TEST_CASE("the current lineage is this process's environment, executable and version") {
+  ::setenv("DDPLAUNCH_ENV_FINGERPRINT", "f00d", 1);
+  ::setenv("DDPLAUNCH_ENV_CHECK", "warn", 1);
+  auto lineage = ddp::current_lineage(4);
+  CHECK(lineage.env_fingerprint == "f00d");
+  CHECK(lineage.program_sha256.size() == 64);
+  CHECK(lineage.version == std::string(DDPLAUNCH_EXPECTED_VERSION));
+  CHECK(lineage.world_size == 4);
+  CHECK_FALSE(ddp::env_check_strict());
+  ::setenv("DDPLAUNCH_ENV_CHECK", "strict", 1);
+  CHECK(ddp::env_check_strict());
+  ::unsetenv("DDPLAUNCH_ENV_FINGERPRINT");
+  ::unsetenv("DDPLAUNCH_ENV_CHECK");
+  CHECK(ddp::current_lineage(1).env_fingerprint.empty());
+  CHECK_FALSE(ddp::env_check_strict());
+}
+
 TEST_CASE("sampler shards match torch.utils.data.DistributedSampler") {
   // Reference values printed by PyTorch 1.13's DistributedSampler (10 samples, 3 replicas).
   ddp::DistributedSampler unshuffled(10, 1, 3, {false, 0, false});

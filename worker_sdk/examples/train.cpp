@@ -4,8 +4,9 @@
 //   ddplaunch --nproc_per_node=2 build/bin/train --epochs 5
 //   build/bin/train                      # no launcher: one process
 //
-// Exit codes: 0 trained; 2 bad command line or data; 1 any other error;
-// 13 --crash-at-step fired; 143 stopped by SIGTERM (after saving a checkpoint).
+// Exit codes: 0 trained; 2 bad command line or data; 3 the checkpoint to resume from was written
+// in another environment and DDPLAUNCH_ENV_CHECK is strict; 1 any other error; 13 --crash-at-step
+// fired; 143 stopped by SIGTERM (after saving a checkpoint).
 #include <CLI/CLI.hpp>
 #include <torch/torch.h>
 
@@ -372,6 +373,9 @@ int main(int argc, char** argv) {
   } catch (const ddp::EnvError& e) {
     std::cerr << "train: error: " << e.what() << std::endl;
     return 2;
+  } catch (const ddp::LineageError& e) {
+    std::cerr << "train: error: " << e.what() << std::endl;
+    return 3;
   } catch (const std::exception& e) {
     std::cerr << "train: error: " << e.what() << std::endl;
     return 1;

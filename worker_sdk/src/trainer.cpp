@@ -14,6 +14,7 @@
 
 #include "ddp/checkpoint.h"
 #include "ddp/error.h"
+#include "ddp/lineage.h"
 #include "ddp/progress.h"
 #include "standby.h"
 
@@ -240,14 +241,18 @@ struct Trainer::Run {
   std::unique_ptr<AsyncCheckpointWriter> writer;
 };
 
-CheckpointState Trainer::capture(int64_t step, const SamplerPosition& position) const {
+CheckpointState Trainer::capture(int64_t step, const SamplerPosition& position, bool lineage) const {
   CheckpointState state;
   state.put_int("ddp.format", 2);
   state.put_int("ddp.step", step);
   state.put_int("ddp.epoch", position.epoch);
   state.put_int("ddp.consumed", position.consumed);
   state.put_int("ddp.dataset_size", data_.size());
-  state.put_int("ddp.world_size", group_->world_size());
+  if (lineage) {
+    record_lineage(state, current_lineage(group_->world_size()));
+  } else {
+    state.put_int(kWorldSizeKey, group_->world_size());
+  }
   {
     std::lock_guard<std::mutex> lock(cpu_generator().mutex());
     state.put("ddp.rng_cpu", cpu_generator().get_state());
@@ -309,7 +314,7 @@ bool Trainer::save(Run& run, int64_t step, const SamplerPosition& position, bool
       return false;
     }
     PhaseScope phase("checkpoint");
-    CheckpointState snapshot = host_copy(capture(step, position), std::move(run.recycled));
+    CheckpointState snapshot = host_copy(capture(step, position, true), std::move(run.recycled));
     if (!run.writer) {
       const CheckpointOptions options{options_.checkpoint_dir, options_.keep_last};
       run.writer = std::make_unique<AsyncCheckpointWriter>(
@@ -326,7 +331,7 @@ bool Trainer::save(Run& run, int64_t step, const SamplerPosition& position, bool
   }
   collect_write(run, true);  // at most one write at a time, and none lost
   PhaseScope phase("checkpoint");
-  const CheckpointState state = capture(step, position);
+  const CheckpointState state = capture(step, position, true);
   CheckpointManager manager({options_.checkpoint_dir, options_.keep_last}, group_->rank(), log);
   result.last_checkpoint = manager.save(step, state);
   Progress::instance().checkpoint(step);
@@ -359,16 +364,22 @@ void Trainer::restore(const CheckpointState& state, const std::string& from, Run
 }
 
 // Nobody holds a state: every rank reads the newest valid checkpoint, if any, and they check
-// that they agree.
+// that they agree, on the step and on whether its lineage lets them resume from it.
 void Trainer::load_checkpoint(Run& run) {
   run.holds = true;  // the checkpoint's state, or the initial one
   if (options_.checkpoint_dir.empty()) return;
   const int rank = group_->rank();
+  // Every checkpoint this process writes records its lineage: the program's hash is computed
+  // once, here, rather than at the first save, which may be on the training thread's clock.
+  const Lineage lineage = current_lineage(group_->world_size());
   CheckpointManager manager({options_.checkpoint_dir, options_.keep_last}, rank,
                             [this](const std::string& line) { log(line); });
   auto loaded = manager.load_latest();
   const int64_t mine = loaded ? loaded->step : -1;
-  auto agreed = torch::tensor({mine, -mine}, torch::kLong);
+  LineageCheck check;
+  if (loaded) check = check_lineage(loaded->state, lineage, env_check_strict(), loaded->path);
+  // A refusal is taken by every rank (else the others would wait for it in collectives).
+  auto agreed = torch::tensor({mine, -mine, check.refusal.empty() ? int64_t{0} : int64_t{1}}, torch::kLong);
   group_->allreduce_max(agreed);
   const int64_t highest = agreed[0].item<int64_t>(), lowest = -agreed[1].item<int64_t>();
   if (highest != lowest) {
@@ -379,8 +390,14 @@ void Trainer::load_checkpoint(Run& run) {
                         "); every rank must see the same checkpoint directory");
   }
   if (!loaded) return;
+  for (const auto& line : check.notices) log(line);
+  if (!check.refusal.empty()) throw LineageError("Trainer: " + check.refusal);
+  if (agreed[2].item<int64_t>() != 0) {
+    throw LineageError("Trainer: another rank refused to resume from checkpoint " + loaded->path +
+                       " (written in another environment, and --env_check=strict is set); its error says more");
+  }
   restore(loaded->state, "checkpoint " + loaded->path, run);
-  const int64_t saved_world = read_int(loaded->state, "ddp.world_size", "checkpoint " + loaded->path);
+  const int64_t saved_world = read_int(loaded->state, kWorldSizeKey, "checkpoint " + loaded->path);
   run.result.resumed_from_step = run.step;
   run.result.resumed_from = loaded->path;
   run.last_saved = run.step;
@@ -400,7 +417,7 @@ void Trainer::receive_state(Run& run, int64_t newest, int64_t held) {
   const int root = static_cast<int>(-lowest.item<int64_t>());
   PhaseScope phase("state transfer");
   torch::Tensor bytes;
-  if (rank == root) bytes = encode_checkpoint(capture(run.step, run.position));
+  if (rank == root) bytes = encode_checkpoint(capture(run.step, run.position, false));
   auto size = torch::tensor({rank == root ? bytes.numel() : int64_t{0}}, torch::kLong);
   group_->broadcast(size, root);
   if (rank != root) bytes = torch::empty({size.item<int64_t>()}, torch::kUInt8);

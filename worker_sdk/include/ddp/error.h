@@ -44,6 +44,14 @@ class CheckpointError : public Error {
   using Error::Error;
 };
 
+// A checkpoint's lineage refuses it: it was written in another environment (another
+// DDPLAUNCH_ENV_FINGERPRINT) and DDPLAUNCH_ENV_CHECK is strict (ddp/lineage.h). The message is
+// one line with the ways out; `train` exits 3 on it.
+class LineageError : public Error {
+ public:
+  using Error::Error;
+};
+
 // Bad arguments to an SDK call (batch size 0, unknown backend, ...).
 class UsageError : public Error {
  public:

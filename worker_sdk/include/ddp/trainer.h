@@ -120,7 +120,9 @@ class Trainer {
   void load_checkpoint(Run& run);
   void receive_state(Run& run, int64_t newest, int64_t held);
   void restore(const CheckpointState& state, const std::string& from, Run& run);
-  CheckpointState capture(int64_t step, const SamplerPosition& position) const;
+  // The state of `step`; `lineage`: with this process's lineage (ddp/lineage.h), as checkpoints
+  // carry it (the state sent to a replacement of the same job does not need it).
+  CheckpointState capture(int64_t step, const SamplerPosition& position, bool lineage) const;
   struct Round;  // one round's DDP wrapper, sampler and throughput window (trainer.cpp)
   void train_round(Run& run);
   bool train_step(Run& run, Round& round, int64_t epoch);
