@@ -143,12 +143,12 @@ def _human(seconds):
     return "%.1f h" % (seconds / 3600)
 
 
-def describe(d):
+def describe(d, prior_mtbf_s=PRIOR_MTBF_S):
     """The line rank 0 prints when the interval changes."""
     bound = {"lower": ", the lower bound", "upper": ", the upper bound"}.get(d.bound, "")
-    return "checkpoint every %s%s (save stall %.2f s, MTBF estimate %s from %d restart%s in %s)" % (
+    return "checkpoint every %s%s (save stall %.2f s, MTBF estimate %s from %d failure%s in %s and a prior of %s)" % (
         _human(d.interval), bound, d.stall or 0.0, _human(d.mtbf), d.failures, "" if d.failures == 1 else "s",
-        _human(d.exposure))
+        _human(d.exposure), _human(prior_mtbf_s))
 
 
 # --- one directory's state ------------------------------------------------------------------
@@ -232,11 +232,12 @@ class Cadence:
     def decision(self):
         self._refresh()
         failures, exposure = failures_and_exposure(self.record, self.wall())
-        d = decide(self.record["stall"], failures, exposure, prior_mtbf(self.env))
+        prior = prior_mtbf(self.env)
+        d = decide(self.record["stall"], failures, exposure, prior)
         if d.stall is not None and self._writer() and (self.printed is None or not
                                                        self.printed / 2 <= d.interval <= self.printed * 2):
             self.printed = d.interval
-            self.say(describe(d))
+            self.say(describe(d, prior))
         return d
 
     def due(self):
