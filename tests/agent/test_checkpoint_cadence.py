@@ -58,6 +58,13 @@ class Policy(unittest.TestCase):
                 self.assertAlmostEqual(d.interval, interval, places=2)
                 self.assertEqual(d.bound, bound)
 
+    def test_the_line_in_the_docs_is_what_it_says(self):
+        with open(os.path.join(SOURCE_DIR, "docs", "checkpoints.md")) as f:
+            doc = f.read()
+        line = re.search(r"^ddplaunch: (checkpoint every .*)$", doc, re.M).group(1)
+        # 3 failures in 40 min: M = (900 + 2400) / 3.25 = 1015 s, T = sqrt(2 * 0.8 * 1015) = 40.3 s
+        self.assertEqual(cadence.describe(cadence.decide(0.8, 3, 2400.0)), line)
+
     def test_the_prior_comes_from_the_environment_and_a_bad_one_is_refused_clearly(self):
         self.assertEqual(cadence.prior_mtbf({}), HOUR)
         self.assertEqual(cadence.prior_mtbf({"DDPLAUNCH_CHECKPOINT_MTBF": "7200"}), 7200.0)
