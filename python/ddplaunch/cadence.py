@@ -289,7 +289,14 @@ def _install_hooks():
     atexit.register(lambda: [cadence.exited() for cadence in list(_cadences.values())])
 
 
+_by_name = {}  # the `dir` a caller passes (a str) -> its Cadence: no file system call per step
+
+
 def _for(dir):
+    if isinstance(dir, str):
+        cadence = _by_name.get(dir)
+        if cadence is not None:
+            return cadence
     path = os.path.abspath(checkpoints._directory(dir))
     cadence = _cadences.get(path)
     if cadence is None:
@@ -297,6 +304,8 @@ def _for(dir):
         cadence = _cadences[path] = Cadence(path)
         if path in _pending_stalls:
             cadence.saved(_pending_stalls.pop(path), now=False)
+    if isinstance(dir, str):
+        _by_name[dir] = cadence
     return cadence
 
 
