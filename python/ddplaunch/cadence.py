@@ -58,7 +58,8 @@ def prior_mtbf(env=None):
         value = float("nan")
     if not math.isfinite(value) or value <= 0:
         raise checkpoints.CheckpointError("%s=%r: the prior mean time between failures must be a positive number "
-                                          "of seconds (e.g. %s=7200 for two hours)" % (MTBF_VARIABLE, text, MTBF_VARIABLE))
+                                          "of seconds (e.g. %s=7200 for two hours)"
+                                          % (MTBF_VARIABLE, text, MTBF_VARIABLE))
     return value
 
 

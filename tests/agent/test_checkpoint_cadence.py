@@ -6,8 +6,6 @@ and launches; a worker killed under ddplaunch is a failure the next attempt coun
 The policy runs on a fake clock (no sleep decides anything); the history is carried by real
 processes, one killed with SIGKILL, and by a real ddplaunch job whose worker is killed."""
 
-import contextlib
-import io
 import json
 import math
 import os
