@@ -15,7 +15,8 @@ python/ddplaunch_autostart.py). A script calls these to say more, or to count it
 
 and in-memory restart (ddplaunch.InMemoryRestart, python/ddplaunch/restart.py): a healthy
 worker keeps its process, model and optimizer across a restart; and checkpoints
-(ddplaunch.save, ddplaunch.load, python/ddplaunch/checkpoints.py, docs/checkpoints.md).
+(ddplaunch.save, ddplaunch.load, python/ddplaunch/checkpoints.py, docs/checkpoints.md) and
+their cadence (ddplaunch.checkpoint_due, python/ddplaunch/cadence.py).
 
 ddplaunch gives each worker a shared-memory slot (DDPLAUNCH_PROGRESS_FILE,
 DDPLAUNCH_PROGRESS_SLOT); step() writes a counter there, no system call, well under a
@@ -28,7 +29,8 @@ import os
 import struct
 
 __all__ = ["step", "phase", "checkpoint", "done", "enabled", "abandoned", "InMemoryRestart", "restartable", "resume",
-           "ResumableDistributedSampler", "save", "load", "wait_for_save", "CheckpointError"]
+           "ResumableDistributedSampler", "save", "load", "wait_for_save", "CheckpointError", "checkpoint_due",
+           "checkpoint_interval"]
 
 # The project's version (CMakeLists.txt's project(VERSION)); checkpoints record it.
 __version__ = "0.1.0"
@@ -189,4 +191,7 @@ def __getattr__(name):
     if name in _CHECKPOINT_NAMES:
         from . import checkpoints
         return getattr(checkpoints, name)
+    if name in ("checkpoint_due", "checkpoint_interval"):
+        from . import cadence
+        return getattr(cadence, name)
     raise AttributeError("module 'ddplaunch' has no attribute %r" % name)

@@ -431,6 +431,7 @@ def save(state, dir, step=None, keep=3):
         raise CheckpointError("step=%r: a checkpoint's step must be a non-negative integer" % (step,))
     if _rank() != 0:
         return None
+    began = time.monotonic()
     _install_handlers()
     from . import phase
     with phase("checkpoint"):
@@ -456,6 +457,8 @@ def save(state, dir, step=None, keep=3):
         with _lock:
             _current = write
             write.thread.start()
+    from . import cadence
+    cadence._saved(path, time.monotonic() - began)  # the stall: what checkpoint_due weighs
     return step
 
 
