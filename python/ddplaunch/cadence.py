@@ -130,6 +130,7 @@ def _valid(record):
         ok = record.get("format") == _FORMAT and all(isinstance(past[k], (int, float)) and past[k] >= 0
                                                      for k in ("launches", "failures", "exposure"))
         ok = ok and isinstance(current["restarts"], int) and isinstance(current["ended"], bool)
+        ok = ok and (current["run_id"] is None or isinstance(current["run_id"], str))
         ok = ok and all(isinstance(current[k], (int, float)) for k in ("start", "seen"))
         return ok and (record.get("stall") is None or isinstance(record["stall"], (int, float)))
     except (KeyError, TypeError, AttributeError):

@@ -223,6 +223,8 @@ def _write_json(path, record):
 
 
 def _remove(path):
+    if path is None:
+        return
     try:
         os.remove(path)
     except FileNotFoundError:
@@ -286,7 +288,6 @@ class _Write:
             self.snapshot = None  # the memory goes back before the checksum pass
             size, digest = _sha256_of(tmp)
             _hook("written", self.step)
-            _remove(record_path)  # the same step saved again: uncommitted until its new record
             os.replace(tmp, data_path)
             tmp = None
             _fsync_dir(self.path)
@@ -332,6 +333,9 @@ def _prune(path, keep):
 
 def _remove_old(path, keep):
     records, data = _steps(path)
+    for step in _damaged.pop(path, ()):  # what load() skipped goes once a valid checkpoint is written
+        _remove(records.pop(step, None))
+        _remove(data.pop(step, None))
     committed = sorted(records)
     for step in committed[:-keep]:
         _remove(records[step])
@@ -345,6 +349,7 @@ def _remove_old(path, keep):
             _remove(os.path.join(path, name))
 
 
+_damaged = {}  # directory -> the steps whose records load() found damaged in this process
 _lock = threading.RLock()  # guards _current (the training thread and the SIGTERM handler, in the same thread)
 _current = None            # the _Write in flight or last finished, not yet waited for
 _handlers_installed = False
@@ -355,13 +360,17 @@ def _wait(quiet=True):
     global _current
     with _lock:
         write = _current
-        _current = None
     if write is None:
         return None
     if write.thread.is_alive():
         if not quiet:
             _say("waiting for the checkpoint write of %s in flight" % write.describe())
+        # _current still names the write while it is joined: a SIGTERM handled meanwhile (Python
+        # runs handlers in this thread, during the join) waits for it too before the process ends.
         write.thread.join()
+    with _lock:
+        if _current is write:
+            _current = None
     return write
 
 
@@ -441,13 +450,17 @@ def save(state, dir, step=None, keep=3):
         except OSError as e:
             raise CheckpointError("cannot create the checkpoint directory %s: %s" % (path, e.strerror or e)) from e
         records, _ = _steps(path)  # complete: the previous write has committed or failed
+        for damaged in _damaged.get(path, ()):  # what load() skipped is not a checkpoint
+            records.pop(damaged, None)
         newest = max(records, default=None)
         if step is None:
             step = 0 if newest is None else newest + 1
-        elif newest is not None and step < newest:
-            raise CheckpointError("step %d is older than the newest checkpoint in %s (step %d): load() returns the "
-                                  "highest step, so steps must not go back; save a higher step or use a fresh "
-                                  "directory" % (step, path, newest))
+        elif newest is not None and step <= newest:
+            # Not even the same step again: replacing a committed checkpoint in place would leave
+            # a moment with neither the old nor the new one valid.
+            raise CheckpointError("step %d is not newer than the newest checkpoint in %s (step %d): load() returns "
+                                  "the highest step, so each save needs a higher one; save a higher step or use a "
+                                  "fresh directory" % (step, path, newest))
         try:
             snapshot = _snapshot(state)
         except Exception as e:  # noqa: B902 - said as a checkpoint error, with its cause
@@ -458,7 +471,10 @@ def save(state, dir, step=None, keep=3):
             _current = write
             write.thread.start()
     from . import cadence
-    cadence._saved(path, time.monotonic() - began)  # the stall: what checkpoint_due weighs
+    try:
+        cadence._saved(path, time.monotonic() - began)  # the stall: what checkpoint_due weighs
+    except Exception as e:  # noqa: B902 - the write is under way: said, not raised as its failure
+        _say("checkpoint cadence: %s" % e)
     return step
 
 
@@ -521,6 +537,7 @@ def load(dir, map_location="cpu", weights_only=None):
         if record is None:
             _say("skipping checkpoint %s: %s" % (data_path, why))
             skipped.append(data_path)
+            _damaged.setdefault(path, set()).add(step)
             continue
         _check_lineage(data_path, record.get("lineage"))
         import torch

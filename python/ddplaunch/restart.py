@@ -99,7 +99,7 @@ def _is_connected_tcp(fd):
 
 
 def _thread_cpu(tid):
-    """CPU seconds (user + system) thread `tid` of this process has used; 0.0 when /proc cannot
+    """CPU seconds (user + system) thread `tid` of this process has used; None when /proc cannot
     tell."""
     try:
         with open("/proc/self/task/%d/stat" % tid) as f:
@@ -107,7 +107,7 @@ def _thread_cpu(tid):
         # After the command's closing parenthesis: state is field 3, utime 14 and stime 15.
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except (OSError, TypeError, ValueError, IndexError):
-        return 0.0
+        return None
 
 
 def _looks_like_communication_error(error):
@@ -236,7 +236,9 @@ class InMemoryRestart:
             elif stuck_check is not None and time.monotonic() >= stuck_check[0]:
                 _, cpu_then, round_then = stuck_check
                 stuck_check = None
-                if _thread_cpu(self._round_tid) - cpu_then < _STUCK_CPU:
+                cpu_now = _thread_cpu(self._round_tid)
+                # Unknown CPU time (no /proc) is not taken for "blocked": the park deadline stays.
+                if cpu_then is not None and cpu_now is not None and cpu_now - cpu_then < _STUCK_CPU:
                     self._give_up_parking(round_then)
 
     def _give_up_parking(self, round_then):

@@ -157,7 +157,9 @@ class FakeClock(unittest.TestCase):
         self.assertFalse(os.path.exists(os.path.join(self.tmp, "cadence.json")))
 
     def test_a_damaged_history_is_said_and_started_afresh(self):
-        for text in ("{not json", '{"format": 1, "past": 3}', '{"format": 99}'):
+        no_run_id = json.dumps({"format": 1, "past": {"launches": 0, "failures": 0, "exposure": 0},
+                                "current": {"start": 0, "seen": 0, "restarts": 0, "ended": False}})
+        for text in ("{not json", '{"format": 1, "past": 3}', '{"format": 99}', no_run_id):
             with self.subTest(text=text):
                 with open(os.path.join(self.tmp, "cadence.json"), "w") as f:
                     f.write(text)

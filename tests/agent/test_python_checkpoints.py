@@ -158,8 +158,10 @@ class SaveAndLoad(Case):
         with self.assertRaisesRegex(ddplaunch.CheckpointError, "must be a path"):
             ddplaunch.load(3)
         ddplaunch.save({}, self.dir, step=5)
-        with self.assertRaisesRegex(ddplaunch.CheckpointError, "step 4 is older than the newest checkpoint"):
-            ddplaunch.save({}, self.dir, step=4)
+        for step in (4, 5):  # not even the same step: replacing it in place could lose it
+            with self.assertRaisesRegex(ddplaunch.CheckpointError, "step %d is not newer than the newest checkpoint"
+                                        % step):
+                ddplaunch.save({}, self.dir, step=step)
 
     def test_a_failed_write_is_raised_by_the_next_call(self):
         def fail(step):
@@ -214,6 +216,23 @@ class Damage(Case):
         self.assertIsNone(state)
         self.assertIn("its record %s is unreadable" % os.path.basename(self.file(0, "json")), lines[1])
         self.assertIn("no valid checkpoint in %s (2 skipped): starting fresh" % self.dir, lines[2])
+
+    def test_after_a_fallback_the_steps_go_on_from_the_valid_one_and_the_damaged_go(self):
+        for epoch in range(4):
+            ddplaunch.save({"epoch": epoch}, self.dir, step=epoch * 10)
+        ddplaunch.wait_for_save()
+        for step in (20, 30):
+            os.truncate(self.file(step), 3)
+        state, lines = self.load()
+        self.assertEqual(state["epoch"], 1, lines)
+        # A script that saves its own step count goes on from step 10 (the damaged 20 and 30 do
+        # not make 11 "older than the newest"); the damaged are removed at that commit, so they
+        # neither shadow it nor count towards keep (3: 0 went when 30 was written).
+        self.assertEqual(ddplaunch.save({"epoch": 2}, self.dir, step=11), 11)
+        ddplaunch.wait_for_save()
+        self.assertEqual(sorted(os.listdir(self.dir)), [os.path.basename(self.file(s, e)) for s in (10, 11)
+                                                        for e in ("json", "pt")])
+        self.assertEqual(self.load(), ({"epoch": 2}, []))
 
     def test_a_writer_killed_in_the_middle_of_a_write_leaves_the_previous_checkpoint(self):
         body = """import os, sys, time, torch, ddplaunch
@@ -274,6 +293,9 @@ checkpoints._hooks["start"] = hold
 ddplaunch.save({"w": torch.arange(10)}, directory, step=5)
 if mode == "exit":
     sys.exit(0)
+if mode == "second":  # a second save, waiting for the first write when SIGTERM comes
+    open(marker + "-second", "w").close()
+    ddplaunch.save({"w": torch.zeros(10)}, directory, step=6)
 time.sleep(120)
 """
 
@@ -281,13 +303,17 @@ time.sleep(120)
 class Exit(Case):
     def test_sigterm_and_exit_complete_the_write_in_flight(self):
         # default: SIGTERM's default action, after the write; chained: the script's own SIGTERM
-        # handler, after the write; exit: the interpreter's exit waits for it.
-        for mode, code in (("default", -signal.SIGTERM), ("chained", 7), ("exit", 0)):
+        # handler, after the write; exit: the interpreter's exit waits for it; second: SIGTERM
+        # while the next save waits for the write, which the handler then waits for too.
+        for mode, code in (("default", -signal.SIGTERM), ("chained", 7), ("exit", 0), ("second", -signal.SIGTERM)):
             with self.subTest(mode=mode):
                 shutil.rmtree(self.dir, True)
                 marker, go = os.path.join(self.tmp, "held-" + mode), os.path.join(self.tmp, "go-" + mode)
                 proc = self.child(HELD_WRITE, [self.dir, marker, go, mode])
                 wait_for(lambda: os.path.exists(marker) or proc.poll() is not None, 60, "the write to be held")
+                if mode == "second":
+                    wait_for(lambda: os.path.exists(marker + "-second") or proc.poll() is not None, 60,
+                             "the second save")
                 if mode != "exit":
                     proc.signal(signal.SIGTERM)
                 wait_for(lambda: "waiting for the checkpoint write of step 5" in proc.stderr() or proc.poll() is not None,
