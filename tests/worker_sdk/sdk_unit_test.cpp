@@ -3,6 +3,7 @@
 // Torch pulls in glog, whose CHECK* macros would shadow doctest's: include torch first, drop
 // glog's, then include doctest.
 #include "ddp/worker_sdk.h"
+#include "sha256.h"  // the SDK's own (worker_sdk/src), not part of its installed headers
 #undef CHECK
 #undef CHECK_EQ
 #undef CHECK_NE

@@ -3,7 +3,7 @@
 #include <cstdlib>
 
 #include "ddp/error.h"
-#include "ddp/sha256.h"
+#include "sha256.h"
 
 #ifndef DDPLAUNCH_VERSION
 #define DDPLAUNCH_VERSION "unknown"

@@ -1,4 +1,4 @@
-#include "ddp/sha256.h"
+#include "sha256.h"
 
 #include <fcntl.h>
 #include <unistd.h>

@@ -10,5 +10,4 @@
 #include "ddp/process_group.h"
 #include "ddp/progress.h"
 #include "ddp/sampler.h"
-#include "ddp/sha256.h"
 #include "ddp/trainer.h"
