@@ -44,6 +44,18 @@ KINDS_IN_GROUP = ("worker", "bg", "nested")
 KINDS_OUTSIDE_GROUP = ("setsid", "orphan")  # a cgroup or the environment marker catch these
 
 
+def kill_all(pids):
+    """SIGKILL to each of `pids` still there: what a test leaves behind when it fails. A process
+    that exits between the look and the signal (the job is being torn down meanwhile) is gone, as
+    wanted."""
+    for pid in pids:
+        if pid_alive(pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
 def read(path):
     with open(path) as f:
         return f.read()
@@ -64,7 +76,7 @@ class NothingLeftBehind(LaunchTestCase):
         for r in range(nproc):
             for kind in KINDS_IN_GROUP + KINDS_OUTSIDE_GROUP:
                 pids[(r, kind)] = int(read(os.path.join(self.out, "%d.%s" % (r, kind))))
-        self.addCleanup(lambda: [os.kill(p, signal.SIGKILL) for p in pids.values() if pid_alive(p)])
+        self.addCleanup(kill_all, pids.values())
         cgroups = [read(os.path.join(self.out, "%d.cgroup" % r)) for r in range(nproc)]
         return proc, pids, cgroups
 
