@@ -81,6 +81,14 @@ class LaunchTestCase(unittest.TestCase):
         return out
 
 
+def code_lines(path):
+    """The file's lines after its module docstring (for diffs of example scripts)."""
+    with open(path) as f:
+        text = f.read()
+    end = text.index('"""', 3) + 3
+    return text[end:].splitlines()
+
+
 def pid_alive(pid):
     """True while `pid` exists and is not a zombie."""
     try:

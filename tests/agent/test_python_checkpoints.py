@@ -23,7 +23,7 @@ import threading
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ddplaunch_helpers import DDPLAUNCH, PYTHON, free_port, main, run, spawn, wait_for  # noqa: E402
+from ddplaunch_helpers import DDPLAUNCH, PYTHON, code_lines, free_port, main, run, spawn, wait_for  # noqa: E402
 
 SOURCE_DIR = os.path.abspath(os.environ.get("DDPLAUNCH_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", "..")))
 PYTHON_DIR = os.path.join(SOURCE_DIR, "python")
@@ -400,14 +400,6 @@ class Lineage(Case):
         self.assertEqual(said(proc.stderr()), ["ddplaunch (rank 0): checkpoint ckpt-000000000000.pt was written at "
                                                "world size 2; this job runs at world size 1: loading it (with DDP "
                                                "every rank holds the whole state)"])
-
-
-def code_lines(path):
-    """The file's lines after its module docstring."""
-    with open(path) as f:
-        text = f.read()
-    end = text.index('"""', 3) + 3
-    return text[end:].splitlines()
 
 
 def epochs_trained(records):

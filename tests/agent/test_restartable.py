@@ -12,21 +12,13 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ddplaunch_helpers import PYTHON, LaunchTestCase, main, run  # noqa: E402
+from ddplaunch_helpers import PYTHON, LaunchTestCase, code_lines, main, run  # noqa: E402
 
 SOURCE_DIR = os.path.abspath(os.environ.get("DDPLAUNCH_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", "..")))
 EXAMPLES = os.path.join(SOURCE_DIR, "examples", "restartable")
 PLAIN = os.path.join(EXAMPLES, "ddp_template.py")
 RESTARTABLE = os.path.join(EXAMPLES, "ddp_template_restartable.py")
 HELPERS = os.path.join(SOURCE_DIR, "python")
-
-
-def code_lines(path):
-    """The file's lines after its module docstring."""
-    with open(path) as f:
-        text = f.read()
-    end = text.index('"""', 3) + 3
-    return text[end:].splitlines()
 
 
 def samples_per_epoch(record_dir):
