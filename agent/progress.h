@@ -25,6 +25,7 @@ struct ProgressSample {
   int64_t step = 0;
   int64_t checkpoint_step = -1;
   std::string phase;  // printable ASCII only
+  int64_t checkpoint_interval_ms = 0;  // the worker's automatic checkpoint interval; 0 = none said
 };
 
 class ProgressBoard {

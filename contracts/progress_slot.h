@@ -1,4 +1,4 @@
-// The progress slot: one 64-byte slot per local rank of a shared-memory page (a memfd) the agent
+// The progress slot: one 128-byte slot per local rank of a shared-memory page (a memfd) the agent
 // creates (agent/progress.h, ProgressBoard) and names to each worker (DDPLAUNCH_PROGRESS_FILE,
 // DDPLAUNCH_PROGRESS_SLOT). The worker writes its slot without a system call per step (the worker
 // SDK, worker_sdk/src/progress.cpp; the Python helper, python/ddplaunch/__init__.py, whose
@@ -12,6 +12,9 @@
 //   offset 56: uint64 abandoned        written by the agent, read by the worker: nonzero = the
 //                                      round is lost (a peer failed); do not finish the step,
 //                                      exit at once on SIGTERM, or park
+//   offset 64: int64  checkpoint_interval_ms  the interval between checkpoints the worker chose
+//                                      (an automatic cadence), in milliseconds; 0 = none said
+//   offset 72: reserved, zero (room for what a worker will report next, without a new layout)
 // The 64-bit fields are aligned words, stored and loaded as atomics. contracts/fixtures/
 // progress_slot.bin is one slot both the C++ and the Python tests read and write.
 // Constants only.
@@ -22,13 +25,14 @@
 
 namespace ddp::contracts {
 
-constexpr std::size_t kSlotSize = 64;
+constexpr std::size_t kSlotSize = 128;
 constexpr std::size_t kBeatsOffset = 0;
 constexpr std::size_t kStepOffset = 8;
 constexpr std::size_t kCheckpointOffset = 16;
 constexpr std::size_t kPhaseOffset = 24;
 constexpr std::size_t kPhaseSize = 32;  // the phase's bytes, its NUL included
 constexpr std::size_t kAbandonedOffset = 56;
+constexpr std::size_t kIntervalOffset = 64;
 
 // The word index of a 64-bit field, for a writer that sees the slot as an array of words.
 constexpr std::size_t word(std::size_t offset) { return offset / 8; }
@@ -38,10 +42,10 @@ constexpr std::size_t word(std::size_t offset) { return offset / 8; }
 constexpr std::uint64_t kDoneBeats = ~std::uint64_t{0};
 
 static_assert(kPhaseOffset == kCheckpointOffset + 8 && kAbandonedOffset == kPhaseOffset + kPhaseSize &&
-                  kAbandonedOffset + 8 == kSlotSize,
+                  kIntervalOffset == kAbandonedOffset + 8 && kIntervalOffset + 8 <= kSlotSize,
               "the slot's fields follow each other without a gap");
 static_assert(kBeatsOffset % 8 == 0 && kStepOffset % 8 == 0 && kCheckpointOffset % 8 == 0 &&
-                  kAbandonedOffset % 8 == 0,
+                  kAbandonedOffset % 8 == 0 && kIntervalOffset % 8 == 0,
               "the 64-bit fields are aligned words");
 
 }  // namespace ddp::contracts

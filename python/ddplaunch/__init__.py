@@ -37,13 +37,14 @@ __version__ = "0.1.0"
 
 # The slot's layout: contracts/progress_slot.h in the ddplaunch sources (the Python side's one
 # copy; tests/contracts/test_fixtures.py holds it to contracts/fixtures/progress_slot.bin).
-_SLOT_SIZE = 64
+_SLOT_SIZE = 128
 _BEATS_OFFSET = 0
 _STEP_OFFSET = 8
 _CHECKPOINT_OFFSET = 16
 _PHASE_OFFSET = 24
 _PHASE_SIZE = 32
 _ABANDONED_OFFSET = 56
+_INTERVAL_OFFSET = 64  # checkpoint_interval_ms
 _DONE_BEATS = 0xFFFFFFFFFFFFFFFF  # the worker finished its steps: not watched
 _BEATS_WORD, _STEP_WORD, _CHECKPOINT_WORD = _BEATS_OFFSET // 8, _STEP_OFFSET // 8, _CHECKPOINT_OFFSET // 8
 
@@ -152,6 +153,22 @@ def _set_phase(name):
 def _get_phase():
     raw = bytes(_bytes[_PHASE_OFFSET:_PHASE_OFFSET + _PHASE_SIZE])
     return raw.split(b"\0", 1)[0].decode("ascii", "replace")
+
+
+def _set_checkpoint_interval(seconds):
+    """Reports the interval between checkpoints this worker chose (checkpoint_due), shown by
+    `ddp-rendezvous status`. Nothing without an agent."""
+    if _bytes is None:
+        return
+    millis = max(0, min(int(round(float(seconds) * 1000)), 0x7FFFFFFFFFFFFFFF))
+    _bytes[_INTERVAL_OFFSET:_INTERVAL_OFFSET + 8].cast("q")[0] = millis
+
+
+def _get_checkpoint_interval():
+    """The reported interval in seconds; 0.0 when none was reported or without an agent."""
+    if _bytes is None:
+        return 0.0
+    return _bytes[_INTERVAL_OFFSET:_INTERVAL_OFFSET + 8].cast("q")[0] / 1000.0
 
 
 @contextlib.contextmanager

@@ -170,6 +170,7 @@ class Cadence:
         self.started = None     # clock() of the first call: the reference before the first save
         self.last_save = None   # clock() at the end of the last save
         self.printed = None     # the interval last printed
+        self.reported = None    # the interval last written to the progress slot (status shows it)
         self.crashed = False
 
     # the environment, read at each call: an in-memory restart changes it in place
@@ -240,6 +241,9 @@ class Cadence:
                                                        self.printed / 2 <= d.interval <= self.printed * 2):
             self.printed = d.interval
             self.say(describe(d, prior))
+        if d.interval != self.reported:
+            self.reported = d.interval
+            _report_interval(d.interval)
         return d
 
     def due(self):
@@ -268,6 +272,11 @@ class Cadence:
 
 
 # --- the process's directories and the API ----------------------------------------------------
+
+def _report_interval(seconds):
+    from . import _set_checkpoint_interval
+    _set_checkpoint_interval(seconds)
+
 
 _cadences = {}
 _pending_stalls = {}  # a save's stall in a directory not asked about yet

@@ -105,6 +105,7 @@ TEST_SUITE("the golden fixtures are what both sides read and write") {
     CHECK(static_cast<std::int64_t>(u64_at(bytes, kCheckpointOffset)) == 1200);
     CHECK(std::string(bytes.c_str() + kPhaseOffset) == "forward/backward");
     CHECK(u64_at(bytes, kAbandonedOffset) == 1);
+    CHECK(static_cast<std::int64_t>(u64_at(bytes, kIntervalOffset)) == 90500);
 
     std::string slot(kSlotSize, '\0');
     put_u64_at(slot, kBeatsOffset, 7);
@@ -112,6 +113,7 @@ TEST_SUITE("the golden fixtures are what both sides read and write") {
     put_u64_at(slot, kCheckpointOffset, 1200);
     std::memcpy(&slot[kPhaseOffset], "forward/backward", 16);
     put_u64_at(slot, kAbandonedOffset, 1);
+    put_u64_at(slot, kIntervalOffset, 90500);
     CHECK(slot == bytes);
   }
 }

@@ -104,20 +104,23 @@ class ProgressSlot(unittest.TestCase):
         self.assertEqual(list(ddplaunch._words), [7, 1234, 1200])
         self.assertEqual(ddplaunch._get_phase(), "forward/backward")
         self.assertTrue(ddplaunch.abandoned())
+        self.assertEqual(ddplaunch._get_checkpoint_interval(), 90.5)
 
     def test_the_package_writes_the_golden_slot(self):
-        path = self.slot_file(bytes(64))
+        path = self.slot_file(bytes(len(self.golden)))
         ddplaunch = fresh_ddplaunch(path)
         for n in range(1228, 1235):
             ddplaunch.step(n)
         ddplaunch.checkpoint(1200)
         ddplaunch._set_phase("forward/backward")
+        ddplaunch._set_checkpoint_interval(90.5)
         with open(path, "rb") as f:
             written = f.read()
         # The abandoned word is the agent's to write (agent/progress.h): all but it is the worker's.
         worker_part = ddplaunch._ABANDONED_OFFSET
         self.assertEqual(written[:worker_part], self.golden[:worker_part])
-        self.assertEqual(written[worker_part:], bytes(8))
+        self.assertEqual(written[worker_part:worker_part + 8], bytes(8))
+        self.assertEqual(written[worker_part + 8:], self.golden[worker_part + 8:])
         self.assertFalse(ddplaunch.abandoned())
 
 

@@ -65,6 +65,14 @@ void Progress::checkpoint(int64_t step) noexcept {
   if (slot_) slot_[word(contracts::kCheckpointOffset)].store(static_cast<uint64_t>(step), std::memory_order_release);
 }
 
+void Progress::checkpoint_interval(double seconds) noexcept {
+  if (!slot_) return;
+  // Milliseconds, clamped: a NaN or a negative interval reads as "none said".
+  const double ms = seconds * 1000.0;
+  const int64_t value = ms >= 0 && ms < 9.2e18 ? static_cast<int64_t>(ms + 0.5) : 0;
+  slot_[word(contracts::kIntervalOffset)].store(static_cast<uint64_t>(value), std::memory_order_relaxed);
+}
+
 bool Progress::round_abandoned() const noexcept {
   return slot_ != nullptr && slot_[word(contracts::kAbandonedOffset)].load(std::memory_order_acquire) != 0;
 }

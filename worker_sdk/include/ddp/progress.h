@@ -27,6 +27,9 @@ class Progress {
   void done() noexcept;
   // A checkpoint of `step` was saved.
   void checkpoint(int64_t step) noexcept;
+  // The interval between checkpoints this worker chose (an automatic cadence), in seconds; the
+  // agent passes it on and `ddp-rendezvous status` shows it.
+  void checkpoint_interval(double seconds) noexcept;
   // The agent abandoned this round (a peer failed): a collective that waits for the peers will
   // not complete, so a stop must not wait for the step to finish (PendingWork::wait).
   bool round_abandoned() const noexcept;
