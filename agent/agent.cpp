@@ -295,6 +295,11 @@ struct Agent::Impl {
     events.on_job_failed = [this](const rdzv::WorkerFailure& f, const std::string& s) { on_job_failed(f, s); };
     events.on_rendezvous_error = [this](const std::string& m) { on_rendezvous_error(m); };
     rendezvous->set_events(std::move(events));
+    rendezvous->set_progress_source([this] {
+      std::vector<ProgressSample> samples;
+      for (int slot = 0; slot < board.slots(); ++slot) samples.push_back(board.read(slot));
+      return summarize(samples);
+    });
     processes->set_exit_handler([this](int pid, ExitStatus st) { on_exit(pid, st); });
     for (int signo : options.signals) {
       boost::system::error_code ec;

@@ -97,6 +97,21 @@ void ProgressBoard::write(int slot, const ProgressSample& sample) {
   store_u64(p + contracts::kBeatsOffset, sample.beats);
 }
 
+std::optional<rdzv::NodeProgress> summarize(const std::vector<ProgressSample>& samples) {
+  std::optional<rdzv::NodeProgress> out;
+  for (const ProgressSample& s : samples) {
+    const bool stepped = s.beats != 0;
+    if (!stepped && s.checkpoint_step < 0 && s.checkpoint_interval_ms <= 0) continue;
+    if (!out) out.emplace();
+    if (stepped) out->step = std::max<int64_t>(out->step, std::clamp<int64_t>(s.step, -1, rdzv::kMaxReportedStep));
+    out->checkpoint_step = std::max<int64_t>(out->checkpoint_step, std::min(s.checkpoint_step, rdzv::kMaxReportedStep));
+    // A worker's number, bounded as the wire bounds it (rdzv::kMaxTimeoutSeconds).
+    const double interval = static_cast<double>(std::clamp<int64_t>(s.checkpoint_interval_ms, 0, int64_t{10'000'000'000})) / 1000.0;
+    out->checkpoint_interval = std::max(out->checkpoint_interval, interval);
+  }
+  return out;
+}
+
 HangMonitor::HangMonitor(HangPolicy policy, int slots) : policy_(policy), slots_(static_cast<std::size_t>(std::max(slots, 1))) {}
 
 void HangMonitor::reset(double now) {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "contracts/progress_slot.h"
+#include "rendezvous/types.h"
 
 namespace ddp::agent {
 
@@ -63,6 +64,11 @@ class ProgressBoard {
   unsigned char* base_ = nullptr;
   std::string path_;
 };
+
+// What a node's workers reported, as its heartbeats tell the rendezvous (status shows it): the
+// highest step and checkpoint, and the longest automatic checkpoint interval, of the samples
+// given. nullopt when none of them reported anything.
+std::optional<rdzv::NodeProgress> summarize(const std::vector<ProgressSample>& samples);
 
 // --hang_timeout: a fixed number of seconds, or "auto".
 struct HangPolicy {

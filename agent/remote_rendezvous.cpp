@@ -252,6 +252,10 @@ std::string RemoteRendezvous::endpoint_list() const {
 
 void RemoteRendezvous::set_events(RendezvousEvents events) { events_ = std::move(events); }
 
+void RemoteRendezvous::set_progress_source(std::function<std::optional<rdzv::NodeProgress>()> source) {
+  progress_source_ = std::move(source);
+}
+
 // One connection attempt to endpoints_[current_], until deadline_ (or a slice of it when there
 // are other endpoints to try).
 rdzv::ClientOptions RemoteRendezvous::client_options() const {
@@ -273,6 +277,9 @@ rdzv::ClientOptions RemoteRendezvous::client_options() const {
 // What the client tells this handler, turned into the agent's events and the progress line.
 rdzv::ClientEvents RemoteRendezvous::client_events() {
   rdzv::ClientEvents ev;
+  ev.progress = [this]() -> std::optional<rdzv::NodeProgress> {
+    return progress_source_ ? progress_source_() : std::nullopt;
+  };
   ev.on_round = [this](const rdzv::Assignment& a) {
     joining_.reset();
     end_progress();

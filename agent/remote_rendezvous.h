@@ -90,6 +90,7 @@ class RemoteRendezvous final : public RendezvousHandler {
   ~RemoteRendezvous() override;
 
   void set_events(RendezvousEvents events) override;
+  void set_progress_source(std::function<std::optional<rdzv::NodeProgress>()> source) override;
   void join(const rdzv::NodeSpec& spec) override;
   void report_failure(const rdzv::WorkerFailure& failure) override;
   void report_success() override;
@@ -117,6 +118,7 @@ class RemoteRendezvous final : public RendezvousHandler {
   boost::asio::io_context& io_;
   RemoteRendezvousOptions options_;
   RendezvousEvents events_;
+  std::function<std::optional<rdzv::NodeProgress>()> progress_source_;
   std::vector<rdzv::Endpoint> endpoints_;
   std::size_t current_ = 0;              // index in endpoints_ of the connection in use
   std::unique_ptr<rdzv::Server> server_;

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "rendezvous/types.h"
@@ -45,6 +46,9 @@ class RendezvousHandler {
   virtual void report_success() = 0;
   // Leave the job (agent shutting down on a signal). Must not be taken as a lost node to restart.
   virtual void close() = 0;
+  // What the workers reported, read when the rendezvous wants it (the remote one: with each
+  // heartbeat, for `ddp-rendezvous status`). The in-process rendezvous has no one to tell.
+  virtual void set_progress_source(std::function<std::optional<rdzv::NodeProgress>()> source) { (void)source; }
 };
 
 }  // namespace ddp::agent

@@ -472,7 +472,7 @@ void Client::heartbeat() {
       return;
     }
     silence_seen_ = false;
-    send(make_heartbeat());
+    send(make_heartbeat(events_.progress ? events_.progress() : std::nullopt));
   }
   heartbeat_timer_.expires_after(to_duration(welcomed_ ? options_.heartbeat_interval : 0.1));
   heartbeat_timer_.async_wait([self = shared_from_this()](boost::system::error_code ec) {

@@ -51,6 +51,8 @@ struct ClientOptions {
 };
 
 struct ClientEvents {
+  // What each heartbeat tells of the node's workers (status shows it); none when unset or empty.
+  std::function<std::optional<NodeProgress>()> progress;
   std::function<void(const Assignment&)> on_round;
   // `failing`: the job is failing; stop the workers and wait for its verdict (job_failed).
   std::function<void(const std::string& reason, bool counted, bool failing, bool failure)> on_restart;

@@ -325,7 +325,19 @@ std::optional<std::string> decode_connection_body(MessageType type, const json& 
       m.body = std::move(e);
       return f.error();
     }
-    case MessageType::heartbeat:
+    case MessageType::heartbeat: {
+      Fields f(j, "heartbeat");
+      Heartbeat h;
+      if (j.contains("step") || j.contains("checkpoint_step") || j.contains("checkpoint_interval")) {
+        NodeProgress p;
+        f.integer("step", p.step, -1, kMaxReportedStep);
+        f.integer("checkpoint_step", p.checkpoint_step, -1, kMaxReportedStep);
+        f.number("checkpoint_interval", p.checkpoint_interval, 0, kMaxTimeoutSeconds);
+        h.progress = p;
+      }
+      m.body = std::move(h);
+      return f.error();
+    }
     case MessageType::success:
     case MessageType::leave:
     case MessageType::heartbeat_ack:
@@ -627,6 +639,12 @@ json to_json(const Message& m) {
       add_connection_fields(m, j);
       break;
     case MessageType::heartbeat:
+      if (const auto& p = std::get<Heartbeat>(m.body).progress) {
+        j["step"] = p->step;
+        j["checkpoint_step"] = p->checkpoint_step;
+        j["checkpoint_interval"] = p->checkpoint_interval;
+      }
+      break;
     case MessageType::success:
     case MessageType::leave:
     case MessageType::heartbeat_ack:
@@ -775,7 +793,9 @@ Frame encode_greeting() {
 Message make_hello(const Hello& hello) { return message(MessageType::hello, hello); }
 Message make_status_request(const Hello& hello) { return message(MessageType::status, hello); }
 Message make_join(const NodeSpec& spec) { return message(MessageType::join, spec); }
-Message make_heartbeat() { return message(MessageType::heartbeat, Empty{}); }
+Message make_heartbeat(std::optional<NodeProgress> progress) {
+  return message(MessageType::heartbeat, Heartbeat{progress});
+}
 Message make_failure(const WorkerFailure& failure) { return message(MessageType::failure, failure); }
 Message make_success() { return message(MessageType::success, Empty{}); }
 Message make_leave() { return message(MessageType::leave, Empty{}); }

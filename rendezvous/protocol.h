@@ -203,11 +203,14 @@ struct NotLeader {
   std::string leader;
 };
 inline constexpr std::size_t kMaxEndpointBytes = 262;  // a 253-byte host name, ':' and a port
-struct Empty {};  // heartbeat, success, leave, heartbeat_ack
+struct Empty {};  // success, leave, heartbeat_ack
+struct Heartbeat {
+  std::optional<NodeProgress> progress;  // absent from agents whose workers reported nothing
+};
 
 struct Message {
   MessageType type = MessageType::heartbeat;
-  std::variant<Empty, Greeting, Hello, Challenge, Welcome, ErrorMessage, NodeSpec, WorkerFailure, Assignment, Restart,
+  std::variant<Empty, Heartbeat, Greeting, Hello, Challenge, Welcome, ErrorMessage, NodeSpec, WorkerFailure, Assignment, Restart,
                JobSucceeded, JobFailed, StatusReply, ResumeRequest, Resumed, Waiting, NotLeader>
       body;
 };
@@ -256,7 +259,7 @@ Frame encode_greeting();
 Message make_hello(const Hello& hello);
 Message make_status_request(const Hello& hello);
 Message make_join(const NodeSpec& spec);
-Message make_heartbeat();
+Message make_heartbeat(std::optional<NodeProgress> progress = std::nullopt);
 Message make_failure(const WorkerFailure& failure);
 Message make_success();
 Message make_leave();

@@ -290,6 +290,9 @@ void Server::handle(Session& session, Message& message) {
   switch (message.type) {
     case MessageType::heartbeat:
       if (!session.member) session.set_deadline(options_.idle_timeout);
+      if (const auto& progress = std::get<Heartbeat>(message.body).progress; progress && session.member) {
+        state_->progress(session.id(), *progress);
+      }
       session.send(heartbeat_ack_);
       return;
     case MessageType::join: {

@@ -136,6 +136,8 @@ class StateMachine {
   void resume(ConnId conn, const ResumeRequest& r);
   // Any message from a connection counts as a heartbeat.
   void touch(ConnId conn);
+  // What the node's workers reported (its heartbeat's progress): kept for status().
+  void progress(ConnId conn, const NodeProgress& progress);
   // A worker of this node failed.
   void report_failure(ConnId conn, const WorkerFailure& failure);
   // Every worker of this node exited 0.
@@ -192,6 +194,7 @@ class StateMachine {
     std::string secret;                  // issued with the first round; proves a resume
     std::uint64_t resumed_generation = 0;  // while restoring: the generation it resumed
     bool success_pending = false;        // while restoring: reported success, applied after
+    std::optional<NodeProgress> progress;  // the last its heartbeats carried
   };
 
   struct Job {

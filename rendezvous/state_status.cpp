@@ -106,10 +106,18 @@ RoundCheck make_env_round_check(std::function<void(const std::string&)> log) {
   };
 }
 
+void StateMachine::progress(ConnId conn, const NodeProgress& progress) {
+  Job* job = job_of(conn);
+  if (!job) return;
+  auto it = job->nodes.find(conn);
+  if (it != job->nodes.end()) it->second.progress = progress;
+}
+
 nlohmann::json StateMachine::job_status(const Job& job, double now) const {
   const std::string& id = job.id;
   {
     nlohmann::json nodes = nlohmann::json::array();
+    double checkpoint_interval = 0;  // the job's: the longest any node's workers chose
     for (const auto& [conn, node] : job.nodes) {
       // A finished node keeps the rank of its last round (finished jobs stay listed).
       nodes.push_back({{"group_rank", node.state == NodeState::Running || node.state == NodeState::Succeeded ||
@@ -121,6 +129,13 @@ nlohmann::json StateMachine::job_status(const Job& job, double now) const {
                        {"workers", node.spec.local_world_size},
                        {"state", state_name(node.state)},
                        {"last_heartbeat_age", now - node.last_seen}});
+      if (node.progress) {
+        nlohmann::json& row = nodes.back();
+        if (node.progress->step >= 0) row["last_step"] = node.progress->step;
+        if (node.progress->checkpoint_step >= 0) row["last_checkpoint"] = node.progress->checkpoint_step;
+        if (node.progress->checkpoint_interval > 0) row["checkpoint_interval"] = node.progress->checkpoint_interval;
+        checkpoint_interval = std::max(checkpoint_interval, node.progress->checkpoint_interval);
+      }
       if (job.nodes.size() <= kStatusFingerprintNodes && !node.spec.fingerprint.empty()) {
         nodes.back()["fingerprint"] = node.spec.fingerprint;
       }
@@ -151,6 +166,7 @@ nlohmann::json StateMachine::job_status(const Job& job, double now) const {
     }
     return {{"job_id", id},
                     {"env", std::move(env)},
+                    {"checkpoint_interval", checkpoint_interval > 0 ? nlohmann::json(checkpoint_interval) : nlohmann::json()},
                     {"state", state_name(job.state)},
                     {"generation", job.generation},
                     {"min_nodes", job.min_nodes},

@@ -227,6 +227,19 @@ std::string text_of(const nlohmann::json& j, const char* key, const char* missin
   return it->dump();
 }
 
+// An interval as the workers' cadence line writes it (python/ddplaunch/cadence.py).
+std::string interval_text(double seconds) {
+  char text[32];
+  if (seconds < 120) {
+    std::snprintf(text, sizeof text, "%.0f s", seconds);
+  } else if (seconds < 7200) {
+    std::snprintf(text, sizeof text, "%.0f min", seconds / 60);
+  } else {
+    std::snprintf(text, sizeof text, "%.1f h", seconds / 3600);
+  }
+  return text;
+}
+
 volatile std::sig_atomic_t g_watch_stop = 0;
 extern "C" void on_watch_signal(int) { g_watch_stop = 1; }
 
@@ -266,7 +279,12 @@ std::string format_watch(const nlohmann::json& status, const std::string& header
     std::snprintf(line, sizeof line, "%-24s %-10s %5s %-9s %-7s %s\n", text_of(job, "job_id").c_str(), state.c_str(),
                   text_of(job, "generation").c_str(), restarts.c_str(), nodes.c_str(), ended.c_str());
     os << line;
-    std::snprintf(line, sizeof line, "    %-5s %-24s %-10s %-11s %s\n", "RANK", "HOST", "STATE", "HEARTBEAT", "LAST STEP");
+    if (job.contains("checkpoint_interval") && job.at("checkpoint_interval").is_number()) {
+      os << "    checkpoints every " << interval_text(job.at("checkpoint_interval").get<double>())
+         << " (the workers' automatic cadence)\n";
+    }
+    std::snprintf(line, sizeof line, "    %-5s %-24s %-10s %-11s %-10s %s\n", "RANK", "HOST", "STATE", "HEARTBEAT",
+                  "LAST STEP", "CHECKPOINT");
     os << line;
     for (const auto& n : job.value("nodes", nlohmann::json::array())) {
       const int rank = n.value("group_rank", -1);
@@ -274,8 +292,11 @@ std::string format_watch(const nlohmann::json& status, const std::string& header
       if (n.contains("last_heartbeat_age") && n.at("last_heartbeat_age").is_number()) {
         std::snprintf(age, sizeof age, "%.1f s", n.at("last_heartbeat_age").get<double>());
       }
-      std::snprintf(line, sizeof line, "    %-5s %-24s %-10s %-11s %s\n", rank >= 0 ? std::to_string(rank).c_str() : "-",
-                    text_of(n, "host").c_str(), text_of(n, "state").c_str(), age, text_of(n, "last_step").c_str());
+      const std::string step = text_of(n, "last_step");
+      const std::string checkpoint = text_of(n, "last_checkpoint");
+      std::snprintf(line, sizeof line, "    %-5s %-24s %-10s %-11s %-10s %s\n",
+                    rank >= 0 ? std::to_string(rank).c_str() : "-", text_of(n, "host").c_str(),
+                    text_of(n, "state").c_str(), age, step.c_str(), checkpoint.c_str());
       os << line;
     }
   }
@@ -371,8 +392,12 @@ std::string format_status(const nlohmann::json& status) {
       os << text;
     }
     char line[512];
-    std::snprintf(line, sizeof line, "  %-10s %-24s %-40s %-7s %-10s %s\n", "group_rank", "host", "address", "workers",
-                  "state", "last_heartbeat");
+    if (job.contains("checkpoint_interval") && job.at("checkpoint_interval").is_number()) {
+      os << "  checkpoints every " << interval_text(job.at("checkpoint_interval").get<double>())
+         << " (the workers' automatic cadence)\n";
+    }
+    std::snprintf(line, sizeof line, "  %-10s %-24s %-40s %-7s %-10s %-14s %-10s %s\n", "group_rank", "host", "address",
+                  "workers", "state", "last_heartbeat", "last_step", "checkpoint");
     os << line;
     for (const auto& n : job.at("nodes")) {
       int rank = n.at("group_rank").get<int>();
@@ -381,9 +406,10 @@ std::string format_status(const nlohmann::json& status) {
       if (n.at("last_heartbeat_age").is_number()) {
         std::snprintf(age, sizeof age, "%.1f s ago", n.at("last_heartbeat_age").get<double>());
       }
-      std::snprintf(line, sizeof line, "  %-10s %-24s %-40s %-7d %-10s %s\n", r.c_str(),
+      std::snprintf(line, sizeof line, "  %-10s %-24s %-40s %-7d %-10s %-14s %-10s %s\n", r.c_str(),
                     n.at("host").get<std::string>().c_str(), n.at("addr").get<std::string>().c_str(),
-                    n.at("workers").get<int>(), n.at("state").get<std::string>().c_str(), age);
+                    n.at("workers").get<int>(), n.at("state").get<std::string>().c_str(), age,
+                    text_of(n, "last_step").c_str(), text_of(n, "last_checkpoint").c_str());
       os << line;
     }
   }

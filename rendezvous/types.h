@@ -86,4 +86,17 @@ void from_json(const nlohmann::json& j, Assignment& v);
 void to_json(nlohmann::json& j, const WorkerFailure& v);
 void from_json(const nlohmann::json& j, WorkerFailure& v);
 
+// What a node's workers reported on their progress slots (contracts/progress_slot.h), carried by
+// its agent's heartbeats for `status` to show. Optional fields on the wire: "step",
+// "checkpoint_step" (integers, -1 = none) and "checkpoint_interval" (seconds, 0 = none).
+inline constexpr std::int64_t kMaxReportedStep = std::int64_t{1} << 62;  // a step or checkpoint on the wire
+struct NodeProgress {
+  std::int64_t step = -1;             // the highest step a local worker reported this round
+  std::int64_t checkpoint_step = -1;  // the highest checkpoint step a local worker reported
+  double checkpoint_interval = 0;     // the workers' automatic checkpoint interval (s)
+  bool operator==(const NodeProgress& o) const {
+    return step == o.step && checkpoint_step == o.checkpoint_step && checkpoint_interval == o.checkpoint_interval;
+  }
+};
+
 }  // namespace ddp::rdzv

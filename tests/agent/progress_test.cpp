@@ -95,6 +95,44 @@ TEST_SUITE("progress heartbeats decide when a rank hangs") {
     CHECK(slot_bytes(board, 1) == golden);
   }
 
+  TEST_CASE("a node's progress for the rendezvous: the highest step and checkpoint, the longest interval") {
+    struct Row {
+      const char* name;
+      std::vector<ProgressSample> samples;
+      bool reported;
+      int64_t step, checkpoint;
+      double interval;
+    };
+    auto sample = [](uint64_t beats, int64_t step, int64_t checkpoint, int64_t interval_ms) {
+      ProgressSample s;
+      s.beats = beats;
+      s.step = step;
+      s.checkpoint_step = checkpoint;
+      s.checkpoint_interval_ms = interval_ms;
+      return s;
+    };
+    const std::vector<Row> rows = {
+        {"no worker stepped", {sample(0, 0, -1, 0), sample(0, 0, -1, 0)}, false, -1, -1, 0},
+        {"two ranks stepped", {sample(5, 41, -1, 0), sample(6, 42, -1, 0)}, true, 42, -1, 0},
+        {"a checkpoint and an interval", {sample(5, 41, 40, 90500), sample(6, 42, 40, 0)}, true, 42, 40, 90.5},
+        {"a finished rank keeps its step", {sample(ddp::contracts::kDoneBeats, 100, 100, 0)}, true, 100, 100, 0},
+        {"a resumed worker's checkpoint before its first step", {sample(0, 0, 300, 0)}, true, -1, 300, 0},
+        {"a worker's absurd numbers are bounded",
+         {sample(1, std::numeric_limits<int64_t>::max(), -7, std::numeric_limits<int64_t>::max())},
+         true, ddp::rdzv::kMaxReportedStep, -1, 1e7},
+        {"a negative interval is none", {sample(1, 3, -1, -5)}, true, 3, -1, 0},
+    };
+    for (const Row& row : rows) {
+      CAPTURE(row.name);
+      const auto got = summarize(row.samples);
+      REQUIRE(got.has_value() == row.reported);
+      if (!got) continue;
+      CHECK(got->step == row.step);
+      CHECK(got->checkpoint_step == row.checkpoint);
+      CHECK(got->checkpoint_interval == doctest::Approx(row.interval));
+    }
+  }
+
   TEST_CASE("an abandoned round is seen in every slot, survives the workers' writes, and ends with the round") {
     ProgressBoard board(2);
     CHECK_FALSE(board.abandoned(0));

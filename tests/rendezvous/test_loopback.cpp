@@ -286,3 +286,28 @@ TEST_CASE("status lists jobs with generation, state and nodes") {
   std::string text = format_status(result.status);
   CHECK(text.find("job myjob: running, generation 1") != std::string::npos);
 }
+
+TEST_CASE("both status views show a node's last step and checkpoint and the job's checkpoint interval") {
+  const nlohmann::json node = {{"group_rank", 0}, {"host", "hostA"}, {"addr", "10.0.0.1"}, {"workers", 2},
+                               {"state", "running"}, {"last_heartbeat_age", 0.4}, {"last_step", 1234},
+                               {"last_checkpoint", 1200}, {"checkpoint_interval", 150.0}};
+  const nlohmann::json quiet = {{"group_rank", 1}, {"host", "hostB"}, {"addr", "10.0.0.2"}, {"workers", 2},
+                                {"state", "running"}, {"last_heartbeat_age", 0.2}};
+  nlohmann::json job = {{"job_id", "j"}, {"state", "running"}, {"generation", 1}, {"min_nodes", 2},
+                        {"max_nodes", 2}, {"restarts_used", 0}, {"max_restarts", 3},
+                        {"checkpoint_interval", 150.0}, {"nodes", {node, quiet}}};
+  const nlohmann::json status = {{"jobs", {job}}};
+  const std::string text = format_status(status);
+  CHECK(text.find("  checkpoints every 2 min (the workers' automatic cadence)\n") != std::string::npos);
+  CHECK(text.find("last_step  checkpoint\n") != std::string::npos);
+  CHECK(text.find("0.4 s ago      1234       1200\n") != std::string::npos);
+  CHECK(text.find("0.2 s ago      -          -\n") != std::string::npos);
+  const std::string watch = format_watch(status, "header");
+  CHECK(watch.find("    checkpoints every 2 min (the workers' automatic cadence)\n") != std::string::npos);
+  CHECK(watch.find("LAST STEP  CHECKPOINT\n") != std::string::npos);
+  CHECK(watch.find("0.4 s       1234       1200\n") != std::string::npos);
+  // No interval said: no line about it.
+  job.erase("checkpoint_interval");
+  CHECK(format_status({{"jobs", {job}}}).find("checkpoints every") == std::string::npos);
+  CHECK(format_watch({{"jobs", {job}}}, "header").find("checkpoints every") == std::string::npos);
+}

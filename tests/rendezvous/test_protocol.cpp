@@ -263,6 +263,44 @@ TEST_CASE("waiting carries the counts and the seconds left, and its ranges are c
   CHECK(refused.error->code == "bad_join");
 }
 
+TEST_CASE("a heartbeat carries its node's progress when there is some, and its ranges are checked") {
+  auto plain = decode(payload_of(encode(make_heartbeat())));
+  REQUIRE_FALSE(plain.error);
+  CHECK_FALSE(std::get<Heartbeat>(plain.message->body).progress);
+
+  NodeProgress p;
+  p.step = 1234;
+  p.checkpoint_step = 1200;
+  p.checkpoint_interval = 90.5;
+  auto d = decode(payload_of(encode(make_heartbeat(p))));
+  REQUIRE_FALSE(d.error);
+  CHECK(is_client_message(MessageType::heartbeat));
+  const auto& back = std::get<Heartbeat>(d.message->body).progress;
+  REQUIRE(back);
+  CHECK(*back == p);
+  // A node whose workers saved nothing and chose no interval yet.
+  auto partial = decode_json(json{{"type", "heartbeat"}, {"step", 7}});
+  REQUIRE_FALSE(partial.error);
+  REQUIRE(std::get<Heartbeat>(partial.message->body).progress);
+  CHECK(std::get<Heartbeat>(partial.message->body).progress->checkpoint_step == -1);
+  CHECK(std::get<Heartbeat>(partial.message->body).progress->checkpoint_interval == 0);
+
+  for (json bad : {json{{"type", "heartbeat"}, {"step", -2}},
+                   json{{"type", "heartbeat"}, {"step", "7"}},
+                   json{{"type", "heartbeat"}, {"step", 1.5}},
+                   json{{"type", "heartbeat"}, {"step", kMaxReportedStep + 1}},
+                   json{{"type", "heartbeat"}, {"step", std::numeric_limits<std::uint64_t>::max()}},
+                   json{{"type", "heartbeat"}, {"checkpoint_step", json::array({1})}},
+                   json{{"type", "heartbeat"}, {"checkpoint_interval", -1}},
+                   json{{"type", "heartbeat"}, {"checkpoint_interval", 1e300}},
+                   json{{"type", "heartbeat"}, {"checkpoint_interval", "90"}}}) {
+    CAPTURE(bad.dump());
+    auto r = decode_json(bad);
+    REQUIRE(r.error);
+    CHECK(r.error->code == "bad_message");
+  }
+}
+
 TEST_CASE("the first message must be hello or status with our version and, for hello, a job") {
   Hello h;
   h.job_id = "job";

@@ -132,6 +132,46 @@ TEST_CASE("a client that sends the server's waiting message, or a forged one, is
   healthy.check_server_still_serves(st.port());
 }
 
+TEST_CASE("a member's heartbeat with bad progress is refused and closes only its connection; good progress shows in status") {
+  ServerThread st({});
+  Healthy healthy(st.port());
+  for (const nlohmann::json& bad : {nlohmann::json{{"type", "heartbeat"}, {"step", "lots"}},
+                                    nlohmann::json{{"type", "heartbeat"}, {"step", -5}},
+                                    nlohmann::json{{"type", "heartbeat"}, {"checkpoint_step", 1e30}},
+                                    nlohmann::json{{"type", "heartbeat"}, {"checkpoint_interval", -1}},
+                                    nlohmann::json{{"type", "heartbeat"}, {"checkpoint_interval", {{"s", 1}}}}}) {
+    CAPTURE(bad.dump());
+    RawConn member(st.port());
+    member.say_hello("progress-job", "");
+    REQUIRE(member.recv_type("welcome"));
+    member.send(make_join(one_node("progress-job")));
+    REQUIRE(member.recv_type("round"));
+    member.send(bad);
+    auto err = member.recv_type("error");
+    REQUIRE(err);
+    CHECK((*err)["code"] == "bad_message");
+    CHECK(member.wait_closed());
+  }
+  // What an honest agent says is kept: the server's status has it.
+  NodeProgress p;
+  p.step = 77;
+  p.checkpoint_step = 70;
+  p.checkpoint_interval = 42;
+  healthy.conn.send(make_heartbeat(p));
+  REQUIRE(healthy.conn.recv_type("heartbeat_ack"));
+  const nlohmann::json status = st.on_server([&] { return st.server->state().status(); });
+  bool seen = false;
+  for (const auto& job : status["jobs"]) {
+    if (job["job_id"] != "healthy-job") continue;
+    seen = true;
+    CHECK(job["checkpoint_interval"] == 42.0);
+    CHECK(job["nodes"][0]["last_step"] == 77);
+    CHECK(job["nodes"][0]["last_checkpoint"] == 70);
+  }
+  CHECK(seen);
+  healthy.check_server_still_serves(st.port());
+}
+
 TEST_CASE("a wrong protocol version gets a version_mismatch error naming both versions") {
   ServerThread st({});
   Healthy healthy(st.port());

@@ -1060,6 +1060,42 @@ TEST_CASE("a finished job stays in status, marked with its end, for keep_finishe
   CHECK(f.sm.finished_count() == 0);
 }
 
+TEST_CASE("status shows each node's last step and checkpoint, and the job's checkpoint interval, and keeps them at the end") {
+  Fixture f;
+  f.sm.join(1, spec("node1", 2, 2));
+  f.sm.join(2, spec("node2", 2, 2));
+  auto jobs = f.sm.status()["jobs"];
+  CHECK(jobs[0]["checkpoint_interval"].is_null());
+  CHECK_FALSE(jobs[0]["nodes"][0].contains("last_step"));
+  NodeProgress p1;
+  p1.step = 40;
+  p1.checkpoint_step = 30;
+  p1.checkpoint_interval = 12.5;
+  f.sm.progress(1, p1);
+  NodeProgress p2;
+  p2.step = 41;  // no checkpoint, no interval yet
+  f.sm.progress(2, p2);
+  f.sm.progress(99, p1);  // not a member: nothing
+  jobs = f.sm.status()["jobs"];
+  CHECK(jobs[0]["checkpoint_interval"].get<double>() == doctest::Approx(12.5));
+  REQUIRE(jobs[0]["nodes"].size() == 2);
+  CHECK(jobs[0]["nodes"][0]["last_step"] == 40);
+  CHECK(jobs[0]["nodes"][0]["last_checkpoint"] == 30);
+  CHECK(jobs[0]["nodes"][0]["checkpoint_interval"].get<double>() == doctest::Approx(12.5));
+  CHECK(jobs[0]["nodes"][1]["last_step"] == 41);
+  CHECK_FALSE(jobs[0]["nodes"][1].contains("last_checkpoint"));
+  CHECK_FALSE(jobs[0]["nodes"][1].contains("checkpoint_interval"));
+  f.sm.report_success(1);
+  f.sm.report_success(2);
+  f.sm.disconnected(1, "closed");
+  f.sm.disconnected(2, "closed");
+  jobs = f.sm.status()["jobs"];
+  REQUIRE(jobs.size() == 1);
+  CHECK(jobs[0]["finished"] == true);
+  CHECK(jobs[0]["nodes"][0]["last_step"] == 40);
+  CHECK(jobs[0]["nodes"][1]["last_step"] == 41);
+}
+
 TEST_CASE("a failed job is kept with its summary; a new job under its id replaces it") {
   Fixture f;
   f.sm.join(1, spec("node1", 1, 1));
