@@ -65,6 +65,11 @@ SEEDS = {
         chunk(3, frame({"type": "status", "protocol_version": 2, "client_nonce": "00", "proof": ""})) +
         chunk(0, hello("s") + join("s", "a", lo=2, hi=2)) + chunk(0, frame({"type": "heartbeat"}), advance=10) +
         chunk(0, frame({"type": "status", "protocol_version": 2}))),
+    "heartbeats_with_progress": (
+        chunk(0, hello("p") + join("p", "a")) +
+        chunk(0, frame({"type": "heartbeat", "step": 41, "checkpoint_step": 40, "checkpoint_interval": 90.5})) +
+        chunk(0, frame({"type": "heartbeat", "step": 42}), advance=5) +
+        chunk(3, frame({"type": "status", "protocol_version": 2, "client_nonce": "00", "proof": ""}))),
     "fingerprints_differ": (
         chunk(0, hello("f") + join("f", "a", lo=2, hi=2, fingerprint={"a": 1})) +
         chunk(1, hello("f") + join("f", "b", lo=2, hi=2, fingerprint={"a": {"b": [1, 2]}}))),
