@@ -683,7 +683,8 @@ struct Agent::Impl {
 
   void record_failure(Worker& w) {
     w.recorded = true;
-    crash_loop.worker_failed(w.rank, w.status.exit_code, w.status.signal, w.hung);
+    const bool final = w.local_rank >= 0 && w.local_rank < board.slots() && board.read(w.local_rank).final;
+    crash_loop.worker_failed(w.rank, w.status.exit_code, w.status.signal, w.hung, final);
     FailedWorker fw;
     fw.ref = ref(w);
     fw.exit_code = w.status.exit_code;

@@ -8,8 +8,13 @@ namespace ddp::agent {
 CrashLoopPolicy::CrashLoopPolicy(int limit, std::vector<int> no_restart_exit_codes)
     : limit_(limit), no_restart_exit_codes_(std::move(no_restart_exit_codes)) {}
 
-void CrashLoopPolicy::worker_failed(int rank, int exit_code, int signal, bool hung) {
+void CrashLoopPolicy::worker_failed(int rank, int exit_code, int signal, bool hung, bool final) {
   if (fatal() || signal != 0 || hung) return;
+  if (final) {
+    reason_ = "worker " + std::to_string(rank) + " exited with code " + std::to_string(exit_code) +
+              " and said a restart would fail the same way (its output says why): not restarting";
+    return;
+  }
   if (std::count(no_restart_exit_codes_.begin(), no_restart_exit_codes_.end(), exit_code) == 0) return;
   reason_ = "worker " + std::to_string(rank) + " exited with code " + std::to_string(exit_code) +
             ", which --no_restart_exit_codes lists: not restarting";

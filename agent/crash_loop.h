@@ -1,5 +1,6 @@
 // When a failure must end the job instead of restarting it: a worker exiting with a code of
-// --no_restart_exit_codes, or --crash_loop_limit restarts in a row during which no rank got
+// --no_restart_exit_codes, a worker that said a restart would fail the same way (its progress
+// slot's `final` word: a checkpoint refused under a strict environment check), or --crash_loop_limit restarts in a row during which no rank got
 // beyond the best step or checkpoint of the job. The first verdict stands: later ones do not
 // replace its reason. The agent sends it as a fatal failure report (rdzv::WorkerFailure::fatal),
 // and the rendezvous fails the job on every node with it.
@@ -20,8 +21,9 @@ class CrashLoopPolicy {
   CrashLoopPolicy(int limit, std::vector<int> no_restart_exit_codes);
 
   // Worker `rank` failed: exited with `exit_code` (signal 0) or died of `signal`. A listed code
-  // is fatal unless the worker was declared hung (its exit is then the agent's doing).
-  void worker_failed(int rank, int exit_code, int signal, bool hung);
+  // is fatal unless the worker was declared hung (its exit is then the agent's doing); so is an
+  // exit of a worker that said `final` (contracts/progress_slot.h) before it exited.
+  void worker_failed(int rank, int exit_code, int signal, bool hung, bool final = false);
 
   // A counted restart ended a round whose ranks reached `best_step` and `best_checkpoint` (-1:
   // none). `round_restart_count` is that round's restart count: the first round's failure is no

@@ -79,6 +79,7 @@ ProgressSample ProgressBoard::read(int slot) const {
   out.step = static_cast<int64_t>(load_u64(p + contracts::kStepOffset));
   out.checkpoint_step = static_cast<int64_t>(load_u64(p + contracts::kCheckpointOffset));
   out.checkpoint_interval_ms = static_cast<int64_t>(load_u64(p + contracts::kIntervalOffset));
+  out.final = load_u64(p + contracts::kFinalOffset) != 0;
   for (std::size_t i = 0; i < kPhaseSize; ++i) {
     const char c = static_cast<char>(p[kPhaseOffset + i]);
     if (c == '\0') break;
@@ -94,6 +95,7 @@ void ProgressBoard::write(int slot, const ProgressSample& sample) {
   store_u64(p + contracts::kStepOffset, static_cast<uint64_t>(sample.step));
   store_u64(p + contracts::kCheckpointOffset, static_cast<uint64_t>(sample.checkpoint_step));
   store_u64(p + contracts::kIntervalOffset, static_cast<uint64_t>(sample.checkpoint_interval_ms));
+  store_u64(p + contracts::kFinalOffset, sample.final ? 1 : 0);
   store_u64(p + contracts::kBeatsOffset, sample.beats);
 }
 

@@ -27,6 +27,7 @@ struct ProgressSample {
   int64_t checkpoint_step = -1;
   std::string phase;  // printable ASCII only
   int64_t checkpoint_interval_ms = 0;  // the worker's automatic checkpoint interval; 0 = none said
+  bool final = false;  // the worker asks that its failure end the job (a restart would repeat it)
 };
 
 class ProgressBoard {

@@ -14,7 +14,10 @@
 //                                      exit at once on SIGTERM, or park
 //   offset 64: int64  checkpoint_interval_ms  the interval between checkpoints the worker chose
 //                                      (an automatic cadence), in milliseconds; 0 = none said
-//   offset 72: reserved, zero (room for what a worker will report next, without a new layout)
+//   offset 72: uint64 final           nonzero: the worker's failure ends the job instead of a
+//                                      restart, which would fail the same way (a checkpoint
+//                                      refused under a strict environment check)
+//   offset 80: reserved, zero (room for what a worker will report next, without a new layout)
 // The 64-bit fields are aligned words, stored and loaded as atomics. contracts/fixtures/
 // progress_slot.bin is one slot both the C++ and the Python tests read and write.
 // Constants only.
@@ -33,6 +36,7 @@ constexpr std::size_t kPhaseOffset = 24;
 constexpr std::size_t kPhaseSize = 32;  // the phase's bytes, its NUL included
 constexpr std::size_t kAbandonedOffset = 56;
 constexpr std::size_t kIntervalOffset = 64;
+constexpr std::size_t kFinalOffset = 72;
 
 // The word index of a 64-bit field, for a writer that sees the slot as an array of words.
 constexpr std::size_t word(std::size_t offset) { return offset / 8; }
@@ -42,10 +46,11 @@ constexpr std::size_t word(std::size_t offset) { return offset / 8; }
 constexpr std::uint64_t kDoneBeats = ~std::uint64_t{0};
 
 static_assert(kPhaseOffset == kCheckpointOffset + 8 && kAbandonedOffset == kPhaseOffset + kPhaseSize &&
-                  kIntervalOffset == kAbandonedOffset + 8 && kIntervalOffset + 8 <= kSlotSize,
+                  kIntervalOffset == kAbandonedOffset + 8 && kFinalOffset == kIntervalOffset + 8 &&
+                  kFinalOffset + 8 <= kSlotSize,
               "the slot's fields follow each other without a gap");
 static_assert(kBeatsOffset % 8 == 0 && kStepOffset % 8 == 0 && kCheckpointOffset % 8 == 0 &&
-                  kAbandonedOffset % 8 == 0 && kIntervalOffset % 8 == 0,
+                  kAbandonedOffset % 8 == 0 && kIntervalOffset % 8 == 0 && kFinalOffset % 8 == 0,
               "the 64-bit fields are aligned words");
 
 }  // namespace ddp::contracts

@@ -45,6 +45,7 @@ _PHASE_OFFSET = 24
 _PHASE_SIZE = 32
 _ABANDONED_OFFSET = 56
 _INTERVAL_OFFSET = 64  # checkpoint_interval_ms
+_FINAL_OFFSET = 72
 _DONE_BEATS = 0xFFFFFFFFFFFFFFFF  # the worker finished its steps: not watched
 _BEATS_WORD, _STEP_WORD, _CHECKPOINT_WORD = _BEATS_OFFSET // 8, _STEP_OFFSET // 8, _CHECKPOINT_OFFSET // 8
 
@@ -169,6 +170,17 @@ def _get_checkpoint_interval():
     if _bytes is None:
         return 0.0
     return _bytes[_INTERVAL_OFFSET:_INTERVAL_OFFSET + 8].cast("q")[0] / 1000.0
+
+
+def _set_final():
+    """Asks the agent to end the job at this worker's failure instead of restarting it: a
+    restart would fail the same way (a checkpoint refused under a strict environment check)."""
+    if _bytes is not None:
+        _bytes[_FINAL_OFFSET:_FINAL_OFFSET + 8].cast("Q")[0] = 1
+
+
+def _final():
+    return _bytes is not None and _bytes[_FINAL_OFFSET:_FINAL_OFFSET + 8].cast("Q")[0] != 0
 
 
 @contextlib.contextmanager

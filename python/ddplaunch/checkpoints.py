@@ -164,6 +164,8 @@ def _check_lineage(data_path, written):
                  "then, %s now) and --env_check=strict is set; resume with the environment that wrote it, start "
                  "from a fresh checkpoint directory, or pass --env_check=warn"
                  % (data_path, _short(then_env), _short(now_env)))
+            from . import _set_final
+            _set_final()  # every restart would refuse the same way: the agent ends the job instead
             raise SystemExit(3)
         _say("checkpoint %s was written in another environment (fingerprint %s then, %s now): loading it "
              "(--env_check=strict would refuse)" % (name, _short(then_env), _short(now_env)))

@@ -261,6 +261,8 @@ TEST_SUITE("crash loops and no-restart exit codes end the job instead of restart
 
   TEST_CASE("the first verdict stands and names its cause") {
     const std::string code3 = "worker 2 exited with code 3, which --no_restart_exit_codes lists: not restarting";
+    const std::string final1 =
+        "worker 1 exited with code 3 and said a restart would fail the same way (its output says why): not restarting";
     const std::string never =
         "2 restart(s) in a row made no progress (no rank ever reported a step or a checkpoint); --crash_loop_limit=2";
     const std::string beyond =
@@ -271,6 +273,11 @@ TEST_SUITE("crash loops and no-restart exit codes end the job instead of restart
         {"a code not listed is not", 0, {3}, {{"exit", {2, 1, 0, 0}, 0, ""}}},
         {"a hung worker's exit is the agent's doing, whatever its code", 0, {3}, {{"exit", {2, 3, 0, 1}, 0, ""}}},
         {"a death by signal is not an exit code", 0, {0}, {{"exit", {2, 0, SIGKILL, 0}, 0, ""}}},
+        {"a worker that said final ends the job, whatever its code", 0, {}, {{"exit", {1, 3, 0, 0, 1}, 0, final1}}},
+        {"final or not, a hung worker's exit is the agent's doing", 0, {}, {{"exit", {1, 3, 0, 1, 1}, 0, ""}}},
+        {"final or not, a death by signal is not the worker's word", 0, {}, {{"exit", {1, 0, SIGKILL, 0, 1}, 0, ""}}},
+        {"a listed code first: its verdict stands", 0, {3},
+         {{"exit", {2, 3, 0, 0, 0}, 0, code3}, {"exit", {1, 3, 0, 0, 1}, 0, code3}}},
         {"a later verdict does not replace the first", 2, {3, 4},
          {{"exit", {2, 3, 0, 0}, 0, code3},
           {"exit", {5, 4, 0, 0}, 0, code3},
@@ -295,7 +302,7 @@ TEST_SUITE("crash loops and no-restart exit codes end the job instead of restart
       CrashLoopPolicy policy(row.limit, row.codes);
       for (const auto& step : row.steps) {
         const auto& a = step.args;
-        if (step.op == "exit") policy.worker_failed(int(a[0]), int(a[1]), int(a[2]), a[3] != 0);
+        if (step.op == "exit") policy.worker_failed(int(a[0]), int(a[1]), int(a[2]), a[3] != 0, a.size() > 4 && a[4] != 0);
         if (step.op == "round") policy.round_ended(a[0], a[1], int(a[2]));
         CHECK(policy.restarts_without_progress() == step.restarts_without_progress);
         CHECK(policy.fatal() == !step.reason.empty());

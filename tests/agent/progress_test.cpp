@@ -27,7 +27,7 @@ ProgressSample beat(uint64_t beats, int64_t step, std::string phase = "", int64_
 }
 
 // The golden slot of contracts/fixtures/ (README.md there): beats 7, step 1234, checkpoint 1200,
-// phase "forward/backward", abandoned, a checkpoint interval of 90.5 s.
+// phase "forward/backward", abandoned, a checkpoint interval of 90.5 s, final.
 std::string golden_slot() {
   std::ifstream in(std::string(DDP_CONTRACTS_FIXTURES) + "/progress_slot.bin", std::ios::binary);
   REQUIRE(in.good());
@@ -84,12 +84,15 @@ TEST_SUITE("progress heartbeats decide when a rank hangs") {
     CHECK(s.checkpoint_step == 1200);
     CHECK(s.phase == "forward/backward");
     CHECK(s.checkpoint_interval_ms == 90500);
+    CHECK(s.final);
     CHECK(board.abandoned(1));
 
     board.reset();
     CHECK(board.read(1).checkpoint_interval_ms == 0);
+    CHECK_FALSE(board.read(1).final);
     auto written = beat(7, 1234, "forward/backward", 1200);
     written.checkpoint_interval_ms = 90500;
+    written.final = true;
     board.write(1, written);
     board.abandon_slot(1);
     CHECK(slot_bytes(board, 1) == golden);

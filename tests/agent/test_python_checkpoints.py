@@ -480,10 +480,15 @@ class Template(Case):
         r, trained = job("torch==2.15.0\n", 2)  # the same environment: resumes without a word
         self.assertEqual((r.returncode, trained), (0, [[1], [1]]), r.describe())
         self.assertNotIn("another environment", r.stderr, r.describe())
-        r, trained = job("torch==2.16.0\n", 3)  # strict, the default: refused, nothing trained
-        self.assertNotEqual(r.returncode, 0, r.describe())
+        # Strict, the default: refused, nothing trained; and since every restart would refuse the
+        # same way, the job ends at the first refusal instead of spending its restarts.
+        r, trained = job("torch==2.16.0\n", 3, "--max_restarts=3")
+        self.assertEqual(r.returncode, 1, r.describe())
         self.assertEqual(trained, [], r.describe())
+        # One attempt: each of the two ranks refuses once.
+        self.assertEqual(r.stderr.count("refusing to resume from checkpoint"), 2, r.describe())
         self.assertIn("it was written in another environment", r.stderr, r.describe())
+        self.assertIn("said a restart would fail the same way", r.stderr, r.describe())
         self.assertRegex(r.stderr, "exit(ed with)? code:? 3|exitcode *: *3|exit code 3", r.describe())
         r, trained = job("torch==2.16.0\n", 3, "--env_check=warn")  # warn: resumes, and says so
         self.assertEqual((r.returncode, trained), (0, [[2], [2]]), r.describe())

@@ -106,6 +106,7 @@ TEST_SUITE("the golden fixtures are what both sides read and write") {
     CHECK(std::string(bytes.c_str() + kPhaseOffset) == "forward/backward");
     CHECK(u64_at(bytes, kAbandonedOffset) == 1);
     CHECK(static_cast<std::int64_t>(u64_at(bytes, kIntervalOffset)) == 90500);
+    CHECK(u64_at(bytes, kFinalOffset) == 1);
 
     std::string slot(kSlotSize, '\0');
     put_u64_at(slot, kBeatsOffset, 7);
@@ -114,6 +115,7 @@ TEST_SUITE("the golden fixtures are what both sides read and write") {
     std::memcpy(&slot[kPhaseOffset], "forward/backward", 16);
     put_u64_at(slot, kAbandonedOffset, 1);
     put_u64_at(slot, kIntervalOffset, 90500);
+    put_u64_at(slot, kFinalOffset, 1);
     CHECK(slot == bytes);
   }
 }

@@ -105,6 +105,7 @@ class ProgressSlot(unittest.TestCase):
         self.assertEqual(ddplaunch._get_phase(), "forward/backward")
         self.assertTrue(ddplaunch.abandoned())
         self.assertEqual(ddplaunch._get_checkpoint_interval(), 90.5)
+        self.assertTrue(ddplaunch._final())
 
     def test_the_package_writes_the_golden_slot(self):
         path = self.slot_file(bytes(len(self.golden)))
@@ -114,6 +115,7 @@ class ProgressSlot(unittest.TestCase):
         ddplaunch.checkpoint(1200)
         ddplaunch._set_phase("forward/backward")
         ddplaunch._set_checkpoint_interval(90.5)
+        ddplaunch._set_final()
         with open(path, "rb") as f:
             written = f.read()
         # The abandoned word is the agent's to write (agent/progress.h): all but it is the worker's.

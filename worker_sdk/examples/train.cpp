@@ -375,6 +375,7 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const ddp::LineageError& e) {
     std::cerr << "train: error: " << e.what() << std::endl;
+    ddp::Progress::instance().final_failure();  // a restart would refuse the same checkpoint
     return 3;
   } catch (const std::exception& e) {
     std::cerr << "train: error: " << e.what() << std::endl;

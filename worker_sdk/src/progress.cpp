@@ -73,6 +73,10 @@ void Progress::checkpoint_interval(double seconds) noexcept {
   slot_[word(contracts::kIntervalOffset)].store(static_cast<uint64_t>(value), std::memory_order_relaxed);
 }
 
+void Progress::final_failure() noexcept {
+  if (slot_) slot_[word(contracts::kFinalOffset)].store(1, std::memory_order_release);
+}
+
 bool Progress::round_abandoned() const noexcept {
   return slot_ != nullptr && slot_[word(contracts::kAbandonedOffset)].load(std::memory_order_acquire) != 0;
 }

@@ -30,6 +30,10 @@ class Progress {
   // The interval between checkpoints this worker chose (an automatic cadence), in seconds; the
   // agent passes it on and `ddp-rendezvous status` shows it.
   void checkpoint_interval(double seconds) noexcept;
+  // Asks the agent to end the job when this worker exits with a failure, instead of restarting
+  // it: a restart would fail the same way (`train` calls it before it exits 3 for a checkpoint
+  // refused under a strict environment check, ddp::LineageError).
+  void final_failure() noexcept;
   // The agent abandoned this round (a peer failed): a collective that waits for the peers will
   // not complete, so a stop must not wait for the step to finish (PendingWork::wait).
   bool round_abandoned() const noexcept;
