@@ -229,7 +229,6 @@ void Cadence::write(const Who& who) {
 
 void Cadence::refresh(const Who& who) {
   if (!record_) {
-    started_ = hooks_.clock();
     record_ = advance(read(), hooks_.wall(), who.restarts, who.run_id);
   } else if (who.restarts != restarts_) {  // this process went through an in-memory restart
     record_ = advance(std::move(record_), hooks_.wall(), who.restarts, who.run_id);
@@ -254,6 +253,7 @@ Decision Cadence::decision(const Who& who) {
 
 bool Cadence::due(const Who& who) {
   const double interval = decision(who).interval;
+  if (!started_) started_ = hooks_.clock();
   return hooks_.clock() - last_save_.value_or(*started_) >= interval;
 }
 

@@ -88,6 +88,10 @@ struct Who {
   int64_t restarts = 0;
   std::optional<std::string> run_id;
   bool writer() const { return rank == 0; }
+  // From a WorkerEnv's fields (an empty run id: none).
+  static Who of(int rank, int64_t restarts, const std::string& run_id) {
+    return {rank, restarts, run_id.empty() ? std::nullopt : std::optional<std::string>(run_id)};
+  }
 };
 
 // The cadence of one checkpoint directory in this process. Every rank keeps the history in
@@ -104,12 +108,13 @@ class Cadence {
   Cadence(std::string dir, double prior_mtbf_s, Hooks hooks);
 
   // Brings the history to `who`'s restart count (the first call reads the file; a restart in
-  // memory is a new round of the same launch). Rank 0 writes what changed.
+  // memory is a new round of the same launch). Rank 0 writes what changed. Every call below
+  // refreshes first.
   void refresh(const Who& who);
   // The interval now; rank 0 says it when it is first known (a stall measured) or has changed
   // more than twofold since last said.
   Decision decision(const Who& who);
-  // The time since the last save (before the first: since the first call) reached the interval.
+  // The time since the last save (before the first: since the first due()) reached the interval.
   bool due(const Who& who);
   double interval() const { return reported_; }  // the last decided; 0 before any
   // The interval rank 0 decided, on another rank: reported when it changes.
