@@ -10,6 +10,7 @@ import glob
 import json
 import os
 import re
+import struct
 import sys
 import tempfile
 import unittest
@@ -22,6 +23,7 @@ from ddplaunch import cadence  # noqa: E402
 
 ARGS = ["--samples", "256", "--batch-size", "32", "--log-every", "0", "--epochs", "1000", "--checkpoint-every=auto"]
 MTBF = {"DDPLAUNCH_CHECKPOINT_MTBF": "1"}
+SLOT_SIZE, INTERVAL_OFFSET = 128, 64  # contracts/progress_slot.h
 
 
 def said(out):
@@ -29,8 +31,8 @@ def said(out):
 
 
 class AutoCadence(unittest.TestCase):
-    def train(self, ckpt, extra, expect=0):
-        results = h.run(2, ARGS + ["--checkpoint-dir", ckpt] + extra, timeout=180, extra_env=MTBF)
+    def train(self, ckpt, extra, expect=0, rank_env=None):
+        results = h.run(2, ARGS + ["--checkpoint-dir", ckpt] + extra, timeout=180, extra_env=MTBF, rank_env=rank_env)
         for r in results:
             self.assertEqual(r.returncode, expect, r)
         self.assertEqual(said(results[1].stdout + results[1].stderr), [], results[1])  # rank 0 speaks
@@ -52,9 +54,15 @@ class AutoCadence(unittest.TestCase):
             py.saved(0.25)
             py.exited()
 
+            # Each worker's progress slot, as an agent would map it: both report rank 0's interval.
+            board = os.path.join(d, "progress")
+            with open(board, "wb") as f:
+                f.write(bytes(2 * SLOT_SIZE))
+            slots = {rank: {"DDPLAUNCH_PROGRESS_FILE": board, "DDPLAUNCH_PROGRESS_SLOT": str(rank)} for rank in (0, 1)}
+
             # 240 steps of at least 50 ms: longer than the 10 s interval. The stall is known from
             # the history: the line comes at the first step, once (the interval stays 10 s).
-            r = self.train(ckpt, ["--max-steps", "240", "--step-sleep", "0.05"])
+            r = self.train(ckpt, ["--max-steps", "240", "--step-sleep", "0.05"], rank_env=slots)
             lines = said(r.stdout)
             self.assertEqual(len(lines), 1, r)
             self.assertRegex(lines[0], r"^\[ddp\] checkpoint every 10 s, the lower bound \(save stall 0\.25 s, MTBF "
@@ -66,6 +74,10 @@ class AutoCadence(unittest.TestCase):
             self.assertLess(int(saved[0][1]), 240)
             for path in glob.glob(os.path.join(ckpt, "ckpt-*.ddpckpt")):
                 self.assertIsNone(h.checkpoint_problem(path), path)
+            with open(board, "rb") as f:
+                data = f.read()
+            self.assertEqual([struct.unpack_from("<Q", data, rank * SLOT_SIZE + INTERVAL_OFFSET)[0] for rank in (0, 1)],
+                             [10000, 10000])  # milliseconds
 
             # cadence.json as the Python side reads it: one launch before this one, no failure,
             # this one ended normally, the stall moved by this run's save(s).
