@@ -350,7 +350,7 @@ int main(int argc, char** argv) {
           },
           "STEPS|auto"));
   app.add_option("--keep-last", flags.keep_last, "checkpoints to keep")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_flag("--checkpoint-async", flags.checkpoint_async, "write periodic checkpoints on a background thread from a host copy taken at the step (one write at a time; a periodic checkpoint due while one is in flight is skipped)");
+  app.add_flag("--checkpoint-async", flags.checkpoint_async, "write periodic checkpoints on a background thread from a host copy taken at the step (one write at a time; a periodic checkpoint due while one is in flight is skipped, or with --checkpoint-every=auto waits for it)");
   app.add_option("--seed", flags.seed, "seed of the model, the data and the shuffling")->capture_default_str();
   app.add_option("--crash-at-step", flags.crash_at_step, "exit with code 13 before step N, on the first attempt only (TORCHELASTIC_RESTART_COUNT=0); every rank, or --crash-rank");
   app.add_option("--crash-rank", flags.crash_rank, "the rank --crash-at-step exits (default: every rank)");
