@@ -31,7 +31,7 @@ struct Flags {
   int64_t batch_size = 32;
   double lr = 0.05;
   std::string checkpoint_dir;
-  int64_t checkpoint_every = 0;
+  std::string checkpoint_every = "0";  // steps, or "auto"
   int keep_last = 3;
   bool checkpoint_async = false;
   uint64_t seed = 0;
@@ -162,7 +162,8 @@ ddp::TrainerOptions trainer_options(const Flags& flags) {
   options.max_steps = flags.max_steps;
   options.accumulation_steps = flags.accumulate;
   options.checkpoint_dir = flags.checkpoint_dir;
-  options.checkpoint_every = flags.checkpoint_every;
+  options.checkpoint_auto = flags.checkpoint_every == "auto";
+  options.checkpoint_every = options.checkpoint_auto ? 0 : std::stoll(flags.checkpoint_every);  // checked by CLI11
   options.keep_last = flags.keep_last;
   options.checkpoint_async = flags.checkpoint_async;
   options.log_every = flags.log_every;
@@ -337,9 +338,19 @@ int main(int argc, char** argv) {
   app.add_option("--batch-size", flags.batch_size, "samples per worker per step")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--lr", flags.lr, "SGD learning rate (momentum 0.9)")->capture_default_str();
   app.add_option("--checkpoint-dir", flags.checkpoint_dir, "directory for checkpoints; resumes from the newest valid one");
-  app.add_option("--checkpoint-every", flags.checkpoint_every, "steps between checkpoints (0: at the end and on SIGTERM)")->capture_default_str();
+  app.add_option("--checkpoint-every", flags.checkpoint_every,
+                 "steps between checkpoints (0: at the end and on SIGTERM), or auto: at the interval the measured save "
+                 "stall and the job's failure history call for (docs/checkpoints.md, \"How often\"; needs --checkpoint-dir)")
+      ->capture_default_str()
+      ->check(CLI::Validator(
+          [](std::string& text) {
+            return text == "auto" || (!text.empty() && text.size() < 19 && text.find_first_not_of("0123456789") == std::string::npos)
+                       ? std::string()
+                       : "must be a number of steps or auto, not '" + text + "'";
+          },
+          "STEPS|auto"));
   app.add_option("--keep-last", flags.keep_last, "checkpoints to keep")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_flag("--checkpoint-async", flags.checkpoint_async, "write periodic checkpoints on a background thread from a host copy taken at the step (one write at a time; a periodic checkpoint due while one is in flight is skipped)");
+  app.add_flag("--checkpoint-async", flags.checkpoint_async, "write periodic checkpoints on a background thread from a host copy taken at the step (one write at a time; a periodic checkpoint due while one is in flight is skipped, or with --checkpoint-every=auto waits for it)");
   app.add_option("--seed", flags.seed, "seed of the model, the data and the shuffling")->capture_default_str();
   app.add_option("--crash-at-step", flags.crash_at_step, "exit with code 13 before step N, on the first attempt only (TORCHELASTIC_RESTART_COUNT=0); every rank, or --crash-rank");
   app.add_option("--crash-rank", flags.crash_rank, "the rank --crash-at-step exits (default: every rank)");

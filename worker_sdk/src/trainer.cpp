@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <limits>
 #include <sstream>
@@ -16,6 +17,7 @@
 #include "ddp/error.h"
 #include "ddp/lineage.h"
 #include "ddp/progress.h"
+#include "cadence.h"
 #include "standby.h"
 
 namespace ddp {
@@ -211,6 +213,12 @@ Trainer::Trainer(std::shared_ptr<ProcessGroup> group, std::shared_ptr<torch::nn:
     throw UsageError("Trainer: accumulation_steps must be at least 1");
   }
   if (options_.epochs < 0) throw UsageError("Trainer: epochs must not be negative");
+  if (options_.checkpoint_auto && options_.checkpoint_dir.empty()) {
+    throw UsageError("Trainer: checkpoint_auto needs a checkpoint_dir");
+  }
+  if (options_.checkpoint_auto && options_.checkpoint_every > 0) {
+    throw UsageError("Trainer: checkpoint_auto and checkpoint_every > 0 exclude each other");
+  }
   // Rank 0 of the current round: an in-memory restart can give this process another rank.
   log = [group = group_](const std::string& line) {
     if (group->rank() == 0) std::cout << "[ddp] " << line << std::endl;
@@ -233,6 +241,7 @@ struct Trainer::Run {
   int64_t run_samples = 0;
   double last_local_loss = std::numeric_limits<double>::quiet_NaN();
   double previous_global_loss = std::numeric_limits<double>::quiet_NaN();
+  std::unique_ptr<cadence::Cadence> cadence;  // checkpoint_auto
   // checkpoint_async on rank 0, from its first periodic save. Declared last: destroyed first,
   // its destructor waits for the write in flight when fit() leaves by an exception.
   int64_t writing_step = -1;               // the write in flight
@@ -263,6 +272,10 @@ CheckpointState Trainer::capture(int64_t step, const SamplerPosition& position, 
 }
 
 namespace {
+
+cadence::Who who(const ProcessGroup& group) {
+  return cadence::Who::of(group.rank(), group.env().restart_count, group.env().run_id);
+}
 
 std::string describe_save(const std::string& path, int64_t step, const SamplerPosition& position, int64_t size) {
   return "saved checkpoint " + path + " (step " + std::to_string(step) + ", epoch " +
@@ -300,12 +313,14 @@ bool Trainer::save(Run& run, int64_t step, const SamplerPosition& position, bool
   TrainResult& result = run.result;
   const auto start = std::chrono::steady_clock::now();
   auto stalled = [&] {
-    result.checkpoint_stall_seconds +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    result.checkpoint_stall_seconds += seconds;
     ++result.checkpoints_saved;
+    if (run.cadence) run.cadence->saved(seconds, who(*group_));
   };
   if (periodic && options_.checkpoint_async) {
     collect_write(run, false);  // a finished write's error surfaces here
+    if (run.cadence) collect_write(run, true);  // checkpoint_auto waits: the wait is part of C
     if (run.writer && run.writer->busy()) {
       if (result.checkpoints_skipped++ == 0) {
         log("checkpoint of step " + std::to_string(step) + " skipped: the previous write is still in " +
@@ -471,7 +486,7 @@ struct Trainer::Round {
   DistributedSampler sampler;
   std::chrono::steady_clock::time_point window_start;
   int64_t window_samples = 0;
-  torch::Tensor flag = torch::zeros({2}, torch::kDouble);
+  torch::Tensor flag = torch::zeros({4}, torch::kDouble);
   int64_t step;
 };
 
@@ -492,6 +507,7 @@ std::vector<std::vector<int64_t>> next_micro_batches(DistributedSampler& sampler
 }  // namespace
 
 void Trainer::train_round(Run& run) {
+  if (run.cadence) run.cadence->refresh(who(*group_));  // an in-memory restart is a failure
   resume(run);
   Round round(*this, run);
   for (int64_t epoch = run.position.epoch; epoch < options_.epochs && !run.stop; ++epoch) {
@@ -528,6 +544,11 @@ bool Trainer::train_step(Run& run, Round& round, int64_t epoch) {
   // all-reduce that runs while this step computes.
   round.flag[0] = stop_requested() ? 1.0 : 0.0;
   round.flag[1] = std::isnan(run.last_local_loss) ? 0.0 : run.last_local_loss;
+  // So does rank 0's automatic cadence: whether a checkpoint is due (saved after this step), and
+  // the interval, which the other ranks report to their agents too.
+  const bool decides = run.cadence && round.rank == 0;
+  round.flag[2] = decides && run.cadence->due(who(*group_)) ? 1.0 : 0.0;
+  round.flag[3] = decides ? run.cadence->interval() : 0.0;
   PendingWork flag_work = group_->allreduce_sum_async(round.flag);
 
   const double loss_sum = forward_backward(round, micro);
@@ -546,6 +567,8 @@ bool Trainer::train_step(Run& run, Round& round, int64_t epoch) {
   run.steady_end = std::chrono::steady_clock::now();
   if (result.steps_this_run == kSteadyWarmupSteps) run.steady_start = run.steady_end;
   run.stop = round.flag[0].item<double>() > 0;
+  const bool checkpoint_due = round.flag[2].item<double>() > 0;
+  if (run.cadence) run.cadence->follow(round.flag[3].item<double>());
   if (!std::isnan(run.last_local_loss)) run.previous_global_loss = round.flag[1].item<double>() / round.world;
   run.last_local_loss = loss_sum / static_cast<double>(micro.size());
   const int64_t step_samples = static_cast<int64_t>(step_indices.size()) * round.world;
@@ -561,7 +584,7 @@ bool Trainer::train_step(Run& run, Round& round, int64_t epoch) {
     result.stopped_by_signal = true;
     return false;
   }
-  if (options_.checkpoint_every > 0 && step % options_.checkpoint_every == 0) {
+  if ((options_.checkpoint_every > 0 && step % options_.checkpoint_every == 0) || checkpoint_due) {
     if (save(run, step, round.sampler.position(), /*periodic=*/true)) run.last_saved = step;
   } else if (run.writer) {
     collect_write(run, false);  // report a finished background write (or its error) promptly
@@ -698,6 +721,12 @@ TrainResult Trainer::fit() {
   // In-memory restart needs a channel from ddplaunch and waits that notice an abandoned round
   // (Gloo's; a single process has none to wait in).
   const std::string backend = group_->backend_name();
+  if (options_.checkpoint_auto) {
+    run.cadence = std::make_unique<cadence::Cadence>(
+        options_.checkpoint_dir, cadence::prior_mtbf(std::getenv(cadence::kMtbfVariable)),
+        cadence::Cadence::Hooks{nullptr, nullptr, [this](const std::string& line) { log(line); },
+                                [](double seconds) { Progress::instance().checkpoint_interval(seconds); }});
+  }
   InMemoryScope in_memory(options_.in_memory_restart && (backend == "gloo" || backend == "none") &&
                           detail::worker_channel() >= 0);
   run.in_memory = in_memory.on();
@@ -714,6 +743,8 @@ TrainResult Trainer::fit() {
     park(run);
   }
   TrainResult& result = run.result;
+  // Rank 0's training ended normally: a relaunch after it is no failure (after SIGTERM it is).
+  if (run.cadence && !result.stopped_by_signal) run.cadence->exited(who(*group_));
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - run.start).count();
   result.samples_per_second = seconds > 0 ? run.run_samples / seconds : 0;
   if (result.steps_this_run > kSteadyWarmupSteps) {

@@ -38,6 +38,14 @@ struct TrainerOptions {
   // in flight is skipped; the final and SIGTERM saves wait for it, then write synchronously
   // (docs/worker-sdk.md, "Asynchronous checkpoints"). Default false.
   bool checkpoint_async = false;
+  // Checkpoints at the interval that the job's measured save stall and failure history call for
+  // (docs/checkpoints.md, "How often": the Python side's policy and its DIR/cadence.json), checked
+  // at each step: the Young/Daly interval sqrt(2 C M) within [max(10 s, 10 C), 1 h]. Rank 0
+  // decides; the decision travels in the step's existing all-reduce. Needs checkpoint_dir;
+  // excludes checkpoint_every. With checkpoint_async a checkpoint that comes due while a write
+  // is in flight waits for it (the wait counts in C) rather than being skipped. Throws EnvError
+  // from fit() when DDPLAUNCH_CHECKPOINT_MTBF is not a positive number. Default false.
+  bool checkpoint_auto = false;
   int64_t log_every = 50;          // steps between rank-0 log lines; 0: none
   bool handle_sigterm = true;      // on SIGTERM: finish the step, save, return (default true)
   // When ddplaunch offers it (docs/worker-sdk.md, "In-memory restart"): a peer's failure does not
