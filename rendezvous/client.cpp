@@ -472,7 +472,17 @@ void Client::heartbeat() {
       return;
     }
     silence_seen_ = false;
-    send(make_heartbeat(events_.progress ? events_.progress() : std::nullopt));
+    std::optional<NodeProgress> progress;
+    if (events_.progress && (!progress_sent_ || now - progress_sent_at_ >= kProgressEvery)) {
+      progress = events_.progress();
+      if (progress && progress == progress_sent_) {
+        progress.reset();  // nothing new to say
+      } else if (progress) {
+        progress_sent_ = progress;
+        progress_sent_at_ = now;
+      }
+    }
+    send(make_heartbeat(progress));
   }
   heartbeat_timer_.expires_after(to_duration(welcomed_ ? options_.heartbeat_interval : 0.1));
   heartbeat_timer_.async_wait([self = shared_from_this()](boost::system::error_code ec) {

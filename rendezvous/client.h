@@ -146,6 +146,11 @@ class Client : public std::enable_shared_from_this<Client> {
   std::chrono::steady_clock::time_point deadline_;
   std::chrono::steady_clock::time_point last_heard_;
   bool silence_seen_ = false;  // the last look found heartbeat_timeout passed (heartbeat())
+  // The progress the last heartbeat carried, and when: a heartbeat carries it when it changed,
+  // at most every kProgressEvery, so that a daemon of many nodes parses little more than before.
+  std::optional<NodeProgress> progress_sent_;
+  std::chrono::steady_clock::time_point progress_sent_at_;
+  static constexpr std::chrono::seconds kProgressEvery{2};
   double retry_delay_ = 0.05;
   std::chrono::steady_clock::time_point last_retry_log_{};
   bool welcomed_ = false;

@@ -368,13 +368,6 @@ void StateMachine::admit_newcomers(Job& job, const std::string& reason) {
   end_round(job, reason, false, "node_joined");
 }
 
-void StateMachine::touch(ConnId conn) {
-  Job* job = job_of(conn);
-  if (!job) return;
-  auto it = job->nodes.find(conn);
-  if (it != job->nodes.end()) it->second.last_seen = clock_.now();
-}
-
 void StateMachine::end_round(Job& job, const std::string& reason, bool counted, const std::string& cause) {
   if (counted) ++job.restarts_used;
   changed(job);

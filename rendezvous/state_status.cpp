@@ -1,5 +1,6 @@
 // What the state machine shows and how it compares nodes' environments: the status of jobs
-// (status(), gauges()) and the environment check as a RoundCheck. Pure, like state.cpp.
+// (status(), gauges()), what nodes' heartbeats tell it (touch(), progress()), and the environment
+// check as a RoundCheck. Pure, like state.cpp.
 #include "rendezvous/state.h"
 
 #include <algorithm>
@@ -104,6 +105,13 @@ RoundCheck make_env_round_check(std::function<void(const std::string&)> log) {
         return std::nullopt;
     }
   };
+}
+
+void StateMachine::touch(ConnId conn) {
+  Job* job = job_of(conn);
+  if (!job) return;
+  auto it = job->nodes.find(conn);
+  if (it != job->nodes.end()) it->second.last_seen = clock_.now();
 }
 
 void StateMachine::progress(ConnId conn, const NodeProgress& progress) {
