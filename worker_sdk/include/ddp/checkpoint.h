@@ -92,7 +92,8 @@ CheckpointState read_checkpoint(const std::string& path);
 // A deep copy of `state` in host memory: every tensor copied to a contiguous CPU tensor of its
 // own, so the training thread can go on changing the originals. Tensors of `recycled` (an
 // earlier copy nobody else uses) whose key, dtype and shape match are reused as the
-// destinations, which spares the allocation and page faults of a fresh copy.
+// destinations, which spares the allocation and page faults of a fresh copy. A GPU tensor's
+// destination is page-locked (pinned) memory, which the copy from the device needs for full speed.
 CheckpointState host_copy(const CheckpointState& state, CheckpointState recycled = {});
 
 // The bytes a checkpoint file of `state` holds (header and payload), in a CPU uint8 tensor: what
