@@ -36,8 +36,13 @@ SOURCE_DIR = os.environ.get("DDPLAUNCH_SOURCE_DIR", os.path.join(HERE, "..", "..
 PYTHON_DIR = os.path.join(SOURCE_DIR, "python")
 ELASTIC_DDP = os.path.join(SOURCE_DIR, "scripts", "elastic_ddp.py")
 HEADER = struct.Struct("<4sII")
-SLOT = 64
-ABANDONED_OFFSET = 56
+# The slot's layout as the Python package defines it (contracts/progress_slot.h; the package's
+# one copy, held to the golden fixture by tests/contracts/test_fixtures.py).
+sys.path.insert(0, PYTHON_DIR)
+import ddplaunch  # noqa: E402  (reads no slot: this process has no DDPLAUNCH_PROGRESS_FILE)
+sys.path.remove(PYTHON_DIR)
+SLOT = ddplaunch._SLOT_SIZE
+ABANDONED_OFFSET = ddplaunch._ABANDONED_OFFSET
 
 
 def torch_or_skip(test):

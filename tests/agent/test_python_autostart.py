@@ -12,15 +12,17 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ddplaunch_helpers import PYTHON, LaunchTestCase, main  # noqa: E402
 
 # What the agent reads in a worker's progress slot (contracts/progress_slot.h), read by the worker
-# itself at the end: beats (word 0) and step (word 1).
+# itself at the end: beats (word 0) and step (word 1). The slot's size is the package's (the
+# agent put it on the worker's path).
 READ_SLOT = """
 def read_slot():
     import mmap, struct
+    from ddplaunch import _SLOT_SIZE
     fd = os.open(os.environ["DDPLAUNCH_PROGRESS_FILE"], os.O_RDONLY)
     region = mmap.mmap(fd, 0, mmap.MAP_SHARED, mmap.PROT_READ)
     os.close(fd)
     slot = int(os.environ["DDPLAUNCH_PROGRESS_SLOT"])
-    return struct.unpack_from("<QQ", region, slot * 64)
+    return struct.unpack_from("<QQ", region, slot * _SLOT_SIZE)
 """
 
 # A plain training loop: no ddplaunch import unless EXPLICIT=1, then one ddplaunch.step() per
