@@ -21,6 +21,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/filesystem.hpp>
 
+#include "agent/console_dedup.h"
 #include "agent/containment.h"
 #include "agent/crash_loop.h"
 #include "agent/devices.h"
@@ -163,7 +164,9 @@ struct Agent::Impl {
                          this->options.standby_ready_timeout),
         parking(this->options.in_memory_restart, this->options.park_timeout),
         health(this->options.health_check, this->options.health_check_interval,
-               this->options.health_check_timeout) {}
+               this->options.health_check_timeout) {
+    if (this->options.log_dedup) dedup = std::make_shared<ConsoleDedup>(io, this->options.log_dedup_window);
+  }
 
   asio::io_context& io;
   AgentOptions options;
@@ -186,6 +189,9 @@ struct Agent::Impl {
   std::shared_ptr<OutputQueue> files = std::make_shared<OutputQueue>("the log file system", 64 << 20);
   // <attempt dir>/filtered_{stdout,stderr}.log of the current attempt ([0] stdout, [1] stderr).
   int filtered_fds[2] = {-1, -1};
+  // --log_dedup: collapses the workers' identical console lines; null when off.
+  std::shared_ptr<ConsoleDedup> dedup;
+  std::vector<int> dedup_ranks[2];  // this round's ranks whose stdout [0] / stderr [1] go through it
   int filtered_attempt = -1;
   std::map<std::string, std::string> inherited;
   // Standbys: the standby waiting for each local rank's next worker (pid 0: none), with the
@@ -323,6 +329,7 @@ struct Agent::Impl {
   // Gives the queued output (the failure summary among it) a bounded time to reach the console
   // and the log files: a console nobody reads must not keep ddplaunch from exiting.
   void flush_output() {
+    flush_worker_lines();
     close_filtered_files();
     const auto deadline = std::chrono::seconds(10);
     if (!files->flush(deadline)) say("log files: gave up waiting for the file system to take the last output");
@@ -335,6 +342,11 @@ struct Agent::Impl {
           " line(s) of output were dropped in all because the console did not keep up");
     }
     OutputQueue::console().flush(deadline);
+  }
+
+  // The workers' lines that --log_dedup still holds go out before the agent speaks of them.
+  void flush_worker_lines() {
+    if (dedup) dedup->flush();
   }
 
   void close_filtered_files() {
@@ -446,7 +458,12 @@ struct Agent::Impl {
     record_round(a);
     const auto argv = worker_argv(options.command);
     try {
+      for (auto& ranks : dedup_ranks) ranks.clear();
       for (int lr = 0; lr < round.local_world_size; ++lr) start_worker(round, lr, argv);
+      if (dedup) {
+        dedup->expect(STDOUT_FILENO, dedup_ranks[0]);
+        dedup->expect(STDERR_FILENO, dedup_ranks[1]);
+      }
       drop_parked();
       processes->confirm_spawned();  // every worker forked: now wait for their execs
     } catch (const std::exception& e) {
@@ -528,35 +545,50 @@ struct Agent::Impl {
   // Sets one stream of a worker (kStdOut or kStdErr): its log file, a tee pipe into the file and
   // the console, /dev/null for a rank outside the filter, or the agent's own (child_fd stays -1).
   // Descriptors the child gets are added to close_after_spawn.
+  // With --log_dedup, a shown stream that is not redirected passes through the agent too, with
+  // no file, so that its lines can be collapsed.
   void setup_stream(Worker& w, const OutputPlan& plan, int bit, int& child_fd, std::vector<int>& close_after_spawn) {
-    if (plan.redirect & bit) {
+    const bool to_file = (plan.redirect & bit) != 0;
+    const bool to_console = (plan.tee & bit) != 0 || (dedup && plan.shown && !to_file);
+    if (!to_file && !to_console) {
+      if (!plan.shown) {
+        child_fd = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
+        close_after_spawn.push_back(child_fd);
+      }
+      return;
+    }
+    int file_fd = -1;
+    if (to_file) {
       std::string path = plan.dir + (bit == kStdOut ? "/stdout.log" : "/stderr.log");
       (bit == kStdOut ? w.stdout_log : w.stderr_log) = path;
-      const int filtered = (plan.tee & bit) ? filtered_fd(bit == kStdOut ? 0 : 1, plan.attempt) : -1;
-      int file_fd = open_log(path);
+      file_fd = open_log(path);
       if (file_fd < 0) throw std::runtime_error("open log file " + path + ": " + std::strerror(errno));
-      if (plan.tee & bit) {
-        int fds[2];
-        if (::pipe2(fds, O_CLOEXEC) != 0) {
-          ::close(file_fd);
-          throw std::runtime_error(std::string("pipe for worker output: ") + std::strerror(errno));
-        }
-        LineSinks sinks;
-        sinks.console_fd = bit == kStdOut ? STDOUT_FILENO : STDERR_FILENO;
-        sinks.prefix = plan.prefix;
-        sinks.filtered_fd = filtered;
-        sinks.filters = bit == kStdOut ? options.duplicate_stdout_filters : options.duplicate_stderr_filters;
-        if (bit == kStdErr) sinks.tail = w.stderr_tail = std::make_shared<LineTail>();
-        w.pipes.push_back(std::make_shared<TeePipe>(io, fds[0], file_fd, files, std::move(sinks)));
-        child_fd = fds[1];
-      } else {
-        child_fd = file_fd;
-      }
-      close_after_spawn.push_back(child_fd);
-    } else if (!plan.shown) {
-      child_fd = ::open("/dev/null", O_WRONLY | O_CLOEXEC);
-      close_after_spawn.push_back(child_fd);
     }
+    if (!to_console) {
+      child_fd = file_fd;
+      close_after_spawn.push_back(child_fd);
+      return;
+    }
+    const int filtered = (plan.tee & bit) ? filtered_fd(bit == kStdOut ? 0 : 1, plan.attempt) : -1;
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) != 0) {
+      if (file_fd >= 0) ::close(file_fd);
+      throw std::runtime_error(std::string("pipe for worker output: ") + std::strerror(errno));
+    }
+    LineSinks sinks;
+    sinks.console_fd = bit == kStdOut ? STDOUT_FILENO : STDERR_FILENO;
+    sinks.prefix = plan.prefix;
+    sinks.filtered_fd = filtered;
+    sinks.filters = bit == kStdOut ? options.duplicate_stdout_filters : options.duplicate_stderr_filters;
+    if (bit == kStdErr) sinks.tail = w.stderr_tail = std::make_shared<LineTail>();
+    if (dedup) {
+      sinks.dedup = dedup;
+      sinks.rank = w.rank;
+      dedup_ranks[bit == kStdOut ? 0 : 1].push_back(w.rank);
+    }
+    w.pipes.push_back(std::make_shared<TeePipe>(io, fds[0], file_fd, files, std::move(sinks)));
+    child_fd = fds[1];
+    close_after_spawn.push_back(child_fd);
   }
 
   void start_worker(const RoundEnv& round, int local_rank, const std::vector<std::string>& argv) {
@@ -726,6 +758,7 @@ struct Agent::Impl {
       reported_this_round->fatal = crash_loop.reason();
       fatal_reported = true;
     }
+    flush_worker_lines();
     say(failure_line(*reported_this_round, parking_others()));
     rendezvous->report_failure(*reported_this_round);
   }
@@ -923,6 +956,7 @@ struct Agent::Impl {
       const SummaryParts parts = summary_parts(last_failures, first);
       const std::string text =
           format_failure_summary(options.command.program, first, parts.error_file, parts.others, parts.log_files);
+      flush_worker_lines();
       OutputQueue::console().write(STDERR_FILENO, text);
       if (!summary.empty()) say("job failed: " + summary);
       finish(static_cast<int>(ExitCode::kJobFailed));

@@ -11,6 +11,7 @@
 
 #include <signal.h>
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -41,6 +42,11 @@ struct AgentOptions {
   std::vector<int> tee;               // StdBits per local rank; missing ranks: none. Default none.
   std::vector<int> local_ranks_filter;  // only these ranks reach the console; empty = all
   std::string line_prefix_template;   // TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE; empty = [role0]:
+  // --log_dedup: the console streams of the shown ranks pass through the agent, and a line that
+  // several local ranks print within `log_dedup_window` is written once, naming them
+  // (agent/line_dedup.h). Default off: un-tee'd streams go to the console directly.
+  bool log_dedup = false;
+  std::chrono::milliseconds log_dedup_window{250};
   double shutdown_timeout = 30.0;     // seconds between SIGTERM and SIGKILL
   // Seconds after SIGKILL before a worker that still has not exited (stuck in the kernel) is
   // given up on, with a message naming its pid, so that the agent goes on. Default 30.

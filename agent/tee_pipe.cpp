@@ -64,6 +64,10 @@ void TeePipe::consume(std::size_t n) {
 void TeePipe::emit_line(std::string_view line) {
   if (sinks_.tail) sinks_.tail->add(line);
   if (sinks_.console_fd < 0 && sinks_.filtered_fd < 0) return;
+  if (sinks_.dedup && sinks_.console_fd >= 0) {
+    sinks_.dedup->add(sinks_.console_fd, sinks_.rank, sinks_.prefix, line);
+    if (sinks_.filtered_fd < 0) return;
+  }
   std::string out;
   out.reserve(sinks_.prefix.size() + line.size() + 1);
   out += sinks_.prefix;
@@ -71,7 +75,7 @@ void TeePipe::emit_line(std::string_view line) {
   if (out.back() != '\n') out += '\n';
   if (sinks_.filtered_fd >= 0 && matches_any(line, sinks_.filters)) files_->write(sinks_.filtered_fd, out);
   // One write per line: lines never interleave mid-line.
-  if (sinks_.console_fd >= 0) OutputQueue::console().write(sinks_.console_fd, std::move(out));
+  if (sinks_.console_fd >= 0 && !sinks_.dedup) OutputQueue::console().write(sinks_.console_fd, std::move(out));
 }
 
 void TeePipe::close() {

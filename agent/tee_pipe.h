@@ -1,8 +1,10 @@
-// One tee'd stream of one worker (--tee): raw bytes to its log file, whole prefixed lines to the
-// console (both through bounded queues: a stalled destination never blocks the event loop),
-// matching lines to the attempt's filtered file, the last lines to the failure summary's tail.
+// One stream of one worker that passes through the agent (--tee, or --log_dedup): raw bytes to
+// its log file when it has one, whole prefixed lines to the console (both through bounded
+// queues: a stalled destination never blocks the event loop; with --log_dedup through
+// ConsoleDedup first), matching lines to the attempt's filtered file, the last lines to the
+// failure summary's tail.
 //
-// Created by Agent::Impl when it starts a worker whose stream is tee'd; shared by the pending
+// Created by Agent::Impl when it starts a worker whose stream passes through it; shared by the pending
 // read (which keeps it alive) and the worker that owns it, so it may outlive the agent's state.
 // Used on the agent's io_context thread only.
 #pragma once
@@ -16,6 +18,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
 
+#include "agent/console_dedup.h"
 #include "agent/logs.h"
 
 namespace ddp::agent {
@@ -28,6 +31,8 @@ struct LineSinks {
   int filtered_fd = -1;                // <attempt dir>/filtered_<stream>.log, or -1
   std::vector<std::string> filters;    // --duplicate-<stream>-filters
   std::shared_ptr<LineTail> tail;      // the stderr tail of the failure summary, or null
+  std::shared_ptr<ConsoleDedup> dedup; // --log_dedup: console lines go through it, or null
+  int rank = -1;                       // the worker's global rank, for dedup
 };
 
 class TeePipe : public std::enable_shared_from_this<TeePipe> {

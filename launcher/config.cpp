@@ -374,14 +374,22 @@ void resolve_workers(const RawValues& raw, LaunchConfig& config) {
   }
 }
 
-// --log_dir, --redirects, --tee, --local_ranks_filter, the duplicate filters, and torchrun's
-// Python plug-in options (--logs_specs, --event_log_handler) at their defaults.
+// --log_dir, --redirects, --tee, --local_ranks_filter, --log_dedup, the duplicate filters, and
+// torchrun's Python plug-in options (--logs_specs, --event_log_handler) at their defaults.
 void resolve_logs(const RawValues& raw, LaunchConfig& config) {
   if (auto g = raw.find("log_dir")) config.log_dir = g->value;
   if (auto g = raw.find("redirects")) config.redirects = parse_std_spec(g->value, g->source);
   if (auto g = raw.find("tee")) config.tee = parse_std_spec(g->value, g->source);
   if (auto g = raw.find("local_ranks_filter")) {
     if (!trim(g->value).empty()) config.local_ranks_filter = parse_ranks(*g);
+  }
+  config.log_dedup = raw.flag("log_dedup");
+  if (auto g = raw.find("log_dedup_window")) {
+    config.log_dedup_window = parse_seconds(*g);
+    if (config.log_dedup_window <= 0 || config.log_dedup_window > 60) {
+      refuse(g->shown() + ": must be more than 0 and at most 60 seconds (how long a line waits for the "
+             "other ranks to print it too)");
+    }
   }
   if (auto g = raw.find("duplicate_stdout_filters")) {
     config.duplicate_stdout_filters = parse_comma_list(g->value);

@@ -106,6 +106,8 @@ struct LaunchConfig {
   StdSpec redirects;                   // -r/--redirects
   StdSpec tee;                         // -t/--tee
   std::vector<int> local_ranks_filter; // empty = all ranks reach the console
+  bool log_dedup = false;              // --log_dedup
+  double log_dedup_window = 0.25;      // --log_dedup_window, seconds > 0
   // --duplicate_stdout_filters / --duplicate_stderr_filters; empty = copy nothing.
   std::vector<std::string> duplicate_stdout_filters, duplicate_stderr_filters;
   int node_rank = -1;                  // --node_rank; -1 = not given (rendezvous assigns).

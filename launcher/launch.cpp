@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -390,6 +391,26 @@ std::string file_timer_path(const std::string& log_dir) {
   return log_dir + "/watchdog_timer_" + std::to_string(::getpid());
 }
 
+// --log_dedup collapses the lines of several local ranks: with fewer than two ranks on the
+// console (one worker, --local_ranks_filter, --redirects without --tee) it has nothing to do,
+// and says so once.
+void say_if_log_dedup_has_nothing_to_collapse(const agent::AgentOptions& o) {
+  int on_console = 0;
+  for (int lr = 0; lr < o.node.local_world_size; ++lr) {
+    const auto& filter = o.local_ranks_filter;
+    if (!filter.empty() && std::find(filter.begin(), filter.end(), lr) == filter.end()) continue;
+    const int redirected = lr < static_cast<int>(o.redirects.size()) ? o.redirects[lr] : agent::kStdNone;
+    const int teed = lr < static_cast<int>(o.tee.size()) ? o.tee[lr] : agent::kStdNone;
+    if ((~redirected | teed) & agent::kStdAll) ++on_console;
+  }
+  if (on_console >= 2) return;
+  std::fprintf(stderr,
+               "ddplaunch: --log_dedup: %s of this node's workers reach%s the console (--nproc_per_node, "
+               "--local_ranks_filter, --redirects), so there is no line to collapse; it collapses a line "
+               "that several local ranks print alike\n",
+               on_console == 0 ? "none" : "only one", on_console == 0 ? "" : "es");
+}
+
 // --standby: on for Python programs and for programs that link the worker SDK (the
 // ELF mark of launcher/program.h) when asked ('on') or by 'auto', the default; everything else
 // starts cold, with a line when 'on' was asked for. 'auto' starts the first round cold and keeps
@@ -486,6 +507,9 @@ agent::AgentOptions make_agent_options(const LaunchConfig& config, const Resolve
   o.redirects = per_rank_bits(config.redirects, config.nproc_per_node);
   o.tee = per_rank_bits(config.tee, config.nproc_per_node);
   o.local_ranks_filter = config.local_ranks_filter;
+  o.log_dedup = config.log_dedup;
+  o.log_dedup_window = std::chrono::milliseconds(std::llround(config.log_dedup_window * 1000));
+  if (o.log_dedup) say_if_log_dedup_has_nothing_to_collapse(o);
   if (const char* t = std::getenv("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE")) o.line_prefix_template = t;
   o.shutdown_timeout = config.timeouts.shutdown_timeout;
   o.virtual_local_rank = config.virtual_local_rank;

@@ -136,6 +136,12 @@ const std::vector<OptionSpec> kOptions = {
   {"local_ranks_filter", 0, false, "RANKS", "all local ranks",
    Group::kLogs, "Comma list of local ranks whose output reaches the console (log files "
    "are not filtered)."},
+  {"log_dedup", 0, true, nullptr, nullptr,
+   Group::kLogs, "Write a line that several local ranks print alike within "
+   "--log_dedup_window once, as [ranks 0-3] LINE; other lines keep their [default0]: prefix. "
+   "Log files stay complete (docs/agent.md)."},
+  {"log_dedup_window", 0, false, "SECONDS", "0.25",
+   Group::kLogs, "How long --log_dedup holds a line for the other ranks to print it too."},
   {"duplicate_stdout_filters", 0, false, "TEXT,TEXT,...", "none",
    Group::kLogs, "Also copy worker stdout lines containing any TEXT into one combined file "
    "(',,' is a literal comma; torchrun 2.x)."},

@@ -158,6 +158,8 @@ const std::vector<FlagCase>& flag_cases() {
       {"tee", "0:1,1:2", [](const LaunchConfig& c) {
          CHECK(c.tee.for_rank(0) == 1); CHECK(c.tee.for_rank(1) == 2); CHECK(c.tee.for_rank(2) == 0); }},
       {"local_ranks_filter", "2,0", [](const LaunchConfig& c) { CHECK(c.local_ranks_filter == std::vector<int>{0, 2}); }},
+      {"log_dedup", nullptr, [](const LaunchConfig& c) { CHECK(c.log_dedup); }},
+      {"log_dedup_window", "1.5", [](const LaunchConfig& c) { CHECK(c.log_dedup_window == 1.5); }},
       {"env_check", "warn", [](const LaunchConfig& c) { CHECK(c.env_check == EnvCheckMode::kWarn); }},
       {"env_lock", "requirements.txt", [](const LaunchConfig& c) { CHECK(c.env_lock == "requirements.txt"); }},
       {"check_env", nullptr, [](const LaunchConfig& c) { CHECK(c.check_env); }},
@@ -277,6 +279,8 @@ TEST_SUITE("the command line wins over PET_ variables and defaults") {
     CHECK(c.redirects.default_value == 0);
     CHECK(c.tee.default_value == 0);
     CHECK(c.local_ranks_filter.empty());
+    CHECK_FALSE(c.log_dedup);
+    CHECK(c.log_dedup_window == 0.25);
     CHECK_FALSE(c.standalone);
   }
 
@@ -431,6 +435,8 @@ TEST_SUITE("bad values exit 2 naming the flag and the accepted forms") {
         {{"--master_port=70000", "t.py"}, {"--master_port=70000", "0..65535"}},
         {{"--master_addr=a b", "t.py"}, {"--master_addr=a b", "not a host"}},
         {{"--local_ranks_filter=0,x", "t.py"}, {"--local_ranks_filter=0,x", "'x' is not a rank", "0,1,2"}},
+        {{"--log_dedup_window=0", "t.py"}, {"--log_dedup_window=0", "more than 0 and at most 60 seconds"}},
+        {{"--log_dedup_window=soon", "t.py"}, {"--log_dedup_window=soon"}},
         {{"--signals_to_handle=SIGFOO", "t.py"}, {"--signals_to_handle=SIGFOO", "unknown signal", "SIGTERM"}},
         {{"--signals_to_handle=SIGKILL", "t.py"}, {"cannot be caught"}},
         {{"--signals_to_handle=CHLD", "t.py"}, {"CHLD", "not forwarded"}},
