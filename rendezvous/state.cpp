@@ -12,6 +12,33 @@ std::string seconds_text(double s) {
   return os.str();
 }
 
+bool natural_less(std::string_view a, std::string_view b) {
+  auto digit = [](char c) { return c >= '0' && c <= '9'; };
+  std::size_t i = 0, j = 0;
+  while (i < a.size() && j < b.size()) {
+    if (digit(a[i]) && digit(b[j])) {
+      // Compare the two numbers: leading zeros skipped, then the longer is larger, then digits.
+      std::size_t ie = i, je = j;
+      while (ie < a.size() && digit(a[ie])) ++ie;
+      while (je < b.size() && digit(b[je])) ++je;
+      std::size_t is = i, js = j;
+      while (is + 1 < ie && a[is] == '0') ++is;
+      while (js + 1 < je && b[js] == '0') ++js;
+      const std::string_view na = a.substr(is, ie - is), nb = b.substr(js, je - js);
+      if (na.size() != nb.size()) return na.size() < nb.size();
+      if (na != nb) return na < nb;
+      i = ie;
+      j = je;
+      continue;
+    }
+    if (a[i] != b[j]) return static_cast<unsigned char>(a[i]) < static_cast<unsigned char>(b[j]);
+    ++i;
+    ++j;
+  }
+  if ((a.size() - i) != (b.size() - j)) return (a.size() - i) < (b.size() - j);
+  return a < b;  // equal but for leading zeros: a total order all the same
+}
+
 namespace {
 
 // `group_rank`: of the node that reported it (-1: not known), which tells apart the nodes of
@@ -471,6 +498,14 @@ std::vector<std::pair<ConnId, StateMachine::Node*>> StateMachine::in_rank_order(
       rest.emplace_back(conn, node);
     }
   }
+  // New nodes in natural host order (node7 before node66), so that ranks follow the hardware;
+  // several agents of one host by arrival.
+  std::stable_sort(rest.begin(), rest.end(), [](const auto& x, const auto& y) {
+    const Node& a = *x.second;
+    const Node& b = *y.second;
+    if (a.spec.host != b.spec.host) return natural_less(a.spec.host, b.spec.host);
+    return a.join_seq < b.join_seq;
+  });
   std::size_t free_rank = 0;
   for (const auto& member : rest) {
     while (by_rank[free_rank].second != nullptr) ++free_rank;

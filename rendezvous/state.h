@@ -44,6 +44,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -116,6 +117,9 @@ using SecretSource = std::function<std::string()>;
 std::string random_secret();
 // A duration in the state machine's messages: "2.5 s" (state.cpp and state_resume.cpp).
 std::string seconds_text(double s);
+// Natural order of host names, the order new nodes take group ranks in: runs of digits compare
+// as numbers ("node7" before "node66"), the rest byte by byte; equal names by length.
+bool natural_less(std::string_view a, std::string_view b);
 
 class StateMachine {
  public:
@@ -280,8 +284,9 @@ class StateMachine {
   void tell_waiting(Job& job);
   // complete_round()'s steps: the waiting nodes that make the round (--node_rank first, then
   // survivors, then by arrival; at most MAX); the same in group-rank order (--node_rank as asked,
-  // survivors keep theirs when it still fits, everyone else the lowest free rank: always 0..n-1);
-  // each told its round, which is returned (with the last node's rank).
+  // survivors keep theirs when it still fits, everyone else the lowest free ranks in natural
+  // host order, then by arrival: always 0..n-1); each told its round, which is returned (with
+  // the last node's rank).
   std::vector<std::pair<ConnId, Node*>> round_members(Job& job);
   static std::vector<std::pair<ConnId, Node*>> in_rank_order(const std::vector<std::pair<ConnId, Node*>>& members);
   Assignment send_round(Job& job, const std::vector<std::pair<ConnId, Node*>>& by_rank);

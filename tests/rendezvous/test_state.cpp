@@ -389,6 +389,40 @@ TEST_CASE("when every node of the round succeeded the job succeeded everywhere")
   CHECK(f.sm.job_count() == 0);
 }
 
+TEST_CASE("host names compare in natural order: numbers as numbers") {
+  CHECK(natural_less("node7", "node66"));
+  CHECK_FALSE(natural_less("node66", "node7"));
+  CHECK(natural_less("node9", "node10"));
+  CHECK(natural_less("gpu-2-rack1", "gpu-10-rack1"));
+  CHECK(natural_less("gpu-2-rack1", "gpu-2-rack3"));
+  CHECK(natural_less("a", "b"));
+  CHECK(natural_less("node", "node1"));
+  CHECK(natural_less("node1", "node1a"));
+  CHECK_FALSE(natural_less("node7", "node7"));
+  CHECK(natural_less("node07", "node7") != natural_less("node7", "node07"));  // a total order
+  CHECK(natural_less("node7", "node008"));
+}
+
+TEST_CASE("new nodes take group ranks in natural host order; survivors keep theirs") {
+  Fixture f;
+  f.sm.join(1, spec("node66", 3, 4));
+  f.sm.join(2, spec("node7", 3, 4));
+  f.sm.join(3, spec("node10", 3, 4));
+  f.clock.advance(5);
+  f.sm.tick();  // last call ends: a round of 3
+  CHECK(f.out.round(2).group_rank == 0);
+  CHECK(f.out.round(3).group_rank == 1);
+  CHECK(f.out.round(1).group_rank == 2);
+  // node1 joins later: the running nodes keep their ranks, it takes the free one.
+  f.out.clear();
+  f.sm.join(4, spec("node1", 3, 4));
+  for (ConnId c : {1, 2, 3}) f.sm.join(c, spec(c == 1 ? "node66" : c == 2 ? "node7" : "node10", 3, 4));
+  CHECK(f.out.round(2).group_rank == 0);
+  CHECK(f.out.round(3).group_rank == 1);
+  CHECK(f.out.round(1).group_rank == 2);
+  CHECK(f.out.round(4).group_rank == 3);
+}
+
 TEST_CASE("--node_rank is honoured; a taken or out-of-range rank is refused clearly") {
   Fixture f;
   NodeSpec a = spec("node1", 3, 3), b = spec("node2", 3, 3), c = spec("node3", 3, 3);
