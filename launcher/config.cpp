@@ -11,12 +11,38 @@
 #include <random>
 #include <sstream>
 
+#include <unistd.h>
+
 #include "agent/devices.h"
 #include "launcher/command_line.h"
 #include "launcher/slurm.h"
 
 namespace ddp::launcher {
 namespace {
+
+// The wheel's ddplaunch lives in an environment's site-packages (<env>/lib/pythonX.Y/site-packages/
+// ddplaunch/bin), under that environment's python3 (a venv's, conda's): the Python its user
+// installed it for, whose torch the workers should get, whatever comes first on PATH. Other
+// builds (a source build, the Debian package's /usr/bin) keep torchrun's default, the first
+// python3 on PATH. "" when not the wheel's, or when no python3 is there (pip install --user).
+std::string environment_python() {
+#ifdef DDPLAUNCH_WHEEL
+  char exe[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n <= 0) return {};
+  std::string dir(exe, static_cast<std::size_t>(n));
+  dir.erase(dir.find_last_of('/'));
+  for (int up = 0; up < 5; ++up) {  // bin, ddplaunch, site-packages, pythonX.Y, lib
+    const auto slash = dir.find_last_of('/');
+    if (slash == std::string::npos || slash == 0) return {};
+    dir.erase(slash);
+  }
+  for (const char* name : {"/bin/python3", "/bin/python"}) {
+    if (::access((dir + name).c_str(), X_OK) == 0) return dir + name;
+  }
+#endif
+  return {};
+}
 
 std::string random_run_id() {
   std::random_device device;
@@ -339,6 +365,9 @@ void resolve_workers(const RawValues& raw, LaunchConfig& config) {
     config.python = trim(g->value);
   } else if (const char* exec = std::getenv("PYTHON_EXEC"); exec != nullptr && *exec != '\0') {
     config.python = exec;
+  } else if (std::string own = environment_python(); !own.empty()) {
+    config.python = own;
+    config.python_of_environment = true;
   }
   config.virtual_local_rank = raw.flag("virtual_local_rank");
   if (auto g = raw.find("standby")) {

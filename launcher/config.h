@@ -120,7 +120,9 @@ struct LaunchConfig {
                                        // SIGQUIT
   std::string signals_to_handle_text = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";  // as given: the
                                        // workers' TORCHELASTIC_SIGNALS_TO_HANDLE, as torchrun's
-  std::string python = "python3";      // --python, PET_PYTHON, $PYTHON_EXEC, then python3
+  std::string python = "python3";      // --python, PET_PYTHON, $PYTHON_EXEC, then python3 (the
+                                       // wheel's: its environment's, beside the binary)
+  bool python_of_environment = false;  // python is that python3 beside the wheel's binary
   EnvCheckMode env_check = EnvCheckMode::kStrict;  // --env_check
   std::string env_lock;                // --env_lock FILE
   bool check_env = false;              // --check_env

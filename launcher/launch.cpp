@@ -162,6 +162,7 @@ namespace {
 
 // How the workers' interpreter was chosen, for messages (docs/cli.md "Which Python").
 std::string interpreter_origin(const LaunchConfig& config) {
+  if (config.python_of_environment) return "the Python of ddplaunch's own environment";
   if (config.python == "python3") return "the first python3 on PATH";
   const char* exec = std::getenv("PYTHON_EXEC");
   if (exec != nullptr && config.python == exec) return "from $PYTHON_EXEC";

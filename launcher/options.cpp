@@ -31,7 +31,7 @@ const std::vector<OptionSpec> kOptions = {
   {"run_path", 0, true, nullptr, nullptr,
    Group::kWorkers, "Run PROGRAM (an absolute path to a Python script) as runpy.run_path "
    "would; takes precedence over --no_python."},
-  {"python", 0, false, "PATH", "$PYTHON_EXEC, else python3",
+  {"python", 0, false, "PATH", "$PYTHON_EXEC, else python3 (pip's: its environment's)",
    Group::kWorkers, "Interpreter that runs Python workers (as 'PATH -u PROGRAM ARGS')."},
   {"role", 0, false, "NAME", "default",
    Group::kWorkers, "Role of the workers (ROLE_NAME, the log prefix)."},
@@ -406,7 +406,7 @@ std::string help_text() {
        "        The command line wins; an empty variable counts as unset.\n"
        "    PYTHON_EXEC\n"
        "        Interpreter for Python workers when neither --python nor PET_PYTHON\n"
-       "        is given (else python3).\n"
+       "        is given (else python3; installed by pip, its environment's).\n"
        "    CUDA_VISIBLE_DEVICES\n"
        "        Limits the GPUs counted by --nproc_per_node=gpu|auto; passed on to\n"
        "        the workers unchanged.\n"

@@ -35,6 +35,11 @@ __all__ = ["step", "phase", "checkpoint", "done", "enabled", "abandoned", "InMem
 # The project's version (CMakeLists.txt's project(VERSION)); checkpoints record it.
 __version__ = "0.1.0"
 
+# For find_package(ddplaunch) in a C++ program, like torch.utils.cmake_prefix_path: the worker
+# SDK's CMake package, which the wheel installs beside this file (docs/install.md, "pip"). A copy
+# of this package that came with no wheel (a source tree) has none there.
+cmake_prefix_path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "share", "cmake")
+
 # The slot's layout: contracts/progress_slot.h in the ddplaunch sources (the Python side's one
 # copy; tests/contracts/test_fixtures.py holds it to contracts/fixtures/progress_slot.bin).
 _SLOT_SIZE = 128
