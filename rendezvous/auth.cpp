@@ -59,6 +59,35 @@ std::string auth_proof(std::string_view secret, std::string_view role, std::stri
   return hex(mac, len);
 }
 
+std::string seal_key(std::string_view secret, std::string_view server_nonce, std::string_view client_nonce,
+                     std::string_view job_id) {
+  if (secret.empty()) return {};
+  // A role no message carries: the key is never a proof that was sent.
+  return auth_proof(secret, "seal", server_nonce, client_nonce, job_id);
+}
+
+std::string seal_hex(std::string_view key, std::string_view value) {
+  std::string out(value);
+  if (key.empty()) return out;
+  unsigned char block[EVP_MAX_MD_SIZE];
+  unsigned int block_len = 0;
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    const std::size_t nibble = i % 64;  // 32 bytes of keystream per block, two digits a byte
+    if (nibble == 0) {
+      const std::string counter = "ddplaunch-seal-1\n" + std::to_string(i / 64);
+      HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+           reinterpret_cast<const unsigned char*>(counter.data()), counter.size(), block, &block_len);
+    }
+    const char c = out[i];
+    int v = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+    if (v < 0) continue;
+    const int k = nibble % 2 == 0 ? block[nibble / 2] >> 4 : block[nibble / 2] & 0xF;
+    v ^= k;
+    out[i] = "0123456789abcdef"[v];
+  }
+  return out;
+}
+
 bool proofs_equal(std::string_view a, std::string_view b) {
   if (a.size() != b.size() || a.empty()) return false;
   return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;

@@ -28,6 +28,17 @@ std::string random_hex(std::size_t bytes = 32);
 std::string auth_proof(std::string_view secret, std::string_view role, std::string_view server_nonce,
                        std::string_view client_nonce, std::string_view job_id);
 
+// A node's resume secret never crosses the wire in clear (docs/security.md, "Resume secrets"):
+// the round that issues it and the resume that proves it carry it sealed under a key that only
+// the two ends of that one connection can make, from the job's secret and both handshake nonces.
+// seal_key() is that key (hex; "" when the job has no secret: nothing to seal with);
+// seal_hex() XORs each hex digit of `value` with a keystream of HMAC-SHA256 under the key, so
+// the result is hex of the same length, and sealing twice gives `value` back. Digits that are
+// not hex are left as they are (the codecs refuse them before this).
+std::string seal_key(std::string_view secret, std::string_view server_nonce, std::string_view client_nonce,
+                     std::string_view job_id);
+std::string seal_hex(std::string_view key, std::string_view value);
+
 // Compares two proofs in time independent of where they differ.
 bool proofs_equal(std::string_view a, std::string_view b);
 

@@ -228,7 +228,8 @@ void Client::handle(Message& m) {
     case MessageType::welcome:
       return on_welcome(std::get<Welcome>(m.body));
     case MessageType::round: {
-      const Assignment& a = std::get<Assignment>(m.body);
+      Assignment& a = std::get<Assignment>(m.body);
+      a.secret = seal_hex(seal_key_, a.secret);  // sealed under this connection's key (auth.h)
       if (!a.secret.empty()) secret_ = a.secret;
       if (events_.on_round) events_.on_round(a);
       return;
@@ -280,6 +281,7 @@ void Client::on_challenge(const Challenge& c) {
   h.job_id = options_.job_id;
   h.client_nonce = client_nonce_;
   if (!options_.token.empty()) h.proof = auth_proof(options_.token, "hello", server_nonce_, client_nonce_, h.job_id);
+  seal_key_ = seal_key(options_.token, server_nonce_, client_nonce_, h.job_id);
   send(make_hello(h));
 }
 
@@ -362,6 +364,9 @@ void Client::resume(ResumeRequest request) {
   }
   if (request.node.addr.empty()) request.node.addr = local_address();
   secret_ = request.secret;
+  // Never in clear on the wire: sealed under this connection's key; the assignment's copy stays home.
+  request.secret = seal_hex(seal_key_, request.secret);
+  request.assignment.secret.clear();
   send(make_resume_message(request));
 }
 

@@ -175,6 +175,7 @@ class Client : public std::enable_shared_from_this<Client> {
   std::string payload_;
   std::string server_nonce_;
   std::string client_nonce_;
+  std::string seal_key_;  // seals this node's secret on this connection (auth.h); "" without a token
   std::deque<Frame> queue_;
   bool writing_ = false;
   bool close_when_flushed_ = false;

@@ -49,6 +49,10 @@ void Server::make_state() {
                                       : make_env_round_check([this](const std::string& line) { log(line); }));
   state_->set_retention(options_.retention);
   state_->set_recording(static_cast<bool>(options_.write_records));
+  state_->set_secret_seal([this](ConnId conn, const std::string& secret) {
+    const Session* session = sessions_.find(conn);
+    return session == nullptr ? std::string() : seal_hex(session->seal_key, secret);
+  });
 }
 
 void Server::set_leadership(bool leading, const std::string& leader,
@@ -253,6 +257,7 @@ void Server::handle_first(Session& session, const Message& message) {
   session.authenticated = true;
   session.all_jobs = secrets_.is_cluster_secret(hello.job_id);
   session.job_id = hello.job_id;
+  session.seal_key = seal_key(*secret, session.nonce, hello.client_nonce, hello.job_id);
   session.set_phase(Session::Phase::Authenticated);
   if (message.type == MessageType::status) {
     send_status(session);
@@ -343,6 +348,9 @@ void Server::handle_resume(Session& session, ResumeRequest& r) {
     return;
   }
   if (r.node.addr.empty()) r.node.addr = session.peer_address();
+  // The secret came sealed under this connection's key (auth.h), like the round that issued it.
+  r.secret = seal_hex(session.seal_key, r.secret);
+  r.assignment.secret.clear();  // a copy the client need not send; never compared
   state_->resume(session.id(), r);
   if (state_->is_member(session.id())) {
     session.member = true;

@@ -69,6 +69,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::string peer_address() const { return peer_address_; }
   std::string job_id;      // from hello
   std::string nonce;       // the challenge sent to this connection (hex)
+  std::string seal_key;    // seals node secrets on this connection (auth.h); "" without a secret
   bool member = false;     // joined a job: the state machine watches its heartbeats
   bool redirected = false;     // told not_leader (a follower replica); ignored from then on
   bool greeted = false;        // sent its greeting (optional, at most one, before hello)

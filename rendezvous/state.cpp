@@ -532,7 +532,7 @@ Assignment StateMachine::send_round(Job& job, const std::vector<std::pair<ConnId
     a.rank_offset = offset;
     offset += node->spec.local_world_size;
     set_state(job, *node, NodeState::Running);
-    a.secret = node->secret;  // proves this node in a resume
+    a.secret = seal_ ? seal_(by_rank[r].first, node->secret) : node->secret;  // proves this node in a resume
     out_.send(by_rank[r].first, encode(make_round(a)));
   }
   return a;

@@ -115,6 +115,10 @@ RoundCheck make_env_round_check(std::function<void(const std::string&)> log);
 // The default reads OpenSSL's generator; tests may inject a deterministic one.
 using SecretSource = std::function<std::string()>;
 std::string random_secret();
+// What a round carries of a node's secret for connection `conn`: the server seals it under that
+// connection's key (auth.h, seal_hex), so that it never crosses the wire in clear. Empty
+// function = the secret as it is (tests, a server without secrets).
+using SecretSeal = std::function<std::string(ConnId conn, const std::string& secret)>;
 // A duration in the state machine's messages: "2.5 s" (state.cpp and state_resume.cpp).
 std::string seconds_text(double s);
 // Natural order of host names, the order new nodes take group ranks in: runs of digits compare
@@ -125,6 +129,7 @@ class StateMachine {
  public:
   // REQUIRES: clock and out outlive the state machine.
   StateMachine(const Clock& clock, Outbox& out, RoundCheck round_check = {}, SecretSource secrets = {});
+  void set_secret_seal(SecretSeal seal) { seal_ = std::move(seal); }
 
   // The connection joins (or rejoins) spec.job_id. Invalid specs, an --nnodes mismatch with the
   // job, a taken --node_rank or a finished job drop the connection with a clear error.
@@ -322,6 +327,7 @@ class StateMachine {
   Outbox& out_;
   RoundCheck round_check_;
   SecretSource secrets_;
+  SecretSeal seal_;
   std::map<std::string, Job> jobs_;
   std::unordered_map<ConnId, std::string> conn_job_;
   std::uint64_t next_join_seq_ = 0;

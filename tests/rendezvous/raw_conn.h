@@ -36,6 +36,8 @@ class RawConn {
   RawConn& operator=(const RawConn&) = delete;
 
   bool connected() const { return connected_; }
+  // This connection's key for node secrets (auth.h), after say_hello with a secret.
+  std::string seal_key;
   void close() {
     if (fd_ >= 0) ::close(fd_);
     fd_ = -1;
@@ -63,6 +65,7 @@ class RawConn {
       auto challenge = recv_type("challenge");
       if (!challenge) return false;
       h.proof = auth_proof(secret, role, (*challenge)["nonce"].get<std::string>(), h.client_nonce, job_id);
+      seal_key = ddp::rdzv::seal_key(secret, (*challenge)["nonce"].get<std::string>(), h.client_nonce, job_id);
     }
     return send(std::string(role) == "status" ? make_status_request(h) : make_hello(h));
   }

@@ -395,6 +395,26 @@ TEST_CASE("proofs depend on the secret, the role, both nonces and the job") {
   CHECK_FALSE(proofs_equal(p, auth_proof("s3cret", "hello", "n1", "c1", "job2")));
   CHECK_FALSE(proofs_equal("", ""));
   CHECK(random_hex(32).size() == 64);
+}
+
+TEST_CASE("a node secret sealed under one connection key opens with that key only") {
+  const std::string secret = random_hex(16) + random_hex(40);  // past one 64-digit keystream block
+  const std::string key = seal_key("s3cret", "n1", "c1", "job");
+  CHECK(key.size() == 64);
+  CHECK(key != auth_proof("s3cret", "hello", "n1", "c1", "job"));  // never a proof that was sent
+  const std::string sealed = seal_hex(key, secret);
+  CHECK(sealed.size() == secret.size());
+  CHECK(sealed.find_first_not_of("0123456789abcdef") == std::string::npos);
+  CHECK(sealed != secret);
+  CHECK(sealed.substr(64) != secret.substr(64));
+  CHECK(seal_hex(key, sealed) == secret);
+  CHECK(seal_hex(seal_key("s3cret", "n2", "c1", "job"), sealed) != secret);
+  CHECK(seal_hex(seal_key("s3cret", "n1", "c1", "job2"), sealed) != secret);
+  CHECK(seal_hex(seal_key("other", "n1", "c1", "job"), sealed) != secret);
+  // No secret, no key: the value goes as it is (a server without secrets accepts anyone anyway).
+  CHECK(seal_key("", "n1", "c1", "job").empty());
+  CHECK(seal_hex("", secret) == secret);
+  CHECK(seal_hex(key, "zz-xy!") == "zz-xy!");
   CHECK(random_hex() != random_hex());
 }
 

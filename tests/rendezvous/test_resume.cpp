@@ -395,3 +395,44 @@ TEST_CASE("a hostile client's resume is refused on a real server and a healthy j
   REQUIRE(next);
   CHECK((*next)["type"] == "heartbeat_ack");
 }
+
+TEST_CASE("with a secret a node secret crosses the wire sealed per connection and a replayed sealed value is refused") {
+  ServerOptions options;
+  options.token = "cluster-secret";
+  ServerThread st(options);
+  RawConn node(st.port());
+  REQUIRE(node.connected());
+  REQUIRE(node.say_hello("job", options.token));
+  REQUIRE(node.recv_type("welcome"));
+  NodeSpec s = spec("node1", 1, 1);
+  s.timeouts.heartbeat_timeout = 30;
+  node.send(make_join(s));
+  auto round = node.recv_type("round");
+  REQUIRE(round);
+  const std::string on_the_wire = (*round)["assignment"]["secret"].get<std::string>();
+  const std::string secret = seal_hex(node.seal_key, on_the_wire);
+  CHECK(secret != on_the_wire);
+  CHECK(secret.size() == on_the_wire.size());
+
+  // Someone who captured the round and holds the cluster secret replays the value as it was sent:
+  // on their own connection it opens to something else, and the rank is not theirs.
+  Known k{s, (*round)["assignment"].get<Assignment>(), on_the_wire};
+  k.round.secret.clear();
+  {
+    RawConn replay(st.port());
+    REQUIRE(replay.say_hello("job", options.token));
+    REQUIRE(replay.recv_type("welcome"));
+    replay.send(make_resume(k.request()));
+    auto err = replay.recv_type("error");
+    REQUIRE(err);
+    CHECK((*err)["code"] == "resume_refused");
+  }
+  // The node itself, on a new connection, seals its secret under that connection's key: resumed.
+  RawConn again(st.port());
+  REQUIRE(again.say_hello("job", options.token));
+  REQUIRE(again.recv_type("welcome"));
+  k.secret = seal_hex(again.seal_key, secret);
+  CHECK(k.secret != on_the_wire);
+  again.send(make_resume(k.request()));
+  CHECK(again.recv_type("resumed"));
+}
