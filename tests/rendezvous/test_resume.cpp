@@ -345,21 +345,33 @@ struct ServerThread {
   unsigned short port() const { return server->port(); }
 };
 
+// A one-node job's node, watched loosely enough for a test's pauses.
+NodeSpec one_node() {
+  NodeSpec s = spec("node1", 1, 1);
+  s.timeouts.heartbeat_timeout = 30;
+  return s;
+}
+
+// Says hello on `conn` (proving `token` when not empty), joins `s` and returns its round.
+nlohmann::json first_round(RawConn& conn, const NodeSpec& s, const std::string& token = "") {
+  REQUIRE(conn.connected());
+  REQUIRE(conn.say_hello("job", token));
+  REQUIRE(conn.recv_type("welcome"));
+  conn.send(make_join(s));
+  auto round = conn.recv_type("round");
+  REQUIRE(round);
+  return *round;
+}
+
 }  // namespace
 
 TEST_CASE("a hostile client's resume is refused on a real server and a healthy job goes on") {
   ServerThread st({});
   // A healthy one-node job with its round.
   RawConn healthy(st.port());
-  REQUIRE(healthy.connected());
-  healthy.say_hello("job");
-  REQUIRE(healthy.recv_type("welcome"));
-  NodeSpec s = spec("node1", 1, 1);
-  s.timeouts.heartbeat_timeout = 30;
-  healthy.send(make_join(s));
-  auto round = healthy.recv_type("round");
-  REQUIRE(round);
-  Known k{s, (*round)["assignment"].get<Assignment>(), (*round)["assignment"]["secret"].get<std::string>()};
+  const NodeSpec s = one_node();
+  const auto round = first_round(healthy, s);
+  Known k{s, round["assignment"].get<Assignment>(), round["assignment"]["secret"].get<std::string>()};
 
   auto expect_refused = [&](const nlohmann::json& message, const std::string& code) {
     RawConn bad(st.port());
@@ -401,22 +413,16 @@ TEST_CASE("with a secret a node secret crosses the wire sealed per connection an
   options.token = "cluster-secret";
   ServerThread st(options);
   RawConn node(st.port());
-  REQUIRE(node.connected());
-  REQUIRE(node.say_hello("job", options.token));
-  REQUIRE(node.recv_type("welcome"));
-  NodeSpec s = spec("node1", 1, 1);
-  s.timeouts.heartbeat_timeout = 30;
-  node.send(make_join(s));
-  auto round = node.recv_type("round");
-  REQUIRE(round);
-  const std::string on_the_wire = (*round)["assignment"]["secret"].get<std::string>();
+  const NodeSpec s = one_node();
+  const auto round = first_round(node, s, options.token);
+  const std::string on_the_wire = round["assignment"]["secret"].get<std::string>();
   const std::string secret = seal_hex(node.seal_key, on_the_wire);
   CHECK(secret != on_the_wire);
   CHECK(secret.size() == on_the_wire.size());
 
   // Someone who captured the round and holds the cluster secret replays the value as it was sent:
   // on their own connection it opens to something else, and the rank is not theirs.
-  Known k{s, (*round)["assignment"].get<Assignment>(), on_the_wire};
+  Known k{s, round["assignment"].get<Assignment>(), on_the_wire};
   k.round.secret.clear();
   {
     RawConn replay(st.port());
