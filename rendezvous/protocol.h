@@ -31,7 +31,7 @@ using contracts::json_depth;
 // Version 2: the server speaks first (challenge) and hello/status carry an HMAC proof.
 // Version 3: both sides name the protocol at once (kMagic in the client's greeting and in the
 // server's challenge), so a client that reached some other service says so within a second.
-inline constexpr int kProtocolVersion = 3;
+inline constexpr int kProtocolVersion = 4;  // 4: node secrets sealed (docs/security.md)
 // The magic both sides send first: the client in its greeting, the server in its challenge.
 inline constexpr std::string_view kMagic = "ddp-rendezvous";
 // The server's challenge is small: a first frame longer than this is not a rendezvous server's.

@@ -15,7 +15,7 @@ import time
 import unittest
 
 BIN = os.path.join(os.environ.get("DDPLAUNCH_BUILD_DIR", "build"), "bin", "ddp-rendezvous")
-PROTOCOL = 3  # rendezvous/protocol.h kProtocolVersion
+PROTOCOL = 4  # rendezvous/protocol.h kProtocolVersion
 
 
 def frame(msg):

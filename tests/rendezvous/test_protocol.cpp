@@ -361,7 +361,7 @@ TEST_CASE("a client names a peer that is not a rendezvous server from its first 
   old["protocol_version"] = 2;
   ServerCheck older = check_server_start(*encode_frame(old));
   CHECK(older.verdict == V::refuse);
-  CHECK(older.reason.find("ddp-rendezvous server of protocol version 2; this program speaks version 3") !=
+  CHECK(older.reason.find("ddp-rendezvous server of protocol version 2; this program speaks version 4") !=
         std::string::npos);
   json nomagic = to_json(make_challenge("abcd"));
   nomagic["magic"] = "other";
