@@ -686,6 +686,41 @@ int check_env(const LaunchConfig& config) {
                                                            "; the differences above do not break a job" + scope);
 }
 
+// --metrics_port: the agent's metrics, health and readiness on the agent's io_context
+// (docs/metrics.md), fed by the event bus and the workers' progress. Null without the flag.
+std::unique_ptr<metrics::HttpServer> serve_metrics(boost::asio::io_context& io, const LaunchConfig& config,
+                                                   metrics::EventBus& bus, agent::AgentOptions& options) {
+  if (!config.metrics_port) return nullptr;
+  auto agent_metrics = std::make_shared<agent::AgentMetrics>();
+  bus.add(agent_metrics);
+  std::unique_ptr<metrics::HttpServer> http;
+  boost::system::error_code ec;
+  const auto addr = boost::asio::ip::make_address(config.metrics_addr, ec);
+  if (ec) throw UsageError("ddplaunch: --metrics_addr " + config.metrics_addr + ": not an IP address");
+  try {
+    http = std::make_unique<metrics::HttpServer>(
+        io, boost::asio::ip::tcp::endpoint(addr, static_cast<unsigned short>(*config.metrics_port)));
+  } catch (const boost::system::system_error& e) {
+    throw UsageError("ddplaunch: --metrics_port: cannot listen on " + config.metrics_addr + ":" +
+                     std::to_string(*config.metrics_port) + ": " + e.code().message());
+  }
+  http->route("/metrics", [agent_metrics] {
+    return metrics::HttpResponse{200, metrics::kExpositionContentType, agent_metrics->render()};
+  });
+  http->route("/healthz", [] { return metrics::HttpResponse{200, "text/plain; charset=utf-8", "ok\n"}; });
+  http->route("/readyz", [agent_metrics] {
+    return agent_metrics->running() > 0
+               ? metrics::HttpResponse{200, "text/plain; charset=utf-8", "workers running\n"}
+               : metrics::HttpResponse{503, "text/plain; charset=utf-8", "no worker running\n"};
+  });
+  options.on_progress = [agent_metrics](int local_rank, int64_t step, double time) {
+    agent_metrics->set_progress(local_rank, static_cast<double>(step), time);
+  };
+  std::fprintf(stderr, "ddplaunch: metrics on http://%s:%u/metrics\n", config.metrics_addr.c_str(),
+               static_cast<unsigned>(http->port()));
+  return http;
+}
+
 int launch(const LaunchConfig& config) {
   if (!config.from_slurm.empty()) {
     std::string line;
@@ -739,36 +774,7 @@ int launch(const LaunchConfig& config) {
       throw UsageError(std::string("ddplaunch: --event_log: ") + e.what());
     }
   }
-  std::shared_ptr<agent::AgentMetrics> agent_metrics;
-  std::unique_ptr<metrics::HttpServer> http;
-  if (config.metrics_port) {
-    agent_metrics = std::make_shared<agent::AgentMetrics>();
-    bus->add(agent_metrics);
-    boost::system::error_code ec;
-    const auto addr = boost::asio::ip::make_address(config.metrics_addr, ec);
-    if (ec) throw UsageError("ddplaunch: --metrics_addr " + config.metrics_addr + ": not an IP address");
-    try {
-      http = std::make_unique<metrics::HttpServer>(
-          io, boost::asio::ip::tcp::endpoint(addr, static_cast<unsigned short>(*config.metrics_port)));
-    } catch (const boost::system::system_error& e) {
-      throw UsageError("ddplaunch: --metrics_port: cannot listen on " + config.metrics_addr + ":" +
-                       std::to_string(*config.metrics_port) + ": " + e.code().message());
-    }
-    http->route("/metrics", [agent_metrics] {
-      return metrics::HttpResponse{200, metrics::kExpositionContentType, agent_metrics->render()};
-    });
-    http->route("/healthz", [] { return metrics::HttpResponse{200, "text/plain; charset=utf-8", "ok\n"}; });
-    http->route("/readyz", [agent_metrics] {
-      return agent_metrics->running() > 0
-                 ? metrics::HttpResponse{200, "text/plain; charset=utf-8", "workers running\n"}
-                 : metrics::HttpResponse{503, "text/plain; charset=utf-8", "no worker running\n"};
-    });
-    options.on_progress = [agent_metrics](int local_rank, int64_t step, double time) {
-      agent_metrics->set_progress(local_rank, static_cast<double>(step), time);
-    };
-    std::fprintf(stderr, "ddplaunch: metrics on http://%s:%u/metrics\n", config.metrics_addr.c_str(),
-                 static_cast<unsigned>(http->port()));
-  }
+  auto http = serve_metrics(io, config, *bus, options);
   if (!bus->empty()) options.events = bus;
   agent::Agent agent(io, std::move(options), std::move(rendezvous));
   return agent.run();

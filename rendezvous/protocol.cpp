@@ -768,28 +768,6 @@ Message make_status_reply(json status) { return message(MessageType::status_repl
 Message make_waiting(const Waiting& waiting) { return message(MessageType::waiting, waiting); }
 Message make_not_leader(const std::string& leader) { return message(MessageType::not_leader, NotLeader{leader}); }
 
-bool valid_leader_endpoint(std::string_view text) {
-  if (text.empty()) return true;
-  if (text.size() > kMaxEndpointBytes) return false;
-  try {
-    // The one endpoint syntax, in its canonical form (what Endpoint::text() writes): no blanks,
-    // no leading zeros, brackets around an IPv6 address and only there; a port to connect to.
-    const Endpoint e = parse_endpoint(text, -1);
-    return connect_error(e).empty() && e.text() == text;
-  } catch (const EndpointError&) {
-    return false;
-  }
-}
-
-Frame encode_greeting() {
-  Message m = message(MessageType::greeting, Greeting{});
-  std::string text = to_json(m).dump() + "\r\n";
-  std::string frame(kFrameHeaderBytes, '\0');
-  write_frame_header(static_cast<std::uint32_t>(text.size()), reinterpret_cast<unsigned char*>(frame.data()));
-  frame += text;
-  return std::make_shared<const std::string>(std::move(frame));
-}
-
 Message make_hello(const Hello& hello) { return message(MessageType::hello, hello); }
 Message make_status_request(const Hello& hello) { return message(MessageType::status, hello); }
 Message make_join(const NodeSpec& spec) { return message(MessageType::join, spec); }

@@ -1,9 +1,11 @@
 // Frames and the start of a connection (rendezvous/protocol.h): the length-prefixed frame, its
 // incremental reader, what the server checks in a client's greeting and first message, and how
-// a client tells a rendezvous server from another service by the first bytes it answers. Pure,
+// a client tells a rendezvous server from another service by the first bytes it answers; the
+// greeting itself, and the leader address a redirect may name. Pure,
 // like the rest of the codec: tested without sockets.
 #include <string>
 
+#include "rendezvous/endpoint.h"
 #include "rendezvous/protocol.h"
 
 namespace ddp::rdzv {
@@ -171,6 +173,30 @@ ServerCheck check_server_start(std::string_view bytes, bool closed) {
   }
   if (closed) return not_ours(answered + ", then closed the connection");
   return ServerCheck{};
+}
+
+bool valid_leader_endpoint(std::string_view text) {
+  if (text.empty()) return true;
+  if (text.size() > kMaxEndpointBytes) return false;
+  try {
+    // The one endpoint syntax, in its canonical form (what Endpoint::text() writes): no blanks,
+    // no leading zeros, brackets around an IPv6 address and only there; a port to connect to.
+    const Endpoint e = parse_endpoint(text, -1);
+    return connect_error(e).empty() && e.text() == text;
+  } catch (const EndpointError&) {
+    return false;
+  }
+}
+
+Frame encode_greeting() {
+  Message m;
+  m.type = MessageType::greeting;
+  m.body = Greeting{};
+  std::string text = to_json(m).dump() + "\r\n";
+  std::string frame(kFrameHeaderBytes, '\0');
+  write_frame_header(static_cast<std::uint32_t>(text.size()), reinterpret_cast<unsigned char*>(frame.data()));
+  frame += text;
+  return std::make_shared<const std::string>(std::move(frame));
 }
 
 }  // namespace ddp::rdzv
