@@ -105,7 +105,8 @@ int Agent::Impl::run() {
   RendezvousEvents events;
   events.on_round = [this](const rdzv::Assignment& a) {
     // A standby or a parked worker that died meanwhile is heard of before it would be given a
-    // worker to become.
+    // worker to become (a round nobody waits for is dropped: no reap could end a stop for it).
+    if (core.state() != Supervisor::State::kJoining) return;
     if (options.standby || options.in_memory_restart) processes->reap_exited();
     deliver(event::Round{a});
   };

@@ -95,6 +95,7 @@ void Supervisor::step_running(const Event& e) {
                    emit(effect::ReportFailure{h.failure});
                    stop_workers(SIGTERM, Then{}, false);
                  },
+                 [](const event::Join&) {},  // joined already
                  [this, &e](const auto&) { step_any(e); },
              },
              e);
@@ -112,6 +113,9 @@ void Supervisor::step_stopping(const Event& e) {
                      kill_now();
                    }
                  },
+                 // A join that was due before the stop began (the standbys' word before the
+                 // first join, a check's retry): the stop's decision says what comes next.
+                 [](const event::Join&) {},
                  [this](const event::Posted& p) {
                    if (p.what == Later::kStopDone) {
                      if (settled()) stop_done();

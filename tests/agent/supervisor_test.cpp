@@ -279,6 +279,18 @@ TEST_SUITE("the supervisor runs the agent's lifecycle as events in and effects o
                      "exit 143"},
                     S::kDone},
                })});
+    play({"signal before the first join", two_workers(),
+          {
+              // While the standbys load, before the first join: nothing to stop, and their word
+              // that comes after does not join.
+              {0, event::Signal{SIGTERM}, {"say got SIGTERM", "close rendezvous", "post stop_done"}, S::kStopping},
+              {0, event::Join{}, {}, S::kStopping},
+              {0,
+               event::Posted{Later::kStopDone},
+               {"cancel kill", "cancel give_up", "cancel park", "settled", "kill leftovers", "drain ",
+                "record job_end signal", "drain ", "exit 143"},
+               S::kDone},
+          }});
     play({"second signal", two_workers(),
           then(running_two(),
                {
