@@ -23,13 +23,6 @@ namespace ddp::agent {
 
 namespace {
 
-template <class... F>
-struct Overloaded : F... {
-  using F::operator()...;
-};
-template <class... F>
-Overloaded(F...) -> Overloaded<F...>;
-
 // A time of monotonic_seconds() as the steady clock's time point.
 std::chrono::steady_clock::time_point steady_time(double seconds) {
   using namespace std::chrono;

@@ -10,13 +10,6 @@ namespace ddp::agent {
 
 namespace {
 
-template <class... F>
-struct Overloaded : F... {
-  using F::operator()...;
-};
-template <class... F>
-Overloaded(F...) -> Overloaded<F...>;
-
 constexpr int kUsage = static_cast<int>(ExitCode::kUsage);
 constexpr int kJobFailed = static_cast<int>(ExitCode::kJobFailed);
 constexpr int kRendezvousFailed = static_cast<int>(ExitCode::kRendezvousFailed);

@@ -58,6 +58,14 @@ struct SupervisedWorker {
   int signal = 0;
 };
 
+// std::visit with one lambda per alternative: how events and effects are taken apart.
+template <class... F>
+struct Overloaded : F... {
+  using F::operator()...;
+};
+template <class... F>
+Overloaded(F...) -> Overloaded<F...>;
+
 // What the supervisor decided; the shell carries each out and decides nothing.
 namespace effect {
 struct Say { std::string line; };

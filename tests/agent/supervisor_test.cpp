@@ -16,13 +16,6 @@ namespace rdzv = ddp::rdzv;
 
 namespace {
 
-template <class... F>
-struct Overloaded : F... {
-  using F::operator()...;
-};
-template <class... F>
-Overloaded(F...) -> Overloaded<F...>;
-
 std::string fmt(double v) {
   std::string s = std::to_string(v);
   s.erase(s.find_last_not_of('0') + 1);
