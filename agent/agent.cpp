@@ -13,7 +13,7 @@
 
 #include "agent/agent_shell.h"
 #include "agent/containment.h"
-#include "agent/exit_codes.h"
+#include "rendezvous/error.h"
 #include "agent/failure.h"
 #include "agent/progress_line.h"
 

@@ -15,7 +15,7 @@
 
 #include "agent/agent_shell.h"
 #include "agent/devices.h"
-#include "agent/exit_codes.h"
+#include "rendezvous/error.h"
 #include "agent/failure.h"
 #include "agent/progress_line.h"
 #include "agent/standby.h"

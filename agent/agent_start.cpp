@@ -16,6 +16,7 @@
 #include "agent/agent_shell.h"
 #include "agent/containment.h"
 #include "agent/standby.h"
+#include "rendezvous/error.h"
 
 namespace asio = boost::asio;
 
@@ -160,7 +161,7 @@ void Agent::Impl::setup_stream(WorkerIo& w, const OutputPlan& plan, int bit, int
     std::string path = plan.dir + (bit == kStdOut ? "/stdout.log" : "/stderr.log");
     (bit == kStdOut ? w.stdout_log : w.stderr_log) = path;
     file_fd = open_log(path);
-    if (file_fd < 0) throw std::runtime_error("open log file " + path + ": " + std::strerror(errno));
+    if (file_fd < 0) throw LaunchError(ExitCode::kUsage, "open log file " + path + ": " + std::strerror(errno));
   }
   if (!to_console) {
     child_fd = file_fd;
@@ -171,7 +172,7 @@ void Agent::Impl::setup_stream(WorkerIo& w, const OutputPlan& plan, int bit, int
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) {
     if (file_fd >= 0) ::close(file_fd);
-    throw std::runtime_error(std::string("pipe for worker output: ") + std::strerror(errno));
+    throw LaunchError(ExitCode::kUsage, std::string("pipe for worker output: ") + std::strerror(errno));
   }
   LineSinks sinks;
   sinks.console_fd = bit == kStdOut ? STDOUT_FILENO : STDERR_FILENO;
@@ -203,7 +204,7 @@ int Agent::Impl::filtered_fd(int stream, int attempt) {
         boost::filesystem::path(worker_log_dir(options.log_dir, log_subdir(), attempt, 0)).parent_path().string();
     const std::string path = dir + (stream == 0 ? "/filtered_stdout.log" : "/filtered_stderr.log");
     filtered_fds[stream] = open_log(path);
-    if (filtered_fds[stream] < 0) throw std::runtime_error("open log file " + path + ": " + std::strerror(errno));
+    if (filtered_fds[stream] < 0) throw LaunchError(ExitCode::kUsage, "open log file " + path + ": " + std::strerror(errno));
   }
   return filtered_fds[stream];
 }
@@ -215,7 +216,7 @@ void Agent::Impl::start_worker(const RoundEnv& round, int local_rank, const std:
   const std::string dir = worker_log_dir(options.log_dir, log_subdir(), round.assignment.restart_count, local_rank);
   boost::system::error_code ec;
   boost::filesystem::create_directories(dir, ec);
-  if (ec) throw std::runtime_error("create log directory " + dir + ": " + ec.message());
+  if (ec) throw LaunchError(ExitCode::kUsage, "create log directory " + dir + ": " + ec.message());
   w.error_file = dir + "/error.json";
   ::unlink(w.error_file.c_str());  // a stale one from an earlier round would be misread
 

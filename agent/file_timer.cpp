@@ -15,6 +15,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "rendezvous/error.h"
+
 namespace asio = boost::asio;
 
 namespace ddp::agent {
@@ -114,11 +116,11 @@ FileTimerServer::FileTimerServer(asio::io_context& io, std::string path, Callbac
   struct stat st {};
   if (::lstat(path_.c_str(), &st) == 0) {
     if (!S_ISFIFO(st.st_mode)) {
-      throw std::runtime_error("TORCHELASTIC_TIMER_FILE=" + path_ +
+      throw LaunchError(ExitCode::kUsage, "TORCHELASTIC_TIMER_FILE=" + path_ +
                                " exists and is not a FIFO; remove it or name another path");
     }
   } else if (::mkfifo(path_.c_str(), 0600) != 0) {
-    throw std::runtime_error("TORCHELASTIC_TIMER_FILE=" + path_ + ": cannot create the FIFO: " +
+    throw LaunchError(ExitCode::kUsage, "TORCHELASTIC_TIMER_FILE=" + path_ + ": cannot create the FIFO: " +
                              std::strerror(errno));
   } else {
     created_ = true;
@@ -129,7 +131,7 @@ FileTimerServer::FileTimerServer(asio::io_context& io, std::string path, Callbac
   if (fd < 0) {
     const std::string err = std::strerror(errno);
     if (created_) ::unlink(path_.c_str());
-    throw std::runtime_error("TORCHELASTIC_TIMER_FILE=" + path_ + ": cannot open the FIFO: " + err);
+    throw LaunchError(ExitCode::kUsage, "TORCHELASTIC_TIMER_FILE=" + path_ + ": cannot open the FIFO: " + err);
   }
   fifo_.assign(fd);
   wait_readable();

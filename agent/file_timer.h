@@ -71,7 +71,7 @@ class FileTimerServer {
     std::function<void(const std::string& line)> say;
   };
   // Creates the FIFO at `path` (mode 0600; an existing FIFO is reused, anything else is an
-  // error) and starts reading it. Throws std::runtime_error naming the path.
+  // error) and starts reading it. Throws LaunchError naming the path.
   FileTimerServer(boost::asio::io_context& io, std::string path, Callbacks callbacks);
   // Removes the FIFO when this server created it.
   ~FileTimerServer();

@@ -184,10 +184,10 @@ json program_fingerprint(const FingerprintOptions& o, const std::map<std::string
     return prog;
   }
   prog["path"] = path;
-  try {
-    prog["sha256"] = hashes.hash(path);
-  } catch (const std::system_error& e) {
-    prog["error"] = e.what();
+  if (const Expected<std::string> hash = hashes.hash(path)) {
+    prog["sha256"] = *hash;
+  } else {
+    prog["error"] = hash.error();
   }
   if (o.python) return prog;
   ChildResult r = run_child({"ldd", path}, env, o.probe_timeout);
@@ -195,11 +195,8 @@ json program_fingerprint(const FingerprintOptions& o, const std::map<std::string
   if (r.started && !r.timed_out && r.exit_code == 0) {
     for (const auto& [name, lib] : parse_ldd(r.out)) {
       if (lib.empty()) { libs[name] = "not found"; continue; }
-      try {
-        libs[name] = hashes.hash(lib);
-      } catch (const std::system_error& e) {
-        libs[name] = std::string("unreadable: ") + e.what();
-      }
+      const Expected<std::string> hash = hashes.hash(lib);
+      libs[name] = hash ? *hash : "unreadable: " + hash.error();
     }
   } else if (r.started && !r.timed_out &&
              (r.out + r.err).find("not a dynamic executable") != std::string::npos) {
@@ -211,30 +208,28 @@ json program_fingerprint(const FingerprintOptions& o, const std::map<std::string
   return prog;
 }
 
-json env_lock_fingerprint(const FingerprintOptions& o, const std::map<std::string, std::string>& env) {
+Expected<json> env_lock_fingerprint(const FingerprintOptions& o, const std::map<std::string, std::string>& env) {
   const std::string& spec = o.env_lock;
   if (spec.rfind("cmd:", 0) == 0) {
     std::string command = spec.substr(4);
     if (trim(command).empty()) {
-      throw FingerprintError("--env_lock cmd: needs a command after 'cmd:', e.g. 'cmd:conda list --explicit'");
+      return unexpected("--env_lock cmd: needs a command after 'cmd:', e.g. 'cmd:conda list --explicit'");
     }
     ChildResult r = run_child({"/bin/sh", "-c", command}, env, o.probe_timeout);
     if (!r.started || r.timed_out || r.exit_code != 0) {
-      throw FingerprintError(describe_failure("--env_lock command '" + command + "'", r, o.probe_timeout));
+      return unexpected(describe_failure("--env_lock command '" + command + "'", r, o.probe_timeout));
     }
-    return {{"source", spec}, {"sha256", sha256_hex(r.out)}};
+    return json{{"source", spec}, {"sha256", sha256_hex(r.out)}};
   }
   std::error_code ec;
   if (!fs::is_regular_file(spec, ec)) {
-    throw FingerprintError("--env_lock " + spec +
-                           ": no such file (give a lock file such as requirements.txt, or "
-                           "cmd:COMMAND to hash a command's output)");
+    return unexpected("--env_lock " + spec +
+                      ": no such file (give a lock file such as requirements.txt, or "
+                      "cmd:COMMAND to hash a command's output)");
   }
-  try {
-    return {{"source", spec}, {"sha256", sha256_file(spec)}};
-  } catch (const std::system_error& e) {
-    throw FingerprintError(std::string("--env_lock ") + e.what());
-  }
+  const Expected<std::string> hash = sha256_file(spec);
+  if (!hash) return unexpected("--env_lock " + hash.error());
+  return json{{"source", spec}, {"sha256", *hash}};
 }
 
 std::string os_release() {
@@ -273,11 +268,15 @@ json interpreter_fingerprint(const FingerprintOptions& options) {
   return python_fingerprint(options, env, cache_dir_of(options.cache_dir, env));
 }
 
-json environment_fingerprint(const FingerprintOptions& options) {
+Expected<json> environment_fingerprint(const FingerprintOptions& options) {
   auto env = environment_of(options.use_process_environment, options.environment);
   json fp = json::object();
   if (options.python) fp[std::string(schema::kPython)] = python_fingerprint(options, env, cache_dir_of(options.cache_dir, env));
-  if (!options.env_lock.empty()) fp[std::string(schema::kEnvLock)] = env_lock_fingerprint(options, env);
+  if (!options.env_lock.empty()) {
+    Expected<json> lock = env_lock_fingerprint(options, env);
+    if (!lock) return lock;
+    fp[std::string(schema::kEnvLock)] = std::move(*lock);
+  }
   return fp;
 }
 
@@ -297,7 +296,7 @@ std::string environment_digest(const json& fingerprint) {
   return lines.empty() ? std::string() : sha256_hex(lines);
 }
 
-json compute_fingerprint(const FingerprintOptions& options) {
+Expected<json> compute_fingerprint(const FingerprintOptions& options) {
   auto env = environment_of(options.use_process_environment, options.environment);
   std::string cache_dir = cache_dir_of(options.cache_dir, env);
   json fp = json::object();
@@ -310,7 +309,11 @@ json compute_fingerprint(const FingerprintOptions& options) {
   json prog = program_fingerprint(options, env, hashes);
   hashes.save();
   if (!prog.empty()) fp[std::string(schema::kProgram)] = prog;
-  if (!options.env_lock.empty()) fp[std::string(schema::kEnvLock)] = env_lock_fingerprint(options, env);
+  if (!options.env_lock.empty()) {
+    Expected<json> lock = env_lock_fingerprint(options, env);
+    if (!lock) return lock;
+    fp[std::string(schema::kEnvLock)] = std::move(*lock);
+  }
   json settings = json::object();
   for (const auto& [k, v] : env) {
     if (k.rfind("NCCL_", 0) == 0 || k == "CUDA_VISIBLE_DEVICES") settings[k] = v;

@@ -23,13 +23,6 @@
 
 namespace ddp::agent {
 
-// A fingerprint input that cannot be read (the --env_lock file is missing, its command failed).
-// Usage errors: the launcher maps this to exit code 2.
-class FingerprintError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
 struct FingerprintOptions {
   // The worker program: a script (Python), a module name (module = true) or an executable
   // (python = false, i.e. --no_python). Empty: nothing about the program is recorded.
@@ -59,8 +52,9 @@ struct FingerprintOptions {
 // Computes this node's fingerprint. Never starts more than one interpreter probe; a failing probe
 // (interpreter missing, `import torch` failing, deadline) is recorded in python.error, not thrown,
 // so that --check_env can show it. REQUIRES: options.probe_timeout > 0.
-// Throws FingerprintError when the --env_lock input cannot be read.
-nlohmann::json compute_fingerprint(const FingerprintOptions& options);
+// Refused when the --env_lock input cannot be read (the file is missing, its command failed): a
+// usage error, which the launcher ends with exit code 2.
+Expected<nlohmann::json> compute_fingerprint(const FingerprintOptions& options);
 
 // Parts, exposed for tests and for --check_env.
 nlohmann::json machine_fingerprint();  // {"arch", "os", "glibc"}
@@ -72,7 +66,7 @@ nlohmann::json interpreter_fingerprint(const FingerprintOptions& options);
 // The sections of the fingerprint that describe the environment rather than the machine or the
 // program: "python" (for Python workers) and "env_lock" (with --env_lock). What a single node,
 // which compares with no one, computes for its checkpoints' lineage.
-nlohmann::json environment_fingerprint(const FingerprintOptions& options);
+Expected<nlohmann::json> environment_fingerprint(const FingerprintOptions& options);
 
 // The sha256 (hex) of a fingerprint's breaking facts outside "program" (the program changes
 // between runs on purpose; checkpoints record its hash on their own): equal for two fingerprints

@@ -111,16 +111,16 @@ HashCache::HashCache(std::string path) : path_(std::move(path)) {
   entries_ = load_json(path_);
   if (!entries_.is_object()) entries_ = json::object();
 }
-std::string HashCache::hash(const std::string& file) {
+Expected<std::string> HashCache::hash(const std::string& file) {
   std::string stamp = file_stamp(file);
   auto it = entries_.find(file);
   if (!stamp.empty() && it != entries_.end() && it->is_object() &&
       it->value("stamp", "") == stamp) {
     return it->value("sha256", "");
   }
-  std::string h = sha256_file(file);
-  if (!stamp.empty()) {
-    entries_[file] = {{"stamp", stamp}, {"sha256", h}};
+  Expected<std::string> h = sha256_file(file);
+  if (h && !stamp.empty()) {
+    entries_[file] = {{"stamp", stamp}, {"sha256", *h}};
     dirty_ = true;
   }
   return h;

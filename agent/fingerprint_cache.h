@@ -8,6 +8,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "rendezvous/error.h"
+
 namespace ddp::agent::fingerprint_detail {
 
 std::string trim(std::string s);
@@ -34,7 +36,8 @@ void store_json(const std::string& path, const nlohmann::json& j);
 class HashCache {
  public:
   explicit HashCache(std::string path);
-  std::string hash(const std::string& file);
+  // The file's SHA-256, or why it cannot be read.
+  Expected<std::string> hash(const std::string& file);
   // Stores new hashes; entries of files that are gone are dropped so the file stays small.
   void save();
 

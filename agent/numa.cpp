@@ -65,12 +65,8 @@ std::string trim(const std::string& s) {
 int smallest_sharing(const std::string& path, int cpu) {
   auto text = read_file(path);
   if (!text) return cpu;
-  try {
-    auto cpus = parse_cpu_list(*text);
-    return cpus.empty() ? cpu : *cpus.begin();
-  } catch (const NumaError&) {
-    return cpu;
-  }
+  const Expected<std::set<int>> cpus = parse_cpu_list(*text);
+  return !cpus || cpus->empty() ? cpu : *cpus->begin();
 }
 
 int device_node(const Topology& t, int local_rank, const std::vector<int>& cpu_nodes) {
@@ -98,7 +94,7 @@ const char* numa_mode_name(NumaMode mode) {
   return "?";
 }
 
-std::set<int> parse_cpu_list(const std::string& text) {
+Expected<std::set<int>> parse_cpu_list(const std::string& text) {
   std::set<int> cpus;
   const std::string s = trim(text);
   if (s.empty()) return cpus;
@@ -109,11 +105,11 @@ std::set<int> parse_cpu_list(const std::string& text) {
     const long first = std::strtol(item.c_str(), &end, 10);
     long last = first;
     if (dash != std::string::npos) {
-      if (end != item.c_str() + dash) throw NumaError("bad cpulist '" + s + "'");
+      if (end != item.c_str() + dash) return unexpected("bad cpulist '" + s + "'");
       last = std::strtol(item.c_str() + dash + 1, &end, 10);
     }
     if (item.empty() || *end != '\0' || first < 0 || last < first || last >= CPU_SETSIZE) {
-      throw NumaError("bad cpulist '" + s + "'");
+      return unexpected("bad cpulist '" + s + "'");
     }
     for (long c = first; c <= last; ++c) cpus.insert(static_cast<int>(c));
   }
@@ -133,21 +129,23 @@ std::string cpu_list_string(const std::set<int>& cpus) {
   return out;
 }
 
-Topology read_topology(const std::string& sys_root, const std::string& proc_root,
-                       const std::set<int>& allowed, const char* cuda_visible_devices) {
+Expected<Topology> read_topology(const std::string& sys_root, const std::string& proc_root,
+                                 const std::set<int>& allowed, const char* cuda_visible_devices) {
   Topology t;
   const std::string node_dir = sys_root + "/devices/system/node";
   for (int node : numbered_entries(node_dir, "node")) {
     auto text = read_file(node_dir + "/node" + std::to_string(node) + "/cpulist");
     if (!text) continue;
+    const Expected<std::set<int>> listed = parse_cpu_list(*text);
+    if (!listed) return unexpected(node_dir + "/node" + std::to_string(node) + "/cpulist: " + listed.error());
     std::set<int> cpus;
-    for (int cpu : parse_cpu_list(*text)) {
+    for (int cpu : *listed) {
       if (allowed.count(cpu) != 0) cpus.insert(cpu);
     }
     if (!cpus.empty()) t.node_cpus[node] = std::move(cpus);
   }
   if (t.node_cpus.empty()) {
-    throw NumaError("no NUMA node with a usable CPU under " + node_dir);
+    return unexpected("no NUMA node with a usable CPU under " + node_dir);
   }
   const std::string cpu_dir = sys_root + "/devices/system/cpu";
   for (const auto& [node, cpus] : t.node_cpus) {
@@ -181,7 +179,7 @@ Topology read_topology(const std::string& sys_root, const std::string& proc_root
   return t;
 }
 
-Topology read_topology() {
+Expected<Topology> read_topology() {
   cpu_set_t set;
   CPU_ZERO(&set);
   std::set<int> allowed;
@@ -193,7 +191,7 @@ Topology read_topology() {
   return read_topology("/sys", "/proc", allowed, std::getenv("CUDA_VISIBLE_DEVICES"));
 }
 
-std::vector<NumaBinding> plan_numa_bindings(const Topology& t, NumaMode mode, int nproc) {
+Expected<std::vector<NumaBinding>> plan_numa_bindings(const Topology& t, NumaMode mode, int nproc) {
   std::vector<int> cpu_nodes;
   for (const auto& entry : t.node_cpus) cpu_nodes.push_back(entry.first);
   // Which "devices" (local ranks, or the machine's GPUs) share each node, for exclusive and
@@ -236,9 +234,8 @@ std::vector<NumaBinding> plan_numa_bindings(const Topology& t, NumaMode mode, in
           break;
         }
         if (n < count) {
-          throw NumaError("--numa_binding=exclusive: NUMA node " + std::to_string(node) + " has " +
-                          std::to_string(n) + " usable physical cores for " + std::to_string(count) +
-                          " devices; use --numa_binding=node");
+          return unexpected("NUMA node " + std::to_string(node) + " has " + std::to_string(n) +
+                            " usable physical cores for " + std::to_string(count) + " devices; use --numa_binding=node");
         }
         const int per = n / count;
         const int extra = n % count;

@@ -12,9 +12,10 @@
 #include <map>
 #include <optional>
 #include <set>
-#include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "rendezvous/error.h"
 
 namespace ddp::agent {
 
@@ -41,18 +42,13 @@ struct Topology {
   std::vector<int> device_nodes;
 };
 
-class NumaError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
 // Reads the topology under `sys_root` (normally "/sys") and `proc_root` ("/proc"), keeping the
 // CPUs in `allowed` (this process's affinity). `cuda_visible_devices` nullptr = unset.
-// Throws NumaError when sysfs holds no NUMA node with an allowed CPU.
-Topology read_topology(const std::string& sys_root, const std::string& proc_root,
-                       const std::set<int>& allowed, const char* cuda_visible_devices);
+// Refused when sysfs holds no NUMA node with an allowed CPU, or a node's cpulist is malformed.
+Expected<Topology> read_topology(const std::string& sys_root, const std::string& proc_root,
+                                 const std::set<int>& allowed, const char* cuda_visible_devices);
 // The same for this machine and process.
-Topology read_topology();
+Expected<Topology> read_topology();
 
 // Where one worker runs. An empty `cpus` means "no binding".
 struct NumaBinding {
@@ -62,14 +58,14 @@ struct NumaBinding {
 
 // The binding of each local rank 0..nproc-1. Local rank r uses device r; without
 // accelerators (or past the last one), local ranks go round-robin over the NUMA nodes that
-// have allowed CPUs. Throws NumaError when a mode cannot be satisfied (exclusive with fewer
-// physical cores than devices on a node).
-std::vector<NumaBinding> plan_numa_bindings(const Topology& topology, NumaMode mode, int nproc);
+// have allowed CPUs. Refused, saying why and what to use instead, when a mode cannot be satisfied
+// (exclusive with fewer physical cores than devices on a node).
+Expected<std::vector<NumaBinding>> plan_numa_bindings(const Topology& topology, NumaMode mode, int nproc);
 
 // "0-3,8" for {0,1,2,3,8} (the sysfs cpulist format).
 std::string cpu_list_string(const std::set<int>& cpus);
-// Parses the sysfs cpulist format ("0-3,8\n"); throws NumaError on anything else.
-std::set<int> parse_cpu_list(const std::string& text);
+// Parses the sysfs cpulist format ("0-3,8\n"); refuses anything else.
+Expected<std::set<int>> parse_cpu_list(const std::string& text);
 
 // The binding in the form the child applies without allocating.
 struct PreparedBinding {

@@ -35,7 +35,7 @@ class ProgressBoard {
   static constexpr std::size_t kSlotSize = contracts::kSlotSize;
   static constexpr std::size_t kPhaseSize = contracts::kPhaseSize;
 
-  // Creates the memfd with `slots` zeroed slots. Throws std::system_error.
+  // Creates the memfd with `slots` zeroed slots. Throws LaunchError (a usage error: nothing was started).
   explicit ProgressBoard(int slots);
   ~ProgressBoard();
   ProgressBoard(const ProgressBoard&) = delete;

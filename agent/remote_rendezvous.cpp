@@ -149,15 +149,20 @@ RemoteRendezvous::RemoteRendezvous(boost::asio::io_context& io, RemoteRendezvous
     return;
   }
   endpoints_ = options_.endpoints;
-  if (endpoints_.empty()) throw std::invalid_argument("no endpoint given");
+  // What the command line gave, for a refusal: "ddplaunch: --rdzv_endpoint=GIVEN: WHY; ...".
+  const auto refuse = [this](const std::string& why) {
+    std::string given;
+    for (const rdzv::Endpoint& endpoint : options_.endpoints) given += (given.empty() ? "" : ",") + endpoint.text();
+    return LaunchError(ExitCode::kUsage, "ddplaunch: --rdzv_endpoint=" + given + ": " + why + "; expected HOST:PORT");
+  };
+  if (endpoints_.empty()) throw refuse("no endpoint given");
   if (endpoints_.size() == 1 && endpoints_[0].port == 0) {
     // Port 0: a free port, on a server only this node can host (nobody else can know the port);
     // torch 2.x writes --standalone as --rdzv_endpoint=localhost:0.
     const std::string host = endpoints_[0].host;
     if (!is_local_host(host) || !options_.host_if_local) {
-      throw std::invalid_argument("port 0 means a free port on a rendezvous this node hosts, so HOST must be "
-                                  "this machine (e.g. localhost:0, as torch 2.x writes --standalone); give the "
-                                  "port of the rendezvous at " + host);
+      throw refuse("port 0 means a free port on a rendezvous this node hosts, so HOST must be this machine (e.g. "
+                   "localhost:0, as torch 2.x writes --standalone); give the port of the rendezvous at " + host);
     }
     server_ = std::make_unique<rdzv::Server>(io_, listen_endpoint(host, 0), server_options);
     endpoints_[0].port = server_->port();
@@ -165,7 +170,7 @@ RemoteRendezvous::RemoteRendezvous(boost::asio::io_context& io, RemoteRendezvous
     return;
   }
   for (const rdzv::Endpoint& e : endpoints_) {
-    if (const std::string error = rdzv::connect_error(e); !error.empty()) throw std::invalid_argument(error);
+    if (const std::string error = rdzv::connect_error(e); !error.empty()) throw refuse(error);
   }
   if (!options_.host_if_local) return;
   for (const auto& [host, port] : endpoints_) {
@@ -200,8 +205,16 @@ void RemoteRendezvous::start_replica(rdzv::ServerOptions server_options) {
   o.log = [this](const std::string& line) { log("rendezvous replica: " + line); };
   boost::system::error_code ec;
   const auto address = boost::asio::ip::make_address(r.listen_addr, ec);
-  if (ec) throw std::invalid_argument("cannot listen on " + r.listen_addr + ": not an IP address");
-  replica_ = std::make_unique<rdzv::Replica>(io_, tcp::endpoint(address, 0), std::move(o));
+  if (ec) {
+    throw LaunchError(ExitCode::kUsage,
+                      "ddplaunch: --local_addr: cannot listen on " + r.listen_addr + ": not an IP address");
+  }
+  try {
+    replica_ = std::make_unique<rdzv::Replica>(io_, tcp::endpoint(address, 0), std::move(o));
+  } catch (const boost::system::system_error& e) {  // Asio's constructors refuse by throwing
+    throw LaunchError(ExitCode::kUsage, "ddplaunch: cannot listen for the rendezvous replica on " + r.listen_addr +
+                                            ": " + e.code().message() + "; give --local_addr=ADDRESS of this node");
+  }
   endpoints_ = {replica_->endpoint()};
   log("hosting a replica of job " + options_.job_id + "'s rendezvous on " + replica_->endpoint().text() +
       " (etcd key prefix " +
@@ -488,9 +501,8 @@ void RemoteRendezvous::on_redirect(const std::string& leader, const std::string&
   // The decoder let only HOST:PORT through (valid_leader_endpoint); a leader that still does not
   // parse is no leader known.
   rdzv::Endpoint to;
-  try {
-    if (!leader.empty()) to = rdzv::parse_endpoint(leader, -1);
-  } catch (const rdzv::EndpointError&) {
+  if (!leader.empty()) {
+    if (Expected<rdzv::Endpoint> parsed = rdzv::parse_endpoint(leader, -1)) to = std::move(*parsed);
   }
   auto it = std::find(endpoints_.begin(), endpoints_.end(), to);
   if (!rdzv::connect_error(to).empty() || std::chrono::steady_clock::now() >= deadline_ ||

@@ -34,6 +34,7 @@
 
 #include "agent/progress_line.h"
 #include "agent/rendezvous_handler.h"
+#include "rendezvous/error.h"
 #include "rendezvous/endpoint.h"
 #include "rendezvous/etcd.h"
 
@@ -86,6 +87,8 @@ struct RemoteRendezvousOptions {
 
 class RemoteRendezvous final : public RendezvousHandler {
  public:
+  // Throws LaunchError (exit 2, naming the flag) when the options cannot work: no endpoint, an
+  // endpoint that cannot be connected to, port 0 on another host, a replica that cannot listen.
   RemoteRendezvous(boost::asio::io_context& io, RemoteRendezvousOptions options);
   ~RemoteRendezvous() override;
 

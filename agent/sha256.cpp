@@ -8,7 +8,6 @@
 #include <cstring>
 #include <memory>
 #include <stdexcept>
-#include <system_error>
 #include <vector>
 
 namespace ddp::agent {
@@ -48,9 +47,10 @@ std::string sha256_hex(std::string_view data) {
   return d.hex();
 }
 
-std::string sha256_file(const std::string& path) {
+Expected<std::string> sha256_file(const std::string& path) {
+  const auto failed = [&path](int error) { return unexpected("hash " + path + ": " + std::strerror(error)); };
   int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw std::system_error(errno, std::generic_category(), "hash " + path);
+  if (fd < 0) return failed(errno);
   Digest d;
   std::vector<char> buf(1 << 20);
   while (true) {
@@ -59,7 +59,7 @@ std::string sha256_file(const std::string& path) {
       if (errno == EINTR) continue;
       const int e = errno;
       close(fd);
-      throw std::system_error(e, std::generic_category(), "hash " + path);
+      return failed(e);
     }
     if (n == 0) break;
     d.update(buf.data(), static_cast<std::size_t>(n));

@@ -4,12 +4,13 @@
 #include <string>
 #include <string_view>
 
+#include "rendezvous/error.h"
+
 namespace ddp::agent {
 
 // SHA-256 as 64 lowercase hex digits.
 std::string sha256_hex(std::string_view data);
-// SHA-256 of a file's contents. Throws std::system_error ("hash PATH: <errno text>") when it
-// cannot be read.
-std::string sha256_file(const std::string& path);
+// SHA-256 of a file's contents, or why not ("hash PATH: <errno text>") when it cannot be read.
+Expected<std::string> sha256_file(const std::string& path);
 
 }  // namespace ddp::agent

@@ -70,7 +70,7 @@ std::string ExitStatus::str() const {
 // ---- the error ----------------------------------------------------------------------------
 
 SpawnError::SpawnError(std::string executable, int error, const std::string& what, std::vector<int> pids)
-    : std::runtime_error(what), pids(std::move(pids)), executable_(std::move(executable)), error_(error) {}
+    : LaunchError(ExitCode::kUsage, what), pids(std::move(pids)), executable_(std::move(executable)), error_(error) {}
 
 SpawnError SpawnError::exec_failed(const std::string& executable, int error, std::vector<int> pids) {
   std::string what = "cannot start " + executable + ": " + std::strerror(error);

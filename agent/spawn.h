@@ -27,11 +27,11 @@
 #include <sys/types.h>
 
 #include <initializer_list>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "agent/numa.h"
+#include "rendezvous/error.h"
 
 namespace ddp::agent {
 
@@ -63,8 +63,9 @@ struct ExitStatus {
 // A program could not be started: not found, not executable, no process (fork failed), no pipe.
 // `executable` is what was to run (argv[0] as given), `error` the errno that said why (0 when
 // none applies). `pids`: from a confirmation of several execs (Processes::confirm_spawned()),
-// the processes that could not exec, already reaped.
-class SpawnError : public std::runtime_error {
+// the processes that could not exec, already reaped. A LaunchError of exit code 2: a worker
+// program that cannot start is a usage error.
+class SpawnError : public LaunchError {
  public:
   SpawnError(std::string executable, int error, const std::string& what, std::vector<int> pids = {});
   // "cannot start X: <strerror>", with a hint when a #! line names a missing interpreter.

@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "agent/exit_codes.h"
+#include "rendezvous/error.h"
 
 namespace ddp::agent {
 

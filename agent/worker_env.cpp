@@ -13,6 +13,7 @@
 
 #include "agent/standby.h"         // kStandbyFdVariable
 #include "contracts/worker_channel.h"  // kWorkerFdVariable
+#include "rendezvous/error.h"
 
 extern char** environ;
 
@@ -42,7 +43,7 @@ void narrow_to_own_device(int local_rank, const std::map<std::string, std::strin
       start = comma + 1;
     }
     if (local_rank >= static_cast<int>(devices.size())) {
-      throw std::invalid_argument("--virtual_local_rank: local rank " + std::to_string(local_rank) +
+      throw LaunchError(ExitCode::kUsage, "--virtual_local_rank: local rank " + std::to_string(local_rank) +
                                   " has no device in " + source->first + "=" + source->second);
     }
     device = devices[local_rank];
@@ -232,7 +233,7 @@ bool should_set_omp_num_threads(int local_world_size,
 
 int pick_free_port(const std::string& addr) {
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) throw std::system_error(errno, std::generic_category(), "pick a free port: socket");
+  if (fd < 0) throw LaunchError(ExitCode::kUsage, std::string("pick a free port: socket: ") + std::strerror(errno));
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
   sa.sin_port = 0;
@@ -240,7 +241,7 @@ int pick_free_port(const std::string& addr) {
   if (::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) {
     int err = errno;
     ::close(fd);
-    throw std::system_error(err, std::generic_category(), "pick a free port: bind " + addr + ":0");
+    throw LaunchError(ExitCode::kUsage, "pick a free port: bind " + addr + ":0: " + std::strerror(err));
   }
   socklen_t len = sizeof sa;
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "rendezvous/error.h"
 #include "rendezvous/types.h"
 
 namespace ddp::agent {
@@ -50,7 +51,7 @@ std::string interface_towards(const std::string& addr);
 
 // The variables the agent adds to (or overrides in) its own environment for one worker.
 // `inherited` is the agent's environment; NCCL error-handling variables keep a value set there.
-// Throws std::invalid_argument with virtual_local_rank when the inherited device list has no
+// Throws LaunchError (exit 2) with virtual_local_rank when the inherited device list has no
 // entry for `local_rank`.
 std::map<std::string, std::string> worker_env(const RoundEnv& round, int local_rank,
                                               const std::string& error_file,
@@ -98,7 +99,7 @@ bool should_set_omp_num_threads(int local_world_size,
 
 // A TCP port that was free on `addr` a moment ago (bind port 0, read it, close). Used for
 // MASTER_PORT on a single node and for NodeSpec.master_port when joining a multi-node round.
-// Throws std::system_error when no socket can be bound.
+// Throws LaunchError when no socket can be bound.
 int pick_free_port(const std::string& addr = "127.0.0.1");
 
 }  // namespace ddp::agent

@@ -21,7 +21,7 @@ class RawValues {
     auto it = values_.find(name);
     return it == values_.end() ? nullptr : &it->second;
   }
-  // A flag's value; false when not given. Throws UsageError for a value that is not boolean.
+  // A flag's value; false when not given. Throws LaunchError for a value that is not boolean.
   bool flag(const std::string& name) const {
     const Given* g = find(name);
     return g != nullptr && parse_flag(*g);
@@ -39,7 +39,7 @@ struct CommandLine {
 };
 
 // Splits argv: options up to the first word that is not one (or "--"), which is PROGRAM;
-// everything after PROGRAM belongs to it. Throws UsageError for an unknown or ambiguous option
+// everything after PROGRAM belongs to it. Throws LaunchError for an unknown or ambiguous option
 // or a missing value.
 CommandLine read_command_line(int argc, const char* const* argv);
 

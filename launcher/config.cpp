@@ -644,11 +644,11 @@ LaunchConfig parse_command_line(int argc, const char* const* argv, const ParseCo
   CommandLine line = read_command_line(argc, argv);
   if (line.help) {
     out << help_text();
-    throw UsageError("", ExitCode::kSuccess);
+    throw LaunchError(ExitCode::kSuccess, "");
   }
   if (line.version) {
     out << version_text() << "\n";
-    throw UsageError("", ExitCode::kSuccess);
+    throw LaunchError(ExitCode::kSuccess, "");
   }
   // Slurm's variables fill what the command line and PET_ variables left out (launcher/slurm.h).
   std::vector<std::string> from_slurm =

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "agent/exit_codes.h"
+#include "rendezvous/error.h"
 #include "agent/numa.h"
 #include "agent/progress.h"
 #include "launcher/endpoint.h"
@@ -145,8 +145,8 @@ struct ParseContext {
   std::function<int()> count_cpus;    // empty = agent::count_usable_cpus()
 };
 
-// Parses argv (and the PET_ environment). Throws UsageError on bad input. `--help` prints the
-// help to stdout and throws UsageError with code kSuccess and an empty message; `--version`
+// Parses argv (and the PET_ environment). Throws LaunchError on bad input. `--help` prints the
+// help to stdout and throws LaunchError with code kSuccess and an empty message; `--version`
 // does the same with the version. Does no file or process I/O, except counting GPUs when
 // --nproc_per_node is auto or gpu. Warnings (ignored --rdzv_conf keys, flags that --standalone
 // overrides) go to stderr.

@@ -4,11 +4,9 @@
 namespace ddp::launcher {
 
 Endpoint parse_endpoint(const Given& g, int default_port) {
-  try {
-    return rdzv::parse_endpoint(g.value, default_port);
-  } catch (const rdzv::EndpointError& e) {
-    refuse(g.shown() + ": " + e.what() + "; accepted: " + rdzv::kEndpointSyntax);
-  }
+  Expected<Endpoint> endpoint = rdzv::parse_endpoint(g.value, default_port);
+  if (!endpoint) refuse(g.shown() + ": " + endpoint.error() + "; accepted: " + rdzv::kEndpointSyntax);
+  return std::move(*endpoint);
 }
 
 }  // namespace ddp::launcher

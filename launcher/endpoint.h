@@ -11,7 +11,7 @@ namespace ddp::launcher {
 using rdzv::Endpoint;
 
 // Parses `g`'s value as rdzv::parse_endpoint does; `default_port` fills a missing port (-1:
-// leave it missing). Throws UsageError naming `g`.
+// leave it missing). Throws LaunchError naming `g`.
 Endpoint parse_endpoint(const Given& g, int default_port);
 
 }  // namespace ddp::launcher

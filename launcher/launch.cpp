@@ -56,7 +56,7 @@ std::string resolve_log_dir(const LaunchConfig& config) {
   std::vector<char> buf(pattern.begin(), pattern.end());
   buf.push_back('\0');
   if (!::mkdtemp(buf.data())) {
-    throw UsageError("ddplaunch: cannot create a temporary log directory " + pattern + ": " +
+    throw LaunchError(ExitCode::kUsage, "ddplaunch: cannot create a temporary log directory " + pattern + ": " +
                      std::strerror(errno) + "; pass --log_dir DIR");
   }
   std::string dir = buf.data();
@@ -73,13 +73,13 @@ std::string log_subdir(const LaunchConfig& config, const std::string& log_dir, c
   if (config.log_dir.empty() || run_id != "none") return run_id;
   boost::system::error_code ec;
   boost::filesystem::create_directories(log_dir, ec);
-  if (ec) throw UsageError("ddplaunch: --log_dir=" + log_dir + ": cannot create it: " + ec.message());
+  if (ec) throw LaunchError(ExitCode::kUsage, "ddplaunch: --log_dir=" + log_dir + ": cannot create it: " + ec.message());
   std::string pattern = log_dir + "/none_XXXXXX";
   std::vector<char> buf(pattern.begin(), pattern.end());
   buf.push_back('\0');
   if (!::mkdtemp(buf.data())) {
-    throw UsageError("ddplaunch: --log_dir=" + log_dir + ": cannot create a folder for this run's logs in it: " +
-                     std::strerror(errno));
+    throw LaunchError(ExitCode::kUsage, "ddplaunch: --log_dir=" + log_dir +
+                                            ": cannot create a folder for this run's logs in it: " + std::strerror(errno));
   }
   return boost::filesystem::path(buf.data()).filename().string();
 }
@@ -105,7 +105,7 @@ std::string read_token(const LaunchConfig& config) {
   }
   std::ifstream in(path);
   if (!in) {
-    throw UsageError("ddplaunch: --rdzv_conf token_file=" + path + ": cannot read it: " +
+    throw LaunchError(ExitCode::kUsage, "ddplaunch: --rdzv_conf token_file=" + path + ": cannot read it: " +
                      std::strerror(errno) + "; give a readable file holding the job's shared token");
   }
   std::string token((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -113,14 +113,14 @@ std::string read_token(const LaunchConfig& config) {
     token.pop_back();
   }
   if (token.empty()) {
-    throw UsageError("ddplaunch: --rdzv_conf token_file=" + path +
+    throw LaunchError(ExitCode::kUsage, "ddplaunch: --rdzv_conf token_file=" + path +
                      " is empty; write the job's shared token into it");
   }
   return token;
 }
 
 // The TLS settings of --rdzv_conf tls_ca=,tls_cert=,tls_key= (else $DDPLAUNCH_RDZV_TLS_CA, _CERT,
-// _KEY), loaded; null when none is set (plain TCP). Throws UsageError naming the bad file.
+// _KEY), loaded; null when none is set (plain TCP). Throws LaunchError naming the bad file.
 std::shared_ptr<rdzv::TlsContext> rendezvous_tls(const LaunchConfig& config) {
   const auto pick = [](const std::string& conf, const char* variable) {
     if (!conf.empty()) return conf;
@@ -132,11 +132,9 @@ std::shared_ptr<rdzv::TlsContext> rendezvous_tls(const LaunchConfig& config) {
   files.cert = pick(config.tls_cert, "DDPLAUNCH_RDZV_TLS_CERT");
   files.key = pick(config.tls_key, "DDPLAUNCH_RDZV_TLS_KEY");
   if (files.ca.empty() && files.cert.empty() && files.key.empty()) return nullptr;
-  try {
-    return rdzv::TlsContext::for_client(files);
-  } catch (const rdzv::TlsError& e) {
-    throw UsageError(std::string("ddplaunch: --rdzv_conf ") + e.what());
-  }
+  Expected<std::shared_ptr<rdzv::TlsContext>> context = rdzv::TlsContext::for_client(files);
+  if (!context) throw LaunchError(ExitCode::kUsage, std::string("ddplaunch: --rdzv_conf ") + context.error());
+  return std::move(*context);
 }
 
 agent::FingerprintOptions fingerprint_options(const LaunchConfig& config,
@@ -151,11 +149,9 @@ agent::FingerprintOptions fingerprint_options(const LaunchConfig& config,
 }
 
 nlohmann::json node_fingerprint(const LaunchConfig& config, const ResolvedProgram& program) {
-  try {
-    return agent::compute_fingerprint(fingerprint_options(config, program));
-  } catch (const agent::FingerprintError& e) {
-    throw UsageError(std::string("ddplaunch: --env_lock: ") + e.what());
-  }
+  Expected<nlohmann::json> fingerprint = agent::compute_fingerprint(fingerprint_options(config, program));
+  if (!fingerprint) throw LaunchError(ExitCode::kUsage, "ddplaunch: --env_lock: " + fingerprint.error());
+  return std::move(*fingerprint);
 }
 
 namespace {
@@ -199,13 +195,11 @@ namespace {
 // address the kernel's routing picks for it (a UDP socket's connect sends nothing). "" when the
 // host does not resolve.
 std::string address_towards(const std::string& endpoint) {
-  Endpoint target;
-  try {
-    const auto scheme = endpoint.find("//");
-    target = rdzv::parse_endpoint(endpoint.substr(scheme == std::string::npos ? 0 : scheme + 2), 2379);
-  } catch (const rdzv::EndpointError&) {
-    return "";
-  }
+  const auto scheme = endpoint.find("//");
+  const Expected<Endpoint> parsed =
+      rdzv::parse_endpoint(endpoint.substr(scheme == std::string::npos ? 0 : scheme + 2), 2379);
+  if (!parsed) return "";
+  const Endpoint& target = *parsed;
   boost::asio::io_context io;
   boost::asio::ip::udp::resolver resolver(io);
   boost::system::error_code ec;
@@ -227,7 +221,7 @@ std::string read_first_line(const std::string& path, const char* what) {
   std::ifstream in(path);
   std::string line;
   if (!in || !std::getline(in, line) || line.empty()) {
-    throw UsageError(std::string("ddplaunch: --rdzv_conf ") + what + "=" + path + ": cannot read it" +
+    throw LaunchError(ExitCode::kUsage, std::string("ddplaunch: --rdzv_conf ") + what + "=" + path + ": cannot read it" +
                      (in ? std::string(" (it is empty)") : ": " + std::string(std::strerror(errno))));
   }
   return line;
@@ -246,7 +240,7 @@ void wait_for_etcd(const LaunchConfig& config, rdzv::EtcdOptions options, const 
     options.call_timeout = std::max(left, 0.05);
     rdzv::EtcdClient etcd(options);
     if (!etcd.config_error().empty()) {
-      throw UsageError("ddplaunch: --rdzv_endpoint=" + endpoints + ": " + etcd.config_error());
+      throw LaunchError(ExitCode::kUsage, "ddplaunch: --rdzv_endpoint=" + endpoints + ": " + etcd.config_error());
     }
     status = etcd.range(key).status;
     // etcd itself answered with an error (permission denied, ...): asking again changes nothing.
@@ -255,12 +249,12 @@ void wait_for_etcd(const LaunchConfig& config, rdzv::EtcdOptions options, const 
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
   if (!status.ok()) {
-    throw UsageError("ddplaunch: --rdzv_backend=" + std::string(backend_name(config.rdzv_backend)) + ": etcd at " +
-                         endpoints + " did not answer within " +
-                         std::to_string(static_cast<long long>(std::ceil(c.timeout))) +
-                         " s (--rdzv_conf etcd_timeout): " + status.error +
-                         ". Check --rdzv_endpoint (etcd's client URL, port 2379 by default) and that etcd runs",
-                     ExitCode::kRendezvousFailed);
+    throw LaunchError(ExitCode::kRendezvousFailed,
+                      "ddplaunch: --rdzv_backend=" + std::string(backend_name(config.rdzv_backend)) + ": etcd at " +
+                          endpoints + " did not answer within " +
+                          std::to_string(static_cast<long long>(std::ceil(c.timeout))) +
+                          " s (--rdzv_conf etcd_timeout): " + status.error +
+                          ". Check --rdzv_endpoint (etcd's client URL, port 2379 by default) and that etcd runs");
   }
 }
 
@@ -309,14 +303,7 @@ std::unique_ptr<agent::RendezvousHandler> make_rendezvous(boost::asio::io_contex
     const char* server_log = std::getenv("DDPLAUNCH_RDZV_SERVER_LOG");
     remote.echo_server_log = server_log != nullptr && *server_log != '\0' && std::string(server_log) != "0";
     remote.etcd_replica = etcd_replica(config);
-    try {
-      return std::make_unique<agent::RemoteRendezvous>(io, remote);
-    } catch (const std::invalid_argument& e) {
-      throw UsageError(std::string("ddplaunch: --local_addr: ") + e.what());
-    } catch (const boost::system::system_error& e) {
-      throw UsageError("ddplaunch: cannot listen for the rendezvous replica on " + remote.etcd_replica->listen_addr +
-                       ": " + e.code().message() + "; give --local_addr=ADDRESS of this node");
-    }
+    return std::make_unique<agent::RemoteRendezvous>(io, remote);
   }
   if (!uses_local_rendezvous(config)) {
     agent::RemoteRendezvousOptions remote;
@@ -335,13 +322,7 @@ std::unique_ptr<agent::RendezvousHandler> make_rendezvous(boost::asio::io_contex
     const char* server_log = std::getenv("DDPLAUNCH_RDZV_SERVER_LOG");
     remote.echo_server_log = server_log != nullptr && *server_log != '\0' && std::string(server_log) != "0";
     if (config.is_host) remote.host_if_local = *config.is_host;
-    try {
-      return std::make_unique<agent::RemoteRendezvous>(io, remote);
-    } catch (const std::invalid_argument& e) {
-      std::string given;
-      for (const Endpoint& endpoint : remote.endpoints) given += (given.empty() ? "" : ",") + endpoint.text();
-      throw UsageError("ddplaunch: --rdzv_endpoint=" + given + ": " + e.what() + "; expected HOST:PORT");
-    }
+    return std::make_unique<agent::RemoteRendezvous>(io, remote);
   }
   agent::LocalRendezvousOptions opts;
   opts.max_restarts = config.max_restarts;
@@ -545,17 +526,16 @@ agent::AgentOptions make_agent_options(const LaunchConfig& config, const Resolve
 
 std::vector<agent::NumaBinding> numa_plan(const LaunchConfig& config) {
   const char* mode = agent::numa_mode_name(*config.numa_binding);
-  try {
-    auto plan = agent::plan_numa_bindings(agent::read_topology(), *config.numa_binding,
-                                          config.nproc_per_node);
-    for (std::size_t rank = 0; rank < plan.size(); ++rank) {
-      std::fprintf(stderr, "ddplaunch: --numa_binding=%s: local rank %zu on CPUs %s, memory node %d\n",
-                   mode, rank, agent::cpu_list_string(plan[rank].cpus).c_str(), plan[rank].memory_node);
-    }
-    return plan;
-  } catch (const agent::NumaError& e) {
-    throw UsageError(std::string("ddplaunch: --numa_binding=") + mode + ": " + e.what());
+  const Expected<agent::Topology> topology = agent::read_topology();
+  Expected<std::vector<agent::NumaBinding>> plan =
+      topology ? agent::plan_numa_bindings(*topology, *config.numa_binding, config.nproc_per_node)
+               : unexpected(topology.error());
+  if (!plan) throw LaunchError(ExitCode::kUsage, std::string("ddplaunch: --numa_binding=") + mode + ": " + plan.error());
+  for (std::size_t rank = 0; rank < plan->size(); ++rank) {
+    std::fprintf(stderr, "ddplaunch: --numa_binding=%s: local rank %zu on CPUs %s, memory node %d\n", mode, rank,
+                 agent::cpu_list_string((*plan)[rank].cpus).c_str(), (*plan)[rank].memory_node);
   }
+  return std::move(*plan);
 }
 
 ProgramRequest program_request(const LaunchConfig& config) {
@@ -617,7 +597,7 @@ int check_env(const LaunchConfig& config) {
   if (!config.program.empty()) {
     try {
       program = resolve_program(program_request(config));
-    } catch (const UsageError& e) {
+    } catch (const LaunchError& e) {
       cannot_run = e.what();  // still fingerprinted as given, so the table shows the rest
     }
   }
@@ -696,12 +676,12 @@ std::unique_ptr<metrics::HttpServer> serve_metrics(boost::asio::io_context& io, 
   std::unique_ptr<metrics::HttpServer> http;
   boost::system::error_code ec;
   const auto addr = boost::asio::ip::make_address(config.metrics_addr, ec);
-  if (ec) throw UsageError("ddplaunch: --metrics_addr " + config.metrics_addr + ": not an IP address");
+  if (ec) throw LaunchError(ExitCode::kUsage, "ddplaunch: --metrics_addr " + config.metrics_addr + ": not an IP address");
   try {
     http = std::make_unique<metrics::HttpServer>(
         io, boost::asio::ip::tcp::endpoint(addr, static_cast<unsigned short>(*config.metrics_port)));
   } catch (const boost::system::system_error& e) {
-    throw UsageError("ddplaunch: --metrics_port: cannot listen on " + config.metrics_addr + ":" +
+    throw LaunchError(ExitCode::kUsage, "ddplaunch: --metrics_port: cannot listen on " + config.metrics_addr + ":" +
                      std::to_string(*config.metrics_port) + ": " + e.code().message());
   }
   http->route("/metrics", [agent_metrics] {
@@ -736,7 +716,9 @@ int launch(const LaunchConfig& config) {
   if (!program.note.empty()) std::fprintf(stderr, "ddplaunch: %s\n", program.note.c_str());
   // --env_check=off promises no interpreter probe at all (docs/env-check.md): no torch check then.
   if (config.env_check != EnvCheckMode::kOff) {
-    if (std::string problem = torch_problem(config, program); !problem.empty()) throw UsageError("ddplaunch: " + problem);
+    if (std::string problem = torch_problem(config, program); !problem.empty()) {
+      throw LaunchError(ExitCode::kUsage, "ddplaunch: " + problem);
+    }
   }
   boost::asio::io_context io(1);
   auto rendezvous = make_rendezvous(io, config);
@@ -758,11 +740,9 @@ int launch(const LaunchConfig& config) {
   } else if (config.env_check != EnvCheckMode::kOff) {
     // Alone, a node compares with no one, but its checkpoints still record which environment
     // wrote them: the interpreter probe is the one the torch check above made (cached).
-    try {
-      options.env_digest = agent::environment_digest(agent::environment_fingerprint(fingerprint_options(config, program)));
-    } catch (const agent::FingerprintError& e) {
-      throw UsageError(std::string("ddplaunch: --env_lock: ") + e.what());
-    }
+    const Expected<nlohmann::json> environment = agent::environment_fingerprint(fingerprint_options(config, program));
+    if (!environment) throw LaunchError(ExitCode::kUsage, "ddplaunch: --env_lock: " + environment.error());
+    options.env_digest = agent::environment_digest(*environment);
   }
   // One event bus for the event log and the metrics; the metrics server on the agent's
   // io_context (docs/metrics.md).
@@ -771,7 +751,7 @@ int launch(const LaunchConfig& config) {
     try {
       bus->add(std::make_shared<metrics::EventLog>(config.event_log));
     } catch (const std::runtime_error& e) {
-      throw UsageError(std::string("ddplaunch: --event_log: ") + e.what());
+      throw LaunchError(ExitCode::kUsage, std::string("ddplaunch: --event_log: ") + e.what());
     }
   }
   auto http = serve_metrics(io, config, *bus, options);

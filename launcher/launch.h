@@ -16,7 +16,7 @@
 namespace ddp::launcher {
 
 // Runs the job this configuration describes on this node; returns ddplaunch's exit code.
-// Throws UsageError (exit 2) when it cannot start: a program that does not exist, a
+// Throws LaunchError (exit 2) when it cannot start: a program that does not exist, a
 // rendezvous configuration this build cannot serve.
 int launch(const LaunchConfig& config);
 
@@ -34,7 +34,7 @@ std::unique_ptr<agent::RendezvousHandler> make_rendezvous(boost::asio::io_contex
                                                           const LaunchConfig& config);
 
 // The CPUs and memory node of each local rank for --numa_binding, from this machine's sysfs.
-// Throws UsageError (exit 2) when the mode cannot be satisfied here.
+// Throws LaunchError (exit 2) when the mode cannot be satisfied here.
 std::vector<agent::NumaBinding> numa_plan(const LaunchConfig& config);
 
 // What resolve_program() needs from the command line (launcher/program.h).

@@ -8,9 +8,9 @@ int main(int argc, char** argv) {
   try {
     const auto config = ddp::launcher::parse_command_line(argc, argv);
     return ddp::launcher::launch(config);
-  } catch (const ddp::launcher::UsageError& e) {
+  } catch (const ddp::LaunchError& e) {
     // Messages come complete ("ddplaunch: ..."); --help and --version throw an empty one.
     if (*e.what()) std::fprintf(stderr, "%s\n", e.what());
-    return static_cast<int>(e.code());
+    return e.exit_code();
   }
 }

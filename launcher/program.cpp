@@ -61,7 +61,7 @@ void check_python(const ProgramRequest& request) {
                          ? is_executable_file(python)
                          : !find_on_path(python, path_variable()).empty();
   if (!found) {
-    throw UsageError("ddplaunch: Python interpreter " + python +
+    throw LaunchError(ExitCode::kUsage, "ddplaunch: Python interpreter " + python +
                      " was not found; set --python or $PYTHON_EXEC to an interpreter path, or use "
                      "--no_python");
   }
@@ -73,7 +73,7 @@ ResolvedProgram resolve_no_python(const ProgramRequest& request) {
   const std::string found = has_slash ? (is_executable_file(program) ? program : "")
                                       : find_on_path(program, path_variable());
   if (found.empty()) {
-    throw UsageError("ddplaunch: --no_python program " + program +
+    throw LaunchError(ExitCode::kUsage, "ddplaunch: --no_python program " + program +
                      (has_slash ? " does not exist or is not executable" : " was not found in PATH") +
                      "; give a path to an executable file");
   }
@@ -180,14 +180,14 @@ std::string find_on_path(const std::string& name, const std::string& path_variab
 ResolvedProgram resolve_program(const ProgramRequest& request) {
   const std::string& program = request.program;
   if (program.empty()) {
-    throw UsageError("ddplaunch: no training program given; usage: ddplaunch [options] "
+    throw LaunchError(ExitCode::kUsage, "ddplaunch: no training program given; usage: ddplaunch [options] "
                      "PROGRAM [ARGS...] (see --help)");
   }
   // The torchrun flags win: --run_path over --no_python, -m, --no_python.
   if (request.run_path) {
     check_python(request);
     if (!is_regular_file(program)) {
-      throw UsageError("ddplaunch: --run_path script " + program +
+      throw LaunchError(ExitCode::kUsage, "ddplaunch: --run_path script " + program +
                        " does not exist; give the path of a Python file");
     }
     return {RunAs::kRunPath, program, ""};
@@ -206,7 +206,7 @@ ResolvedProgram resolve_program(const ProgramRequest& request) {
   if (::stat(program.c_str(), &st) != 0) {
     const std::string found = has_slash ? "" : find_on_path(program, path_variable());
     if (found.empty()) {
-      throw UsageError(
+      throw LaunchError(ExitCode::kUsage, 
           "ddplaunch: PROGRAM " + program + " does not exist" +
           (has_slash ? std::string() : " in the current directory and no executable " + program +
                                            " is on PATH") +
@@ -227,7 +227,7 @@ ResolvedProgram resolve_program(const ProgramRequest& request) {
   if (kind == FileKind::kElf || kind == FileKind::kOtherScript) {
     const std::string what = describe(kind, path);
     if (::access(path.c_str(), X_OK) != 0) {
-      throw UsageError("ddplaunch: PROGRAM " + where + " is " + what +
+      throw LaunchError(ExitCode::kUsage, "ddplaunch: PROGRAM " + where + " is " + what +
                        " but is not executable; make it executable (chmod +x " + path + ")");
     }
     // execvp would search PATH for a bare name; the file is the one in this directory.

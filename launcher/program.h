@@ -69,7 +69,7 @@ bool file_contains(const std::string& path, const std::string& token, std::size_
 // separated, an empty entry meaning the current directory), as execvp searches; "" if none.
 std::string find_on_path(const std::string& name, const std::string& path_variable);
 
-// Decides how PROGRAM runs. Throws UsageError (exit 2) for a PROGRAM that does not exist, is
+// Decides how PROGRAM runs. Throws LaunchError (exit 2) for a PROGRAM that does not exist, is
 // not executable where it must be, or an interpreter that is not found.
 ResolvedProgram resolve_program(const ProgramRequest& request);
 

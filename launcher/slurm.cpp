@@ -55,11 +55,17 @@ std::string excerpt(const std::string& list, std::size_t at) {
   return (start > 0 ? "..." : "") + list.substr(start, kShown) + (start + kShown < list.size() ? "..." : "");
 }
 
+// The parser's refusal, unwinding from where it is found to expand_hostlist() or first_host(),
+// which return it as their error; it never leaves this file.
+struct Malformed {
+  std::string why;
+};
+
 [[noreturn]] void bad(const std::string& list, std::size_t at, const std::string& what) {
   std::ostringstream message;
   message << "malformed hostlist '" << excerpt(list, at) << "' at position " << at + 1 << ": " << what
           << " (Slurm's syntax: NAME, NAME[1-4,7], NAME[01-04]-SUFFIX, items separated by commas)";
-  throw HostlistError(message.str());
+  throw Malformed{message.str()};
 }
 
 // Digits at `pos` as a number (at most 9, so no range can overflow).
@@ -114,7 +120,7 @@ Piece read_group(const std::string& list, std::size_t& pos) {
 
 // Parses the whole list into items. Checks every character.
 std::vector<Item> parse(const std::string& list) {
-  if (list.empty()) throw HostlistError("empty hostlist (Slurm names at least one node)");
+  if (list.empty()) throw Malformed{"empty hostlist (Slurm names at least one node)"};
   std::vector<Item> items;
   std::size_t pos = 0;
   while (pos <= list.size()) {
@@ -280,13 +286,12 @@ struct SlurmSource {
       }
     }
     if (list_name == nullptr) return;
-    std::string host;
-    try {
-      host = first_host(get(env, list_name));
-    } catch (const HostlistError& e) {
-      refuse(std::string(list_name) + ": " + e.what() + "; give --rdzv_endpoint=HOST:PORT to "
+    const Expected<std::string> first = first_host(get(env, list_name));
+    if (!first) {
+      refuse(std::string(list_name) + ": " + first.error() + "; give --rdzv_endpoint=HOST:PORT to "
              "name the rendezvous yourself");
     }
+    const std::string& host = *first;
     const std::string source = std::string("the first host of ") + list_name;
     const std::string endpoint = host + ":" + std::to_string(kSlurmRendezvousPort);
     const Given* backend = raw.find("rdzv_backend");
@@ -320,14 +325,18 @@ struct SlurmSource {
 
 }  // namespace
 
-std::vector<std::string> expand_hostlist(const std::string& list, std::size_t max_hosts) {
-  const std::vector<Item> items = parse(list);
+Expected<std::vector<std::string>> expand_hostlist(const std::string& list, std::size_t max_hosts) {
+  std::vector<Item> items;
+  try {
+    items = parse(list);
+  } catch (const Malformed& malformed) {
+    return unexpected(malformed.why);
+  }
   std::size_t total = 0;
   for (const Item& item : items) {
     const std::size_t n = item_size(item);
     if (n > max_hosts || total + n > max_hosts) {
-      throw HostlistError("hostlist '" + list + "' names more than " + std::to_string(max_hosts) +
-                          " hosts");
+      return unexpected("hostlist '" + list + "' names more than " + std::to_string(max_hosts) + " hosts");
     }
     total += n;
   }
@@ -340,7 +349,13 @@ std::vector<std::string> expand_hostlist(const std::string& list, std::size_t ma
   return hosts;
 }
 
-std::string first_host(const std::string& list) { return item_host(parse(list).front(), 0); }
+Expected<std::string> first_host(const std::string& list) {
+  try {
+    return item_host(parse(list).front(), 0);
+  } catch (const Malformed& malformed) {
+    return unexpected(malformed.why);
+  }
+}
 
 std::vector<std::string> add_slurm_values(RawValues& raw, const EnvLookup& env) {
   const char* job_id = get(env, "SLURM_JOB_ID");

@@ -6,33 +6,27 @@
 
 #include <cstddef>
 #include <functional>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "launcher/command_line.h"
 #include "rendezvous/endpoint.h"
+#include "rendezvous/error.h"
 
 namespace ddp::launcher {
-
-// A hostlist that is not Slurm's syntax. what() says where and what is wrong, without the
-// "ddplaunch: " prefix (callers add the variable it came from).
-class HostlistError : public std::invalid_argument {
- public:
-  using std::invalid_argument::invalid_argument;
-};
 
 // Expands a Slurm hostlist: comma-separated items, each a name with any number of bracket
 // groups of comma-separated numbers and ranges, e.g. `gpu[01-04,07],cpu3`, `n[1-2]-ib`,
 // `rack[1-2]-n[01-02]` (the first group varies slowest). A bound written with a leading zero
 // fixes the width (`[08-10]` gives 08 09 10). Hosts come out in the list's order, duplicates
-// kept, as Slurm writes them. Throws HostlistError for a malformed list or one of more than
-// `max_hosts` hosts.
-std::vector<std::string> expand_hostlist(const std::string& list, std::size_t max_hosts = 65536);
+// kept, as Slurm writes them. A malformed list, or one of more than `max_hosts` hosts, is refused:
+// the reason says where and what is wrong, without the "ddplaunch: " prefix (callers add the
+// variable it came from).
+Expected<std::vector<std::string>> expand_hostlist(const std::string& list, std::size_t max_hosts = 65536);
 
 // The first host of a hostlist, after checking the whole list is well formed (a range of a
-// million hosts is not expanded for it). Throws HostlistError.
-std::string first_host(const std::string& list);
+// million hosts is not expanded for it), or why not as above.
+Expected<std::string> first_host(const std::string& list);
 
 // The environment Slurm reads come from; returns nullptr when a variable is unset. Tests give
 // a map; ddplaunch gives std::getenv.
@@ -61,7 +55,7 @@ constexpr double kSlurmShutdownTimeout = 25.0;
 //   --nproc_per_node  the node's GPUs: SLURM_GPUS_ON_NODE, else the entries of SLURM_STEP_GPUS,
 //                     SLURM_JOB_GPUS or CUDA_VISIBLE_DEVICES; none = ddplaunch's default.
 //   --shutdown_timeout kSlurmShutdownTimeout, unless a grace is given in any form.
-// Throws UsageError (exit 2) for a malformed Slurm variable, and when srun started more than
+// Throws LaunchError (exit 2) for a malformed Slurm variable, and when srun started more than
 // one task per node while Slurm is to supply --node_rank.
 std::vector<std::string> add_slurm_values(RawValues& raw, const EnvLookup& env);
 

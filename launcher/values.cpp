@@ -31,7 +31,7 @@ const SignalName kSignals[] = {
 
 }  // namespace
 
-void refuse(const std::string& what) { throw UsageError("ddplaunch: " + what + kHelpHint); }
+void refuse(const std::string& what) { throw LaunchError(ExitCode::kUsage, "ddplaunch: " + what + kHelpHint); }
 
 std::string lower(std::string s) {
   for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));

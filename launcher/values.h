@@ -1,33 +1,24 @@
 // The value parsers of ddplaunch's command line: text helpers, numbers, and the small grammars
 // of single options (--tee, --signals_to_handle, --local_ranks_filter, torchrun's comma lists).
-// Each parser refuses bad input with a UsageError whose message names where the value came
+// Each parser refuses bad input with a LaunchError whose message names where the value came
 // from (the flag or the PET_ variable) and what is accepted. Pure functions; any thread.
 #pragma once
 
 #include <map>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
-#include "agent/exit_codes.h"
+#include "rendezvous/error.h"
 
 namespace ddp::launcher {
 
-// A command-line or configuration error: main() prints what() and exits with code().
-// Messages are complete, ready to print as is: they start with "ddplaunch: ", name the flag (or
-// PET_ variable) and its value, say what is accepted, and end with a hint to --help.
-class UsageError : public std::runtime_error {
- public:
-  explicit UsageError(const std::string& message, ExitCode code = ExitCode::kUsage)
-      : std::runtime_error(message), code_(code) {}
-  ExitCode code() const { return code_; }
+// A command-line or configuration error is a LaunchError (rendezvous/error.h) with exit code
+// kUsage; main() prints what() and exits with its code. Messages are complete, ready to print as
+// is: they start with "ddplaunch: ", name the flag (or PET_ variable) and its value, say what is
+// accepted, and end with a hint to --help.
 
- private:
-  ExitCode code_;
-};
-
-// Throws UsageError("ddplaunch: <what>" + the hint to --help).
+// Throws LaunchError(kUsage, "ddplaunch: <what>" + the hint to --help).
 [[noreturn]] void refuse(const std::string& what);
 
 // A value given for an option, and where it came from ("--nnodes" or "PET_NNODES").
@@ -72,11 +63,11 @@ struct StdSpec {
 };
 
 // Parses a --redirects/--tee value: "0".."3", or "LOCAL_RANK:V,..." with V in 0..3.
-// Throws UsageError naming `flag`.
+// Throws LaunchError naming `flag`.
 StdSpec parse_std_spec(const std::string& value, const std::string& flag);
 
 // Parses --signals_to_handle: comma list of names (SIGTERM, TERM, sigterm) or numbers.
-// Throws UsageError naming `flag`.
+// Throws LaunchError naming `flag`.
 std::vector<int> parse_signal_list(const std::string& value, const std::string& flag);
 
 // --local_ranks_filter: local ranks, sorted, duplicates dropped.

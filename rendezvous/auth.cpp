@@ -30,9 +30,9 @@ std::string trim(std::string s) {
   return s;
 }
 
-std::string read_file(const std::string& path) {
+Expected<std::string> read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw SecretError("cannot read the token file " + path + ": " + std::strerror(errno));
+  if (!in) return unexpected("cannot read the token file " + path + ": " + std::strerror(errno));
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
@@ -93,9 +93,11 @@ bool proofs_equal(std::string_view a, std::string_view b) {
   return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
 }
 
-Secrets Secrets::load(const std::string& path) {
+Expected<Secrets> Secrets::load(const std::string& path) {
+  Expected<std::string> text = read_file(path);
+  if (!text) return unexpected(text.error());
   Secrets s;
-  std::istringstream lines(read_file(path));
+  std::istringstream lines(*text);
   std::string line;
   int number = 0;
   while (std::getline(lines, line)) {
@@ -106,12 +108,12 @@ Secrets Secrets::load(const std::string& path) {
     std::string first, second, extra;
     words >> first >> second >> extra;
     if (!extra.empty()) {
-      throw SecretError("token file " + path + " line " + std::to_string(number) +
+      return unexpected("token file " + path + " line " + std::to_string(number) +
                         ": expected SECRET or JOB_ID SECRET, got more words");
     }
     if (second.empty()) {
       if (!s.cluster_.empty()) {
-        throw SecretError("token file " + path + " line " + std::to_string(number) +
+        return unexpected("token file " + path + " line " + std::to_string(number) +
                           ": a second cluster secret (one-word line); per-job secrets are written JOB_ID SECRET");
       }
       s.cluster_ = first;
@@ -119,7 +121,7 @@ Secrets Secrets::load(const std::string& path) {
       s.jobs_[first] = second;
     }
   }
-  if (s.open()) throw SecretError("token file " + path + " holds no secret");
+  if (s.open()) return unexpected("token file " + path + " holds no secret");
   return s;
 }
 
@@ -137,9 +139,11 @@ bool Secrets::is_cluster_secret(const std::string& job_id) const {
   return open() || job_id.empty() || jobs_.count(job_id) == 0;
 }
 
-std::string read_secret_file(const std::string& path) {
-  std::string secret = trim(read_file(path));
-  if (secret.empty()) throw SecretError("the token file " + path + " is empty: write the shared secret into it");
+Expected<std::string> read_secret_file(const std::string& path) {
+  Expected<std::string> text = read_file(path);
+  if (!text) return text;
+  std::string secret = trim(*text);
+  if (secret.empty()) return unexpected("the token file " + path + " is empty: write the shared secret into it");
   return secret;
 }
 

@@ -9,17 +9,12 @@
 
 #include <map>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <string_view>
 
-namespace ddp::rdzv {
+#include "rendezvous/error.h"
 
-// Reading a secret file failed (missing, unreadable, empty, malformed). A usage error.
-class SecretError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
+namespace ddp::rdzv {
 
 // `bytes` fresh random bytes from OpenSSL's generator, as lowercase hex.
 std::string random_hex(std::size_t bytes = 32);
@@ -52,8 +47,9 @@ class Secrets {
   Secrets() = default;
   // A cluster secret only (empty = none).
   explicit Secrets(std::string cluster) : cluster_(std::move(cluster)) {}
-  // REQUIRES: nothing. Throws SecretError naming the file and the line.
-  static Secrets load(const std::string& path);
+  // The secrets of a --token_file, or why not (naming the file and the line): missing,
+  // unreadable, malformed or empty.
+  static Expected<Secrets> load(const std::string& path);
 
   void set_cluster(std::string secret) { cluster_ = std::move(secret); }
   void set_job(const std::string& job_id, std::string secret) { jobs_[job_id] = std::move(secret); }
@@ -70,7 +66,8 @@ class Secrets {
   std::map<std::string, std::string> jobs_;
 };
 
-// Reads an agent's secret file: the whole file, trailing whitespace removed. Throws SecretError.
-std::string read_secret_file(const std::string& path);
+// An agent's secret file: the whole file, trailing whitespace removed; or why not (missing,
+// unreadable, empty).
+Expected<std::string> read_secret_file(const std::string& path);
 
 }  // namespace ddp::rdzv

@@ -36,7 +36,10 @@ namespace {
 namespace asio = boost::asio;
 using asio::ip::tcp;
 
-DaemonError usage_error(const std::string& message) { return DaemonError(DaemonExit::usage, message); }
+LaunchError usage_error(const std::string& message) { return LaunchError(DaemonExit::usage, "ddp-rendezvous: " + message); }
+LaunchError connect_error_exit(const std::string& message) {
+  return LaunchError(DaemonExit::connect, "ddp-rendezvous: " + message);
+}
 
 std::string timestamp() {
   timespec ts{};
@@ -130,21 +133,17 @@ ServerOptions server_options(const DaemonOptions& o, std::shared_ptr<DaemonMetri
   server.replicated = !o.replication.etcd.empty();
   const TlsFiles& tls = o.listen.tls;
   if (!tls.cert.empty() || !tls.key.empty() || !tls.ca.empty()) {
-    try {
-      server.tls = TlsContext::for_server(tls);
-    } catch (const TlsError& e) {
-      throw usage_error(e.what());
-    }
+    Expected<std::shared_ptr<TlsContext>> context = TlsContext::for_server(tls);
+    if (!context) throw usage_error(context.error());
+    server.tls = std::move(*context);
   }
   server.retention.keep_finished = o.observability.keep_finished;
   server.retention.max_finished = o.observability.max_finished;
   add_observers(o.observability, server, metrics);
   if (const std::string path = flag_or_env(o.listen.token_file, "DDPLAUNCH_RDZV_TOKEN_FILE"); !path.empty()) {
-    try {
-      server.secrets = Secrets::load(path);
-    } catch (const SecretError& e) {
-      throw usage_error(std::string(e.what()) + " (--token_file)");
-    }
+    Expected<Secrets> secrets = Secrets::load(path);
+    if (!secrets) throw usage_error(secrets.error() + " (--token_file)");
+    server.secrets = std::move(*secrets);
   }
   server.max_connections = o.listen.max_connections;
   server.log = [quiet = o.listen.quiet_joins](const std::string& line) {
@@ -207,8 +206,8 @@ Daemon::Daemon(const DaemonOptions& options) : options_(options) {
   try {
     server_ = std::make_unique<Server>(io_, tcp::endpoint(address_, listen.port), server_options_);
   } catch (const boost::system::system_error& e) {
-    throw DaemonError(DaemonExit::connect, "cannot listen on " + listen.host + ":" + std::to_string(listen.port) +
-                                               ": " + e.code().message());
+    throw connect_error_exit("cannot listen on " + listen.host + ":" + std::to_string(listen.port) + ": " +
+                             e.code().message());
   }
   if (metrics_) serve_metrics();
   if (server_options_.replicated) start_election();
@@ -221,9 +220,8 @@ void Daemon::serve_metrics() {
     const tcp::endpoint where(address, static_cast<unsigned short>(obs.metrics_port));
     http_ = std::make_unique<metrics::HttpServer>(io_, where);
   } catch (const boost::system::system_error& e) {
-    throw DaemonError(DaemonExit::connect, "cannot serve metrics on " + obs.metrics_addr + ":" +
-                                               std::to_string(obs.metrics_port) + ": " + e.code().message() +
-                                               " (--metrics_port)");
+    throw connect_error_exit("cannot serve metrics on " + obs.metrics_addr + ":" + std::to_string(obs.metrics_port) +
+                             ": " + e.code().message() + " (--metrics_port)");
   }
   Server* server = server_.get();
   http_->route("/metrics", [server, metrics = metrics_] {
@@ -345,11 +343,9 @@ int Daemon::run() {
 std::string status_secret(const StatusOptions& o) {
   const std::string path = flag_or_env(o.token_file, "DDPLAUNCH_RDZV_TOKEN_FILE");
   if (path.empty()) return "";
-  try {
-    return read_secret_file(path);
-  } catch (const SecretError& e) {
-    throw usage_error(e.what());
-  }
+  Expected<std::string> secret = read_secret_file(path);
+  if (!secret) throw usage_error(secret.error());
+  return std::move(*secret);
 }
 
 std::shared_ptr<TlsContext> status_tls(TlsFiles files) {
@@ -357,11 +353,9 @@ std::shared_ptr<TlsContext> status_tls(TlsFiles files) {
   files.cert = flag_or_env(files.cert, "DDPLAUNCH_RDZV_TLS_CERT");
   files.key = flag_or_env(files.key, "DDPLAUNCH_RDZV_TLS_KEY");
   if (files.ca.empty() && files.cert.empty() && files.key.empty()) return nullptr;
-  try {
-    return TlsContext::for_client(files);
-  } catch (const TlsError& e) {
-    throw usage_error(e.what());
-  }
+  Expected<std::shared_ptr<TlsContext>> context = TlsContext::for_client(files);
+  if (!context) throw usage_error(context.error());
+  return std::move(*context);
 }
 
 }  // namespace
@@ -372,12 +366,9 @@ int serve(const DaemonOptions& options) {
 }
 
 int status(StatusOptions o) {
-  Endpoint endpoint;
-  try {
-    endpoint = parse_endpoint(o.endpoint);
-  } catch (const EndpointError& e) {
-    throw usage_error("--endpoint " + o.endpoint + ": " + e.what() + "; accepted: " + kEndpointSyntax);
-  }
+  const Expected<Endpoint> parsed = parse_endpoint(o.endpoint);
+  if (!parsed) throw usage_error("--endpoint " + o.endpoint + ": " + parsed.error() + "; accepted: " + kEndpointSyntax);
+  const Endpoint& endpoint = *parsed;
   if (const std::string error = connect_error(endpoint); !error.empty()) throw usage_error("--endpoint " + error);
   const std::string secret = status_secret(o);
   const std::shared_ptr<TlsContext> tls = status_tls(o.tls);

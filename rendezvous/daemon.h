@@ -6,7 +6,7 @@
 // what they turn on.
 //
 // Both commands run on the calling thread (main's) and return an exit code; a bad flag value is
-// a DaemonError carrying its exit code, caught once in main.
+// a LaunchError carrying its exit code (rendezvous/error.h), caught once in main.
 #pragma once
 
 #include <cstddef>
@@ -14,27 +14,10 @@
 #include <string>
 
 #include "rendezvous/endpoint.h"
+#include "rendezvous/error.h"
 #include "rendezvous/stream.h"
 
 namespace ddp::rdzv {
-
-// The exit codes of ddp-rendezvous (docs/cli.md).
-enum class DaemonExit : int {
-  ok = 0,
-  usage = 2,    // a bad flag, a file that cannot be read, a malformed endpoint
-  connect = 3,  // cannot bind (serve), cannot reach the daemon or a bad answer (status)
-};
-
-// Why a command cannot run, with its exit code. what() is the message, printed by main after
-// "ddp-rendezvous: ".
-class DaemonError : public std::runtime_error {
- public:
-  DaemonError(DaemonExit code, const std::string& message) : std::runtime_error(message), code_(code) {}
-  DaemonExit code() const { return code_; }
-
- private:
-  DaemonExit code_;
-};
 
 // Where and how the daemon listens.
 struct ListenOptions {
@@ -87,13 +70,13 @@ struct StatusOptions {
   TlsFiles tls;                      // --tls_ca, --tls_cert, --tls_key; default $DDPLAUNCH_RDZV_TLS_*
 };
 
-// Serves until SIGINT or SIGTERM; returns DaemonExit::ok then. Throws DaemonError when a flag's
+// Serves until SIGINT or SIGTERM; returns DaemonExit::ok then. Throws LaunchError when a flag's
 // value is bad (usage) or the port cannot be bound (connect).
 int serve(const DaemonOptions& options);
 
 // Queries the daemon at options.endpoint and prints its jobs (or, with watch, redraws them until
 // SIGINT or SIGTERM). Returns the exit code (a daemon that cannot be reached or answers badly:
-// connect, said on stderr); throws DaemonError for a bad flag value.
+// connect, said on stderr); throws LaunchError for a bad flag value.
 int status(StatusOptions options);
 
 }  // namespace ddp::rdzv

@@ -33,14 +33,14 @@ bool valid_ipv6(std::string_view host) {
   return inet_pton(AF_INET6, address.c_str(), &parsed) == 1;
 }
 
-int parse_port(std::string_view port) {
-  if (port.empty()) throw EndpointError("empty port");
+Expected<int> parse_port(std::string_view port) {
+  if (port.empty()) return unexpected("empty port");
   if (port.size() > 5 || !std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; })) {
-    throw EndpointError("port must be a number in 0..65535");
+    return unexpected("port must be a number in 0..65535");
   }
   int value = 0;
   for (char c : port) value = value * 10 + (c - '0');
-  if (value > 65535) throw EndpointError("port must be a number in 0..65535");
+  if (value > 65535) return unexpected("port must be a number in 0..65535");
   return value;
 }
 
@@ -51,7 +51,7 @@ std::string Endpoint::text() const {
   return port < 0 ? shown : shown + ":" + std::to_string(port);
 }
 
-Endpoint parse_endpoint(std::string_view text, int default_port) {
+Expected<Endpoint> parse_endpoint(std::string_view text, int default_port) {
   const std::string_view s = trim(text);
   std::string_view host = s;
   std::string_view port;
@@ -59,11 +59,11 @@ Endpoint parse_endpoint(std::string_view text, int default_port) {
   const bool bracketed = !s.empty() && s.front() == '[';
   if (bracketed) {
     const auto close = s.find(']');
-    if (close == std::string_view::npos) throw EndpointError("missing ']'");
+    if (close == std::string_view::npos) return unexpected("missing ']'");
     host = s.substr(1, close - 1);
     const std::string_view rest = s.substr(close + 1);
     if (!rest.empty()) {
-      if (rest.front() != ':') throw EndpointError("junk after ']'");
+      if (rest.front() != ':') return unexpected("junk after ']'");
       port = rest.substr(1);
       has_port = true;
     }
@@ -72,32 +72,33 @@ Endpoint parse_endpoint(std::string_view text, int default_port) {
     port = s.substr(colon + 1);
     has_port = true;
   }  // else no colon (a host alone), or several: a bare IPv6 address, which has no port
-  if (host.empty()) throw EndpointError("no host");
-  if (!valid_host(host)) throw EndpointError("not a host name or address");
+  if (host.empty()) return unexpected("no host");
+  if (!valid_host(host)) return unexpected("not a host name or address");
   if ((bracketed || host.find(':') != std::string_view::npos) && !valid_ipv6(host)) {
-    throw EndpointError("not an IPv6 address (an IPv6 address with a port is written [ADDRESS]:PORT)");
+    return unexpected("not an IPv6 address (an IPv6 address with a port is written [ADDRESS]:PORT)");
   }
   Endpoint endpoint{std::string(host), default_port};
-  if (has_port) endpoint.port = parse_port(port);
+  if (!has_port) return endpoint;
+  const Expected<int> number = parse_port(port);
+  if (!number) return unexpected(number.error());
+  endpoint.port = *number;
   return endpoint;
 }
 
-std::vector<Endpoint> parse_endpoint_list(std::string_view text, int default_port) {
+Expected<std::vector<Endpoint>> parse_endpoint_list(std::string_view text, int default_port) {
   std::vector<Endpoint> out;
   std::size_t begin = 0;
   while (begin <= text.size()) {
     const std::size_t comma = std::min(text.find(',', begin), text.size());
     const std::string_view item = trim(text.substr(begin, comma - begin));
     if (!item.empty()) {
-      try {
-        out.push_back(parse_endpoint(item, default_port));
-      } catch (const EndpointError& e) {
-        throw EndpointError(std::string(item) + ": " + e.what());
-      }
+      Expected<Endpoint> endpoint = parse_endpoint(item, default_port);
+      if (!endpoint) return unexpected(std::string(item) + ": " + endpoint.error());
+      out.push_back(std::move(*endpoint));
     }
     begin = comma + 1;
   }
-  if (out.empty()) throw EndpointError("no endpoint given");
+  if (out.empty()) return unexpected("no endpoint given");
   return out;
 }
 

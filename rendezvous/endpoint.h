@@ -6,10 +6,11 @@
 // Pure (no Boost.Asio, no name resolution); any thread.
 #pragma once
 
-#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "rendezvous/error.h"
 
 namespace ddp::rdzv {
 
@@ -30,24 +31,19 @@ struct Endpoint {
   bool operator!=(const Endpoint& o) const { return !(*this == o); }
 };
 
-// A refused endpoint text; what() says why ("missing ']'", "empty port", ...) without
-// repeating the text, so that the caller names the flag it came from.
-class EndpointError : public std::invalid_argument {
- public:
-  using std::invalid_argument::invalid_argument;
-};
-
 // Parses HOST[:PORT], [IPv6][:PORT] or a bare IPv6 address (which cannot carry a port: "::1"
 // is the host ::1, and "fe80::1:29400" is refused as no address). Blanks around the text are
 // ignored. HOST is letters, digits and . - _ (at most 255 bytes), or an IPv6 address with an
 // optional %zone; PORT is decimal, 0..65535. `default_port` fills a missing port (-1:
 // leave it missing). Port 0 is accepted here: it means "a free port" to a node that hosts the
-// rendezvous; connect_error() refuses it for an endpoint to connect to. Throws EndpointError.
-Endpoint parse_endpoint(std::string_view text, int default_port = kDefaultRendezvousPort);
+// rendezvous; connect_error() refuses it for an endpoint to connect to. A refused text's reason
+// says why ("missing ']'", "empty port", ...) without repeating the text, so that the caller
+// names the flag it came from.
+Expected<Endpoint> parse_endpoint(std::string_view text, int default_port = kDefaultRendezvousPort);
 
-// A comma-separated list of endpoints, each parsed as above (blank items are skipped). Throws
-// EndpointError naming the item when one is bad, or when none is given.
-std::vector<Endpoint> parse_endpoint_list(std::string_view text, int default_port = kDefaultRendezvousPort);
+// A comma-separated list of endpoints, each parsed as above (blank items are skipped). Refused,
+// naming the item, when one is bad, or when none is given.
+Expected<std::vector<Endpoint>> parse_endpoint_list(std::string_view text, int default_port = kDefaultRendezvousPort);
 
 // "" when a client can connect to `endpoint`, else why not (no port, port 0).
 std::string connect_error(const Endpoint& endpoint);

@@ -107,7 +107,7 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     const int rc = app.exit(e);
-    return static_cast<int>(rc == 0 ? ddp::rdzv::DaemonExit::ok : ddp::rdzv::DaemonExit::usage);
+    return static_cast<int>(rc == 0 ? ddp::DaemonExit::ok : ddp::DaemonExit::usage);
   }
   try {
     if (*status_command) {
@@ -116,8 +116,8 @@ int main(int argc, char** argv) {
       return ddp::rdzv::status(status);
     }
     return ddp::rdzv::serve(daemon);
-  } catch (const ddp::rdzv::DaemonError& e) {
-    std::cerr << "ddp-rendezvous: " << e.what() << "\n";
-    return static_cast<int>(e.code());
+  } catch (const ddp::LaunchError& e) {
+    std::cerr << e.what() << "\n";
+    return e.exit_code();
   }
 }

@@ -178,14 +178,10 @@ ServerCheck check_server_start(std::string_view bytes, bool closed) {
 bool valid_leader_endpoint(std::string_view text) {
   if (text.empty()) return true;
   if (text.size() > kMaxEndpointBytes) return false;
-  try {
-    // The one endpoint syntax, in its canonical form (what Endpoint::text() writes): no blanks,
-    // no leading zeros, brackets around an IPv6 address and only there; a port to connect to.
-    const Endpoint e = parse_endpoint(text, -1);
-    return connect_error(e).empty() && e.text() == text;
-  } catch (const EndpointError&) {
-    return false;
-  }
+  // The one endpoint syntax, in its canonical form (what Endpoint::text() writes): no blanks,
+  // no leading zeros, brackets around an IPv6 address and only there; a port to connect to.
+  const Expected<Endpoint> e = parse_endpoint(text, -1);
+  return e && connect_error(*e).empty() && e->text() == text;
 }
 
 Frame encode_greeting() {

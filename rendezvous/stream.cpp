@@ -27,26 +27,28 @@ void harden(ssl::context& c) {
                 ssl::context::no_tlsv1 | ssl::context::no_tlsv1_1 | ssl::context::no_compression);
 }
 
-void load(const std::string& option, const std::string& path, const std::function<void(boost::system::error_code&)>& f) {
+Expected<Ok> load(const std::string& option, const std::string& path,
+                  const std::function<void(boost::system::error_code&)>& f) {
   boost::system::error_code ec;
   f(ec);
-  if (ec) {
-    throw TlsError(option + "=" + path + ": cannot use it: " + ec.message() +
-                   " (expected a readable PEM file; docs/security.md shows how to make one with openssl)");
-  }
+  if (!ec) return Ok{};
+  return unexpected(option + "=" + path + ": cannot use it: " + ec.message() +
+                    " (expected a readable PEM file; docs/security.md shows how to make one with openssl)");
 }
 
-void load_identity(ssl::context& c, const TlsFiles& files, const char* cert_option, const char* key_option) {
+Expected<Ok> load_identity(ssl::context& c, const TlsFiles& files, const char* cert_option, const char* key_option) {
   if (files.cert.empty() != files.key.empty()) {
-    throw TlsError(std::string(files.cert.empty() ? key_option : cert_option) + " needs " +
-                   (files.cert.empty() ? cert_option : key_option) + " too");
+    return unexpected(std::string(files.cert.empty() ? key_option : cert_option) + " needs " +
+                      (files.cert.empty() ? cert_option : key_option) + " too");
   }
-  if (files.cert.empty()) return;
-  load(cert_option, files.cert, [&](auto& ec) { c.use_certificate_chain_file(files.cert, ec); });
-  load(key_option, files.key, [&](auto& ec) { c.use_private_key_file(files.key, ssl::context::pem, ec); });
+  if (files.cert.empty()) return Ok{};
+  Expected<Ok> done = load(cert_option, files.cert, [&](auto& ec) { c.use_certificate_chain_file(files.cert, ec); });
+  if (done) done = load(key_option, files.key, [&](auto& ec) { c.use_private_key_file(files.key, ssl::context::pem, ec); });
+  if (!done) return done;
   if (SSL_CTX_check_private_key(c.native_handle()) != 1) {
-    throw TlsError(std::string(key_option) + "=" + files.key + " is not the key of " + cert_option + "=" + files.cert);
+    return unexpected(std::string(key_option) + "=" + files.key + " is not the key of " + cert_option + "=" + files.cert);
   }
+  return Ok{};
 }
 
 class PlainStream final : public Stream {
@@ -118,26 +120,28 @@ class TlsStream final : public Stream {
 
 }  // namespace
 
-std::shared_ptr<TlsContext> TlsContext::for_server(const TlsFiles& files) {
+Expected<std::shared_ptr<TlsContext>> TlsContext::for_server(const TlsFiles& files) {
   auto impl = std::make_unique<Impl>();
   ssl::context& c = impl->context;
   harden(c);
-  if (files.cert.empty()) throw TlsError("--tls_key needs --tls_cert too");
-  load_identity(c, files, "--tls_cert", "--tls_key");
-  if (!files.ca.empty()) {
-    load("--tls_client_ca", files.ca, [&](auto& ec) { c.load_verify_file(files.ca, ec); });
+  if (files.cert.empty()) return unexpected("--tls_key needs --tls_cert too");
+  Expected<Ok> done = load_identity(c, files, "--tls_cert", "--tls_key");
+  if (done && !files.ca.empty()) {
+    done = load("--tls_client_ca", files.ca, [&](auto& ec) { c.load_verify_file(files.ca, ec); });
     c.set_verify_mode(ssl::verify_peer | ssl::verify_fail_if_no_peer_cert);
   }
+  if (!done) return unexpected(done.error());
   return std::shared_ptr<TlsContext>(new TlsContext(std::move(impl)));
 }
 
-std::shared_ptr<TlsContext> TlsContext::for_client(const TlsFiles& files) {
+Expected<std::shared_ptr<TlsContext>> TlsContext::for_client(const TlsFiles& files) {
   auto impl = std::make_unique<Impl>();
   ssl::context& c = impl->context;
   harden(c);
-  if (files.ca.empty()) throw TlsError("tls_cert needs tls_ca too: the server's certificate is always checked");
-  load("tls_ca", files.ca, [&](auto& ec) { c.load_verify_file(files.ca, ec); });
-  load_identity(c, files, "tls_cert", "tls_key");
+  if (files.ca.empty()) return unexpected("tls_cert needs tls_ca too: the server's certificate is always checked");
+  Expected<Ok> done = load("tls_ca", files.ca, [&](auto& ec) { c.load_verify_file(files.ca, ec); });
+  if (done) done = load_identity(c, files, "tls_cert", "tls_key");
+  if (!done) return unexpected(done.error());
   return std::shared_ptr<TlsContext>(new TlsContext(std::move(impl)));
 }
 

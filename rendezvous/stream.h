@@ -10,20 +10,14 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
-#include <stdexcept>
 #include <string>
 
 #include <boost/asio/buffer.hpp>
 #include <boost/asio/ip/tcp.hpp>
 
-namespace ddp::rdzv {
+#include "rendezvous/error.h"
 
-// A certificate, key or CA file that cannot be used (missing, unreadable, not PEM, key does not
-// match the certificate). A usage error: the message names the file and the option.
-class TlsError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
+namespace ddp::rdzv {
 
 // Where the PEM files are; all empty (default) = plain TCP.
 struct TlsFiles {
@@ -37,10 +31,11 @@ struct TlsFiles {
 // The loaded certificates and settings (an OpenSSL SSL_CTX). TLS 1.2 or later.
 class TlsContext {
  public:
-  // REQUIRES: files.cert and files.key set. Throws TlsError.
-  static std::shared_ptr<TlsContext> for_server(const TlsFiles& files);
-  // REQUIRES: files.ca set (the server is always verified). Throws TlsError.
-  static std::shared_ptr<TlsContext> for_client(const TlsFiles& files);
+  // The context, or why not when a file cannot be used (missing, unreadable, not PEM, a key
+  // that does not match its certificate, a missing partner file): the reason names the option
+  // and the file. A server needs cert and key; a client needs ca (the server is always verified).
+  static Expected<std::shared_ptr<TlsContext>> for_server(const TlsFiles& files);
+  static Expected<std::shared_ptr<TlsContext>> for_client(const TlsFiles& files);
   ~TlsContext();
   struct Impl;
   Impl& impl() { return *impl_; }

@@ -25,6 +25,7 @@ namespace asio = boost::asio;
 using asio::ip::tcp;
 using steady = std::chrono::steady_clock;
 using namespace ddp::rdzv;
+using ddp::Expected;
 
 namespace {
 
@@ -141,11 +142,23 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   raise_nofile(static_cast<std::size_t>(k) + 16);
 
-  const Endpoint parsed = parse_endpoint(endpoint);
+  const Expected<Endpoint> given = parse_endpoint(endpoint);
+  if (!given) {
+    std::fprintf(stderr, "ddp-rdzv-load: --endpoint %s: %s\n", endpoint.c_str(), given.error().c_str());
+    return 2;
+  }
+  const Endpoint& parsed = *given;
   tcp::endpoint ep(asio::ip::make_address(parsed.host), static_cast<unsigned short>(parsed.port));
   Load l;
   l.job = job;
-  if (!token_file.empty()) l.secret = read_secret_file(token_file);
+  if (!token_file.empty()) {
+    Expected<std::string> secret = read_secret_file(token_file);
+    if (!secret) {
+      std::fprintf(stderr, "ddp-rdzv-load: --token_file: %s\n", secret.error().c_str());
+      return 2;
+    }
+    l.secret = std::move(*secret);
+  }
   const auto t_connect = steady::now();
   for (int i = 0; i < k; ++i) {
     auto a = std::make_shared<Agent>(l.io, l, i);

@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "agent/agent.h"
-#include "agent/exit_codes.h"
+#include "rendezvous/error.h"
 #include "agent/local_rendezvous.h"
 #include "agent/logs.h"
 #include "agent/progress.h"

@@ -102,8 +102,8 @@ TEST_CASE("sha256 matches the FIPS 180-4 test vectors") {
   TempDir dir;
   std::string big(3 * 1048576 + 77, 'x');  // crosses the file reader's 1 MiB buffer
   write_file(dir / "big", big);
-  CHECK(sha256_file(dir / "big") == sha256_hex(big));
-  CHECK_THROWS_WITH_AS(sha256_file(dir / "missing"), doctest::Contains("missing: No such file"), std::system_error);
+  CHECK(sha256_file(dir / "big").value() == sha256_hex(big));
+  CHECK(sha256_file(dir / "missing").error().find("missing: No such file") != std::string::npos);
 }
 
 TEST_CASE("the machine part names this machine's architecture, OS and glibc") {
@@ -138,7 +138,7 @@ TEST_CASE("the Python probe of /usr/bin/python3 finds the Python and torch that 
   }
   TempDir dir;
   auto o = python_options("/usr/bin/python3", dir);
-  json fp = compute_fingerprint(o);
+  json fp = compute_fingerprint(o).value();
   INFO(fp.dump(2));
   REQUIRE(fp.contains("python"));
   CHECK_FALSE(fp["python"].contains("error"));
@@ -152,7 +152,7 @@ TEST_CASE("the Python probe of /usr/bin/python3 finds the Python and torch that 
   CHECK(fp["python"]["executable"] == "/usr/bin/python3");
   CHECK(fp["machine"]["glibc"].is_string());
   // A second start reads the cache (same answer) instead of probing again.
-  json again = compute_fingerprint(o);
+  json again = compute_fingerprint(o).value();
   CHECK(again == fp);
   CHECK(render_fingerprint_table(fp).find("torch") != std::string::npos);
 }
@@ -163,15 +163,15 @@ TEST_CASE("the probe runs with the workers' environment: PYTHONPATH decides whic
   write_file(dir / "site/torch/__init__.py", "__version__ = '9.9.9'\nclass version:\n    cuda = None\n");
   auto o = python_options("/usr/bin/python3", dir);
   o.environment["PYTHONPATH"] = dir / "site";
-  json fp = compute_fingerprint(o);
+  json fp = compute_fingerprint(o).value();
   INFO(fp.dump(2));
   CHECK(fp["python"]["torch"] == "9.9.9");
 }
 
 TEST_CASE("a wrapper reporting another torch gives a fingerprint that env_check refuses") {
   TempDir dir;
-  json real = compute_fingerprint(python_options("/usr/bin/python3", dir));
-  json fake = compute_fingerprint(python_options(fake_interpreter(dir, "2.1.0+cu118"), dir));
+  json real = compute_fingerprint(python_options("/usr/bin/python3", dir)).value();
+  json fake = compute_fingerprint(python_options(fake_interpreter(dir, "2.1.0+cu118"), dir)).value();
   CHECK(fake["python"]["torch"] == "2.1.0+cu118");
   CHECK(fake["python"]["nccl"] == "2.18.1");
   auto result = ddp::rdzv::compare_fingerprints(
@@ -189,25 +189,25 @@ TEST_CASE("the probe runs once; the cache is invalidated when the interpreter or
   auto o = python_options(python, dir);
   std::string log = dir / "probes.log";
 
-  json first = compute_fingerprint(o);
+  json first = compute_fingerprint(o).value();
   CHECK(lines_in(log) == 1);
-  json second = compute_fingerprint(o);
+  json second = compute_fingerprint(o).value();
   CHECK(lines_in(log) == 1);  // hit: no second probe
   CHECK(second == first);
 
   bump_mtime(python, 10);  // the interpreter was replaced
-  compute_fingerprint(o);
+  compute_fingerprint(o).value();
   CHECK(lines_in(log) == 2);
-  compute_fingerprint(o);
+  compute_fingerprint(o).value();
   CHECK(lines_in(log) == 2);
 
   write_file(validator, "__version__ = '2.1.1'  # pip upgraded torch\n");
-  compute_fingerprint(o);
+  compute_fingerprint(o).value();
   CHECK(lines_in(log) == 3);
 
   FingerprintOptions other_path = o;  // PYTHONPATH decides which torch is imported
   other_path.environment["PYTHONPATH"] = dir / "elsewhere";
-  compute_fingerprint(other_path);
+  compute_fingerprint(other_path).value();
   CHECK(lines_in(log) == 4);
 }
 
@@ -218,18 +218,18 @@ TEST_CASE("an interpreter that does not answer within the deadline is recorded a
   auto o = python_options(python, dir);
   o.probe_timeout = std::chrono::milliseconds(300);
   auto start = std::chrono::steady_clock::now();
-  json fp = compute_fingerprint(o);
+  json fp = compute_fingerprint(o).value();
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(10));
   REQUIRE(fp["python"].contains("error"));
   CHECK(fp["python"]["error"].get<std::string>().find("no answer within") != std::string::npos);
 
   o.python_exec = "ddplaunch-no-such-python";
-  fp = compute_fingerprint(o);
+  fp = compute_fingerprint(o).value();
   CHECK(fp["python"]["error"].get<std::string>().find("'ddplaunch-no-such-python' not found") !=
         std::string::npos);
   write_file(python, "#!/bin/sh\necho 'Traceback: boom' >&2\nexit 1\n", true);
   o.python_exec = python;
-  fp = compute_fingerprint(o);
+  fp = compute_fingerprint(o).value();
   CHECK(fp["python"]["error"].get<std::string>().find("exit code 1: Traceback: boom") != std::string::npos);
 }
 
@@ -241,15 +241,15 @@ TEST_CASE("an executable's hash and its shared libraries change when the binary 
   o.python = false;
   o.program = program;
   o.cache_dir = dir / "cache";
-  json a = compute_fingerprint(o);
+  json a = compute_fingerprint(o).value();
   INFO(a.dump(2));
   CHECK_FALSE(a.contains("python"));
-  CHECK(a["program"]["sha256"] == sha256_file("/bin/true"));
+  CHECK(a["program"]["sha256"] == sha256_file("/bin/true").value());
   REQUIRE(a["program"]["libraries"].contains("libc.so.6"));
   CHECK(a["program"]["libraries"]["libc.so.6"].get<std::string>().size() == 64);
 
   { std::ofstream(program, std::ios::app) << "changed"; }
-  json b = compute_fingerprint(o);
+  json b = compute_fingerprint(o).value();
   CHECK(b["program"]["sha256"] != a["program"]["sha256"]);
   CHECK(b["program"]["libraries"] == a["program"]["libraries"]);
   auto r = ddp::rdzv::compare_fingerprints({{"a", "", a}, {"b", "", b}});
@@ -257,7 +257,7 @@ TEST_CASE("an executable's hash and its shared libraries change when the binary 
   CHECK(r.differences[0].field == "program.sha256");
 
   o.program = dir / "nonexistent";
-  json c = compute_fingerprint(o);
+  json c = compute_fingerprint(o).value();
   CHECK(c["program"]["error"].get<std::string>().find("not found") != std::string::npos);
 }
 
@@ -267,12 +267,12 @@ TEST_CASE("a Python script is hashed; a module is named, not hashed") {
   write_file(script, "print('hi')\n");
   auto o = python_options(fake_interpreter(dir, "2.1.0"), dir);
   o.program = script;
-  json fp = compute_fingerprint(o);
+  json fp = compute_fingerprint(o).value();
   CHECK(fp["program"]["sha256"] == sha256_hex("print('hi')\n"));
   CHECK_FALSE(fp["program"].contains("libraries"));
   o.module = true;
   o.program = "mypkg.train";
-  fp = compute_fingerprint(o);
+  fp = compute_fingerprint(o).value();
   CHECK(fp["program"]["module"] == "mypkg.train");
   CHECK_FALSE(fp["program"].contains("sha256"));
 }
@@ -284,21 +284,20 @@ TEST_CASE("--env_lock hashes a file or a command's output, and names what is wro
   o.cache_dir = dir / "cache";
   write_file(dir / "requirements.txt", "torch==2.1.0\n");
   o.env_lock = dir / "requirements.txt";
-  json fp = compute_fingerprint(o);
+  json fp = compute_fingerprint(o).value();
   CHECK(fp["env_lock"]["sha256"] == sha256_hex("torch==2.1.0\n"));
   CHECK(fp["env_lock"]["source"] == o.env_lock);
 
   o.env_lock = "cmd:printf 'numpy==1.26\\n'";
-  fp = compute_fingerprint(o);
+  fp = compute_fingerprint(o).value();
   CHECK(fp["env_lock"]["sha256"] == sha256_hex("numpy==1.26\n"));
 
   o.env_lock = dir / "missing.yml";
-  CHECK_THROWS_WITH_AS(compute_fingerprint(o), doctest::Contains("missing.yml: no such file"),
-                       FingerprintError);
+  CHECK(compute_fingerprint(o).error().find("missing.yml: no such file") != std::string::npos);
   o.env_lock = "cmd:echo oops >&2; exit 4";
-  CHECK_THROWS_WITH_AS(compute_fingerprint(o), doctest::Contains("exit code 4: oops"), FingerprintError);
+  CHECK(compute_fingerprint(o).error().find("exit code 4: oops") != std::string::npos);
   o.env_lock = "cmd:";
-  CHECK_THROWS_AS(compute_fingerprint(o), FingerprintError);
+  CHECK_FALSE(compute_fingerprint(o));
 }
 
 TEST_CASE("the environment digest is one node's and one alone's alike, and changes with the software only") {
@@ -308,20 +307,20 @@ TEST_CASE("the environment digest is one node's and one alone's alike, and chang
   o.env_lock = dir / "requirements.txt";
   write_file(dir / "train.py", "print(1)\n");
   o.program = dir / "train.py";
-  const std::string node = environment_digest(compute_fingerprint(o));
-  const std::string alone = environment_digest(environment_fingerprint(o));
+  const std::string node = environment_digest(compute_fingerprint(o).value());
+  const std::string alone = environment_digest(environment_fingerprint(o).value());
   CHECK(node.size() == 64);
   CHECK(node == alone);
   write_file(dir / "train.py", "print(2)\n");  // a new program: the same environment
-  CHECK(environment_digest(compute_fingerprint(o)) == node);
+  CHECK(environment_digest(compute_fingerprint(o).value()) == node);
   write_file(dir / "requirements.txt", "torch==2.2.0\n");  // new software: another digest
-  CHECK(environment_digest(environment_fingerprint(o)) != node);
-  json fake = environment_fingerprint(python_options(fake_interpreter(dir, "2.1.0+cu118"), dir));
-  CHECK(environment_digest(fake) != environment_digest(environment_fingerprint(python_options("/usr/bin/python3", dir))));
+  CHECK(environment_digest(environment_fingerprint(o).value()) != node);
+  json fake = environment_fingerprint(python_options(fake_interpreter(dir, "2.1.0+cu118"), dir)).value();
+  CHECK(environment_digest(fake) != environment_digest(environment_fingerprint(python_options("/usr/bin/python3", dir)).value()));
   FingerprintOptions none;  // an executable with no --env_lock: nothing to record
   none.python = false;
   none.cache_dir = dir / "cache";
-  CHECK(environment_digest(environment_fingerprint(none)).empty());
+  CHECK(environment_digest(environment_fingerprint(none).value()).empty());
 }
 
 TEST_CASE("NCCL_* and CUDA_VISIBLE_DEVICES settings are recorded, other variables are not") {
@@ -332,7 +331,7 @@ TEST_CASE("NCCL_* and CUDA_VISIBLE_DEVICES settings are recorded, other variable
   o.use_process_environment = false;
   o.environment = {{"NCCL_SOCKET_IFNAME", "eth0"}, {"NCCL_DEBUG", "INFO"},
                    {"CUDA_VISIBLE_DEVICES", "0,1"}, {"HOME", "/root"}, {"MY_NCCL", "x"}};
-  json fp = compute_fingerprint(o);
+  json fp = compute_fingerprint(o).value();
   CHECK(fp["env"] == json{{"NCCL_SOCKET_IFNAME", "eth0"}, {"NCCL_DEBUG", "INFO"},
                           {"CUDA_VISIBLE_DEVICES", "0,1"}});
   std::string table = render_fingerprint_table(fp);
@@ -369,7 +368,7 @@ TEST_CASE("GPUs are read from the driver's /proc files and CUDA_VISIBLE_DEVICES 
   o.cache_dir = dir / "cache";
   o.nvidia_proc_dir = root;
   o.use_process_environment = false;
-  json fp = compute_fingerprint(o);
+  json fp = compute_fingerprint(o).value();
   std::string table = render_fingerprint_table(fp);
   CHECK(table.find("2 (1 x NVIDIA A100-SXM4-40GB, 1 x NVIDIA H100 80GB HBM3)") != std::string::npos);
   CHECK(table.find("535.104.05") != std::string::npos);
@@ -399,7 +398,7 @@ TEST_CASE("benchmark: fingerprint of /usr/bin/python3, first start versus cached
   auto o = python_options("/usr/bin/python3", dir);
   for (std::string when : {"first start (probe)", "next start (cache hit)", "next start (cache hit)"}) {
     auto start = std::chrono::steady_clock::now();
-    json fp = compute_fingerprint(o);
+    json fp = compute_fingerprint(o).value();
     double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     MESSAGE(when << ": " << ms << " ms (torch " << fp["python"].value("torch", "?") << ")");
   }

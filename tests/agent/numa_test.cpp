@@ -83,10 +83,10 @@ void two_socket_machine(FakeRoot& root) {
 
 TEST_SUITE("numa binding follows the machine's topology") {
   TEST_CASE("cpulists are parsed and printed in the sysfs format") {
-    CHECK(parse_cpu_list("0-3,8,10-11\n") == std::set<int>{0, 1, 2, 3, 8, 10, 11});
-    CHECK(parse_cpu_list("") .empty());
-    CHECK_THROWS_AS(parse_cpu_list("3-1"), NumaError);
-    CHECK_THROWS_AS(parse_cpu_list("a"), NumaError);
+    CHECK(*parse_cpu_list("0-3,8,10-11\n") == std::set<int>{0, 1, 2, 3, 8, 10, 11});
+    CHECK(parse_cpu_list("")->empty());
+    CHECK_FALSE(parse_cpu_list("3-1"));
+    CHECK_FALSE(parse_cpu_list("a"));
     CHECK(cpu_list_string({0, 1, 2, 3, 8, 10, 11}) == "0-3,8,10-11");
     CHECK(parse_numa_mode("core-complex") == NumaMode::kCoreComplex);
     CHECK_FALSE(parse_numa_mode("nodes"));
@@ -100,16 +100,16 @@ TEST_SUITE("numa binding follows the machine's topology") {
     root.gpu("0000:b1:00.0", 1, "GPU-cccc");
     root.gpu("0000:e3:00.0", 1, "GPU-dddd");
     const std::set<int> all = range(0, 15);
-    Topology t = read_topology(root.sys(), root.proc(), all, nullptr);
+    Topology t = *read_topology(root.sys(), root.proc(), all, nullptr);
     CHECK(t.device_nodes == std::vector<int>{0, 0, 1, 1});
-    auto plan = plan_numa_bindings(t, NumaMode::kNode, 4);
+    auto plan = *plan_numa_bindings(t, NumaMode::kNode, 4);
     CHECK(cpu_list_string(plan[0].cpus) == "0-3,8-11");
     CHECK(cpu_list_string(plan[3].cpus) == "4-7,12-15");
     CHECK(plan[3].memory_node == 1);
     // Visible devices 0 and 1 are the physical GPUs 2 and 3 (node 1); UUIDs work too.
-    t = read_topology(root.sys(), root.proc(), all, "2,3");
+    t = *read_topology(root.sys(), root.proc(), all, "2,3");
     CHECK(t.device_nodes == std::vector<int>{1, 1});
-    t = read_topology(root.sys(), root.proc(), all, "GPU-dddd,GPU-aaaa");
+    t = *read_topology(root.sys(), root.proc(), all, "GPU-dddd,GPU-aaaa");
     CHECK(t.device_nodes == std::vector<int>{1, 0});
   }
 
@@ -119,8 +119,8 @@ TEST_SUITE("numa binding follows the machine's topology") {
     root.gpu("0000:17:00.0", 0, "GPU-aaaa");
     root.gpu("0000:65:00.0", 0, "GPU-bbbb");
     root.gpu("0000:b1:00.0", 0, "GPU-cccc");
-    const Topology t = read_topology(root.sys(), root.proc(), range(0, 15), nullptr);
-    const auto plan = plan_numa_bindings(t, NumaMode::kExclusive, 3);
+    const Topology t = *read_topology(root.sys(), root.proc(), range(0, 15), nullptr);
+    const auto plan = *plan_numa_bindings(t, NumaMode::kExclusive, 3);
     // 4 cores for 3 devices: 2, 1, 1 (the first gets the extra one), as torch divides them.
     CHECK(cpu_list_string(plan[0].cpus) == "0-1,8-9");
     CHECK(cpu_list_string(plan[1].cpus) == "2,10");
@@ -134,9 +134,9 @@ TEST_SUITE("numa binding follows the machine's topology") {
     for (int c = 0; c < 16; ++c) root.write("sys/devices/system/cpu/cpu" + std::to_string(c) + "/topology/physical_package_id", "0\n");
     root.gpu("0000:17:00.0", 1, "GPU-aaaa");
     root.gpu("0000:65:00.0", 1, "GPU-bbbb");
-    const Topology t = read_topology(root.sys(), root.proc(), range(0, 15), nullptr);
-    CHECK(cpu_list_string(plan_numa_bindings(t, NumaMode::kSocket, 1)[0].cpus) == "0-15");
-    const auto plan = plan_numa_bindings(t, NumaMode::kCoreComplex, 2);
+    const Topology t = *read_topology(root.sys(), root.proc(), range(0, 15), nullptr);
+    CHECK(cpu_list_string(plan_numa_bindings(t, NumaMode::kSocket, 1)->at(0).cpus) == "0-15");
+    const auto plan = *plan_numa_bindings(t, NumaMode::kCoreComplex, 2);
     CHECK(cpu_list_string(plan[0].cpus) == "4-5,12-13");
     CHECK(cpu_list_string(plan[1].cpus) == "6-7,14-15");
   }
@@ -145,14 +145,14 @@ TEST_SUITE("numa binding follows the machine's topology") {
     FakeRoot root;
     two_socket_machine(root);
     // This process may use 0-5 only (as under taskset).
-    const Topology t = read_topology(root.sys(), root.proc(), range(0, 5), nullptr);
+    const Topology t = *read_topology(root.sys(), root.proc(), range(0, 5), nullptr);
     CHECK(t.device_nodes.empty());
-    const auto plan = plan_numa_bindings(t, NumaMode::kNode, 3);
+    const auto plan = *plan_numa_bindings(t, NumaMode::kNode, 3);
     CHECK(cpu_list_string(plan[0].cpus) == "0-3");
     CHECK(cpu_list_string(plan[1].cpus) == "4-5");
     CHECK(cpu_list_string(plan[2].cpus) == "0-3");
     // Exclusive: ranks 0 and 2 share node 0's four cores.
-    const auto ex = plan_numa_bindings(t, NumaMode::kExclusive, 3);
+    const auto ex = *plan_numa_bindings(t, NumaMode::kExclusive, 3);
     CHECK(cpu_list_string(ex[0].cpus) == "0-1");
     CHECK(cpu_list_string(ex[2].cpus) == "2-3");
     CHECK(cpu_list_string(ex[1].cpus) == "4-5");
@@ -162,10 +162,11 @@ TEST_SUITE("numa binding follows the machine's topology") {
     FakeRoot root;
     root.node(0, "0-1");
     for (int c = 0; c < 2; ++c) root.cpu(c, 0, "0-1", "0-1");  // one core, two threads
-    const Topology t = read_topology(root.sys(), root.proc(), range(0, 1), nullptr);
-    CHECK_THROWS_WITH_AS(plan_numa_bindings(t, NumaMode::kExclusive, 2),
-                         doctest::Contains("1 usable physical cores for 2 devices"), NumaError);
-    CHECK_THROWS_AS(read_topology(root.sys(), root.proc(), range(4, 5), nullptr), NumaError);
+    const Topology t = *read_topology(root.sys(), root.proc(), range(0, 1), nullptr);
+    CHECK(plan_numa_bindings(t, NumaMode::kExclusive, 2).error() ==
+          "NUMA node 0 has 1 usable physical cores for 2 devices; use --numa_binding=node");
+    CHECK(read_topology(root.sys(), root.proc(), range(4, 5), nullptr).error().find("no NUMA node with a usable CPU") !=
+          std::string::npos);
   }
 }
 

@@ -19,7 +19,7 @@
 #include <boost/asio/io_context.hpp>
 
 #include "agent/agent.h"
-#include "agent/exit_codes.h"
+#include "rendezvous/error.h"
 #include "agent/local_rendezvous.h"
 #include "agent/logs.h"
 

@@ -125,7 +125,7 @@ TEST_SUITE("the worker environment follows docs/architecture.md") {
     env = worker_env(round, 0, "/e", {{"HIP_VISIBLE_DEVICES", "2,3"}, {"CUDA_VISIBLE_DEVICES", "0,1"}});
     CHECK(env["CUDA_VISIBLE_DEVICES"] == "2");
     CHECK(env["HIP_VISIBLE_DEVICES"] == "2");
-    CHECK_THROWS_AS(worker_env(round, 1, "/e", {{"CUDA_VISIBLE_DEVICES", "4"}}), std::invalid_argument);
+    CHECK_THROWS_AS(worker_env(round, 1, "/e", {{"CUDA_VISIBLE_DEVICES", "4"}}), ddp::LaunchError);
     // Off: the real local rank, the agent's list left alone (inherited, not overridden).
     round.virtual_local_rank = false;
     env = worker_env(round, 1, "/e", {{"CUDA_VISIBLE_DEVICES", "4,6"}});

@@ -25,7 +25,7 @@ using ddp::launcher::LaunchConfig;
 using ddp::launcher::RendezvousBackend;
 using ddp::launcher::StartMethod;
 using ddp::launcher::ParseContext;
-using ddp::launcher::UsageError;
+using ddp::LaunchError;
 
 const char* const kAllVariables[] = {
     "PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MODULE", "PET_NO_PYTHON",
@@ -100,17 +100,17 @@ Result parse(const std::vector<std::string>& args, int gpus = 0, int cpus = 8) {
   return result;
 }
 
-// The UsageError that parsing `args` throws; fails the test when none is thrown.
-UsageError refusal(const std::vector<std::string>& args, int gpus = 0) {
+// The LaunchError that parsing `args` throws; fails the test when none is thrown.
+LaunchError refusal(const std::vector<std::string>& args, int gpus = 0) {
   try {
     parse(args, gpus);
-  } catch (const UsageError& e) {
+  } catch (const LaunchError& e) {
     return e;
   }
   std::string joined;
   for (const auto& a : args) joined += a + " ";
-  FAIL("expected a UsageError for: " << joined);
-  return UsageError("unreachable");
+  FAIL("expected a LaunchError for: " << joined);
+  return LaunchError(ExitCode::kUsage, "unreachable");
 }
 
 bool contains(const std::string& text, const std::string& part) {
@@ -310,8 +310,8 @@ TEST_SUITE("the command line wins over PET_ variables and defaults") {
   TEST_CASE("a bad PET_ value is refused naming the variable, unless the flag overrides it") {
     ScopedEnv env;
     env.set("PET_NNODES", "2:1");
-    const UsageError e = refusal({"train.py"});
-    CHECK(e.code() == ExitCode::kUsage);
+    const LaunchError e = refusal({"train.py"});
+    CHECK(e.exit_code() == static_cast<int>(ExitCode::kUsage));
     CHECK(contains(e.what(), "PET_NNODES=2:1"));
     CHECK(parse({"--nnodes=1", "train.py"}).config.max_nodes == 1);
   }
@@ -476,9 +476,9 @@ TEST_SUITE("bad values exit 2 naming the flag and the accepted forms") {
       for (const auto& a : c.args) joined += a + " ";
       CAPTURE(joined);
       ScopedEnv env;
-      const UsageError e = refusal(c.args);
-      CHECK(e.code() == ExitCode::kUsage);
-      CHECK(static_cast<int>(e.code()) == 2);
+      const LaunchError e = refusal(c.args);
+      CHECK(e.exit_code() == static_cast<int>(ExitCode::kUsage));
+      CHECK(e.exit_code() == 2);
       const std::string message = e.what();
       CAPTURE(message);
       CHECK(message.rfind("ddplaunch: ", 0) == 0);
@@ -492,8 +492,8 @@ TEST_SUITE("bad values exit 2 naming the flag and the accepted forms") {
   TEST_CASE("a refused PET_ flag names the variable") {
     ScopedEnv env;
     env.set("PET_STANDALONE", "maybe");
-    const UsageError e = refusal({"t.py"});
-    CHECK(e.code() == ExitCode::kUsage);
+    const LaunchError e = refusal({"t.py"});
+    CHECK(e.exit_code() == static_cast<int>(ExitCode::kUsage));
     CHECK(contains(e.what(), "PET_STANDALONE=maybe"));
   }
 }
@@ -581,7 +581,7 @@ TEST_SUITE("rendezvous settings resolve like torchrun") {
     CHECK(d.rdzv_endpoint->text() == "[::1]:5000");
     // A bare IPv6 address is the host alone, the same as in the rendezvous client.
     const LaunchConfig e = parse({"--rdzv_backend=c10d", "--rdzv_endpoint=::1", "t.py"}).config;
-    CHECK(*e.rdzv_endpoint == ddp::rdzv::parse_endpoint("::1"));
+    CHECK(*e.rdzv_endpoint == ddp::rdzv::parse_endpoint("::1").value());
     CHECK(e.rdzv_endpoint->text() == "[::1]:29400");
     // Port 0 alone: a free port on a rendezvous this node hosts (torch 2.x's --standalone form).
     CHECK(parse({"--rdzv_backend=c10d", "--rdzv_endpoint=localhost:0", "t.py"}).config.rdzv_endpoint->port == 0);
@@ -639,7 +639,7 @@ TEST_SUITE("rendezvous settings resolve like torchrun") {
     CHECK(parse({"t.py"}).config.timeouts.shutdown_timeout == 6.0);
     env.unset("PET_SHUTDOWN_TIMEOUT");
     env.set("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "soon");
-    const UsageError e = refusal({"t.py"});
+    const LaunchError e = refusal({"t.py"});
     CHECK(contains(e.what(), "TORCH_ELASTIC_SHUTDOWN_TIMEOUT=soon"));
   }
 
@@ -674,7 +674,7 @@ TEST_SUITE("torchrun 2.x command lines are accepted") {
     std::ostringstream out;
     ParseContext context;
     context.out = &out;
-    CHECK_THROWS_AS(ddp::launcher::parse_command_line(2, argv.data(), context), UsageError);
+    CHECK_THROWS_AS(ddp::launcher::parse_command_line(2, argv.data(), context), LaunchError);
     CHECK(contains(out.str(), "SYNOPSIS"));
   }
 
@@ -708,7 +708,7 @@ TEST_SUITE("torchrun 2.x command lines are accepted") {
       std::ostringstream out;
       ParseContext context;
       context.out = &out;
-      CHECK_THROWS_AS(ddp::launcher::parse_command_line(2, argv.data(), context), UsageError);
+      CHECK_THROWS_AS(ddp::launcher::parse_command_line(2, argv.data(), context), LaunchError);
       CHECK(contains(out.str(), "SYNOPSIS"));
     }
     CHECK(contains(refusal({"--health_chec=x", "t.py"}).what(), "unknown option '--health_chec'"));
@@ -724,9 +724,9 @@ TEST_SUITE("torchrun 2.x command lines are accepted") {
 
   TEST_CASE("an ambiguous prefix names every option it could be") {
     ScopedEnv env;
-    const UsageError e = refusal({"--no", "t.py"});
+    const LaunchError e = refusal({"--no", "t.py"});
     CHECK(contains(e.what(), "ambiguous option: --no could match --node_rank, --no_python"));
-    CHECK(e.code() == ExitCode::kUsage);
+    CHECK(e.exit_code() == static_cast<int>(ExitCode::kUsage));
   }
 
   TEST_CASE("Kubeflow's PET_STANDALONE=\"\" counts as unset") {
@@ -741,7 +741,7 @@ TEST_SUITE("torchrun 2.x command lines are accepted") {
     ScopedEnv env;
     env.set("CUDA_VISIBLE_DEVICES", "3,5");
     CHECK(parse({"--virtual-local-rank", "--nproc_per_node=2", "t.py"}).config.virtual_local_rank);
-    const UsageError e = refusal({"--virtual_local_rank", "--nproc_per_node=3", "t.py"});
+    const LaunchError e = refusal({"--virtual_local_rank", "--nproc_per_node=3", "t.py"});
     CHECK(contains(e.what(), "CUDA_VISIBLE_DEVICES=3,5 names fewer devices than --nproc_per_node=3"));
     env.unset("CUDA_VISIBLE_DEVICES");
     CHECK(parse({"--virtual_local_rank", "--nproc_per_node=3", "t.py"}).config.nproc_per_node == 3);
@@ -789,7 +789,7 @@ TEST_SUITE("tee and redirects accept a level or a per-rank map") {
   TEST_CASE("malformed maps are refused") {
     for (const char* bad : {"4", "-1", "a", "0:", ":1", "0:1,", "0:1:2", "0-1"}) {
       CAPTURE(bad);
-      CHECK_THROWS_AS(ddp::launcher::parse_std_spec(bad, "--tee"), UsageError);
+      CHECK_THROWS_AS(ddp::launcher::parse_std_spec(bad, "--tee"), LaunchError);
     }
   }
 }
@@ -848,7 +848,7 @@ TEST_SUITE("nproc_per_node counts GPUs honouring CUDA_VISIBLE_DEVICES") {
     CHECK(c.nproc_per_node == ddp::agent::count_usable_cpus());
     argv[1] = "--nproc_per_node=gpu";
     CHECK_THROWS_WITH_AS(ddp::launcher::parse_command_line(3, argv.data()),
-                         doctest::Contains("CUDA_VISIBLE_DEVICES=)"), UsageError);
+                         doctest::Contains("CUDA_VISIBLE_DEVICES=)"), LaunchError);
   }
 }
 
@@ -863,8 +863,8 @@ TEST_SUITE("help reads like a man page and exits 0") {
       try {
         ddp::launcher::parse_command_line(static_cast<int>(argv.size()), argv.data(), context);
         FAIL("--help did not stop the parse");
-      } catch (const UsageError& e) {
-        CHECK(e.code() == ExitCode::kSuccess);
+      } catch (const LaunchError& e) {
+        CHECK(e.exit_code() == static_cast<int>(ExitCode::kSuccess));
         CHECK(std::string(e.what()).empty());
       }
       const std::string help = out.str();
@@ -910,8 +910,8 @@ TEST_SUITE("help reads like a man page and exits 0") {
     try {
       ddp::launcher::parse_command_line(static_cast<int>(argv.size()), argv.data(), context);
       FAIL("--version did not stop the parse");
-    } catch (const UsageError& e) {
-      CHECK(e.code() == ExitCode::kSuccess);
+    } catch (const LaunchError& e) {
+      CHECK(e.exit_code() == static_cast<int>(ExitCode::kSuccess));
     }
     CHECK(out.str() == std::string("ddplaunch ") + DDPLAUNCH_EXPECTED_VERSION + "\n");
   }
@@ -930,8 +930,8 @@ TEST_CASE("--in_memory_restart is off, on or auto (the default); anything else i
   CHECK(parse({"t.py"}).config.in_memory_restart == LaunchConfig::InMemoryRestart::kAuto);
   CHECK(parse({"--in_memory_restart=off", "t.py"}).config.in_memory_restart == LaunchConfig::InMemoryRestart::kOff);
   CHECK(parse({"--in-memory-restart", "on", "t.py"}).config.in_memory_restart == LaunchConfig::InMemoryRestart::kOn);
-  const UsageError e = refusal({"--in_memory_restart=yes", "t.py"});
-  CHECK(e.code() == ddp::ExitCode::kUsage);
+  const LaunchError e = refusal({"--in_memory_restart=yes", "t.py"});
+  CHECK(e.exit_code() == static_cast<int>(ddp::ExitCode::kUsage));
   CHECK(contains(e.what(), "--in_memory_restart"));
   CHECK(contains(e.what(), "off, on, auto"));
   env.set("PET_IN_MEMORY_RESTART", "off");
@@ -954,8 +954,8 @@ TEST_CASE("--rdzv_endpoint takes a list of standby endpoints; the first is the r
   CHECK(r.config.reconnect_timeout == 120);
   CHECK(parse({"--rdzv_backend=c10d", "--nnodes=2", "--rdzv_endpoint=head", "t.py"}).config.reconnect_timeout == 60);
   CHECK(r.err.find("unknown key") == std::string::npos);
-  const UsageError e = refusal({"--rdzv_backend=c10d", "--nnodes=2", "--rdzv_endpoint=head:29401,standby:99999", "t.py"});
+  const LaunchError e = refusal({"--rdzv_backend=c10d", "--nnodes=2", "--rdzv_endpoint=head:29401,standby:99999", "t.py"});
   CHECK(std::string(e.what()).find("99999") != std::string::npos);
-  const UsageError t = refusal({"--rdzv_backend=c10d", "--rdzv_conf=reconnect_timeout=-1", "t.py"});
+  const LaunchError t = refusal({"--rdzv_backend=c10d", "--rdzv_conf=reconnect_timeout=-1", "t.py"});
   CHECK(std::string(t.what()).find("reconnect_timeout") != std::string::npos);
 }

@@ -97,7 +97,7 @@ TEST_SUITE("PROGRAM is classified by its name and first bytes") {
     CHECK(no_python.note.empty());  // torchrun does the same
     request.no_python = false;
     request.program = dir.path() + "/nothing-here";
-    CHECK_THROWS_AS(ddp::launcher::resolve_program(request), ddp::launcher::UsageError);
+    CHECK_THROWS_AS(ddp::launcher::resolve_program(request), ddp::LaunchError);
   }
 }
 
