@@ -32,18 +32,20 @@ void store_u64(unsigned char* p, uint64_t v) {
 
 ProgressBoard::ProgressBoard(int slots) : slots_(std::max(slots, 1)) {
   fd_ = ::memfd_create("ddplaunch-progress", MFD_CLOEXEC);
-  if (fd_ < 0) throw LaunchError(ExitCode::kUsage, std::string("progress board: memfd_create: ") + std::strerror(errno));
+  if (fd_ < 0) {
+    throw LaunchError(ExitCode::kUsage, std::string("ddplaunch: progress board: memfd_create: ") + std::strerror(errno));
+  }
   const std::size_t size = kSlotSize * static_cast<std::size_t>(slots_);
   if (::ftruncate(fd_, static_cast<off_t>(size)) != 0) {
     const int err = errno;
     ::close(fd_);
-    throw LaunchError(ExitCode::kUsage, std::string("progress board: ftruncate: ") + std::strerror(err));
+    throw LaunchError(ExitCode::kUsage, std::string("ddplaunch: progress board: ftruncate: ") + std::strerror(err));
   }
   void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
   if (p == MAP_FAILED) {
     const int err = errno;
     ::close(fd_);
-    throw LaunchError(ExitCode::kUsage, std::string("progress board: mmap: ") + std::strerror(err));
+    throw LaunchError(ExitCode::kUsage, std::string("ddplaunch: progress board: mmap: ") + std::strerror(err));
   }
   base_ = static_cast<unsigned char*>(p);
   path_ = "/proc/" + std::to_string(::getpid()) + "/fd/" + std::to_string(fd_);

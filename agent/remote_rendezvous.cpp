@@ -98,6 +98,17 @@ tcp::endpoint listen_endpoint(const std::string& host, unsigned short port) {
   return tcp::endpoint(tcp::v4(), port);
 }
 
+// The in-process server on a port the command line leaves to this node (`flag` says which).
+std::unique_ptr<rdzv::Server> host_server(boost::asio::io_context& io, const tcp::endpoint& listen,
+                                          const rdzv::ServerOptions& options, const std::string& flag) {
+  try {
+    return std::make_unique<rdzv::Server>(io, listen, options);
+  } catch (const boost::system::system_error& e) {  // Asio's constructors refuse by throwing
+    throw LaunchError(ExitCode::kUsage, "ddplaunch: " + flag + ": cannot listen for the rendezvous on " +
+                                            listen.address().to_string() + ": " + e.code().message());
+  }
+}
+
 }  // namespace
 
 bool is_local_host(const std::string& host) {
@@ -143,8 +154,7 @@ RemoteRendezvous::RemoteRendezvous(boost::asio::io_context& io, RemoteRendezvous
   }
   if (options_.standalone) {
     // A free port on loopback: the whole job is on this node.
-    server_ = std::make_unique<rdzv::Server>(
-        io_, tcp::endpoint(boost::asio::ip::address_v4::loopback(), 0), server_options);
+    server_ = host_server(io_, tcp::endpoint(boost::asio::ip::address_v4::loopback(), 0), server_options, "--standalone");
     endpoints_ = {rdzv::Endpoint{"127.0.0.1", server_->port()}};
     return;
   }
@@ -164,7 +174,7 @@ RemoteRendezvous::RemoteRendezvous(boost::asio::io_context& io, RemoteRendezvous
       throw refuse("port 0 means a free port on a rendezvous this node hosts, so HOST must be this machine (e.g. "
                    "localhost:0, as torch 2.x writes --standalone); give the port of the rendezvous at " + host);
     }
-    server_ = std::make_unique<rdzv::Server>(io_, listen_endpoint(host, 0), server_options);
+    server_ = host_server(io_, listen_endpoint(host, 0), server_options, "--rdzv_endpoint=" + endpoints_[0].text());
     endpoints_[0].port = server_->port();
     log("hosting the rendezvous server in-process on " + endpoints_[0].text() + " (port 0: a free one)");
     return;

@@ -7,7 +7,7 @@
 //
 // Typical use (agent/remote_rendezvous.*):
 //   auto c = Client::create(io, options, events);
-//   c->connect(parse_endpoint("10.0.0.1:29400"), join_timeout);  // retries until the deadline
+//   c->connect(*parse_endpoint("10.0.0.1:29400"), join_timeout);  // retries until the deadline
 //   c->join(spec);                                 // sent once the server welcomed us
 //   ... on_round -> start workers; report_failure()/report_success(); on_restart -> join() again
 #pragma once
