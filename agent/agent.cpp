@@ -78,6 +78,7 @@ Agent::Impl::Impl(asio::io_context& io, AgentOptions opts, std::unique_ptr<Rende
       give_up_timer(io),
       park_timer(io),
       progress_timer(io),
+      stall_timer(io),
       dump_timer(io),
       dump_step_timer(io),
       health_timer(io),
@@ -372,8 +373,8 @@ void Agent::Impl::release_everything() {
   processes->close();
   boost::system::error_code ignored;
   signals.cancel(ignored);
-  for (auto* t : {&kill_timer, &give_up_timer, &park_timer, &progress_timer, &dump_timer, &dump_step_timer,
-                  &health_timer, &health_deadline, &standby_timer, &standby_ready_timer}) {
+  for (auto* t : {&kill_timer, &give_up_timer, &park_timer, &progress_timer, &stall_timer, &dump_timer,
+                  &dump_step_timer, &health_timer, &health_deadline, &standby_timer, &standby_ready_timer}) {
     t->cancel();
   }
   ProgressLine::console().release();

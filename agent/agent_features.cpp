@@ -269,6 +269,26 @@ void Agent::Impl::schedule_progress_check() {
   });
 }
 
+// Samples the board every StallWatch::kPeriod while the round runs; a stall of the workers is
+// told to the rendezvous, which looks for a silent node (agent/stall_watch.h).
+void Agent::Impl::schedule_stall_watch() {
+  arm(stall_timer, monotonic_seconds() + StallWatch::kPeriod, [this] {
+    if (core.state() != Supervisor::State::kRunning) return;
+    std::uint64_t beats = 0;
+    int steppers = 0;
+    for (const auto& w : core.workers()) {
+      const int slot = w.ref.local_rank;
+      if (!w.alive || slot >= board.slots()) continue;
+      const ProgressSample sample = board.read(slot);
+      if (sample.beats == 0 || sample.beats >= contracts::kDoneBeats) continue;
+      beats += sample.beats;
+      ++steppers;
+    }
+    if (auto silent = stalls.observe(beats, steppers, monotonic_seconds())) rendezvous->report_stall(*silent);
+    schedule_stall_watch();
+  });
+}
+
 // Each hung worker is sent its dump signal, one at a time (HangWatch::kDumpStep); its exit is
 // then a failure like any other, headed by what the board said about it. Those still alive
 // kDumpGrace after the last dump signal are killed.

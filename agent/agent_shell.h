@@ -30,6 +30,7 @@
 #include "agent/hang_policy.h"
 #include "agent/health_schedule.h"
 #include "agent/logs.h"
+#include "agent/stall_watch.h"
 #include "agent/standby_schedule.h"
 #include "agent/supervisor.h"
 #include "agent/tee_pipe.h"
@@ -82,6 +83,7 @@ struct Agent::Impl {
   boost::asio::steady_timer park_timer;
   // The features' own.
   boost::asio::steady_timer progress_timer;   // samples the progress board (--hang_timeout)
+  boost::asio::steady_timer stall_timer;      // samples it for stalls (a rendezvous shared with other nodes)
   boost::asio::steady_timer dump_timer;       // SIGKILLs hung workers that did not die of their dump signal
   boost::asio::steady_timer dump_step_timer;  // the next hung worker's dump signal, if the last one lives on
   DumpQueue dumps;                            // hung workers whose dump signal waits its turn
@@ -119,6 +121,7 @@ struct Agent::Impl {
   ProgressBoard board;  // the workers' heartbeats
   std::unique_ptr<FileTimerServer> file_timer;  // TORCHELASTIC_ENABLE_FILE_TIMER=1
   HangWatch hang;
+  StallWatch stalls;
   StandbySchedule standby_schedule;
   HealthSchedule health;
   std::vector<int> previous_pids;  // of the last round's workers (the built-in GPU check looks for them)
@@ -177,6 +180,7 @@ struct Agent::Impl {
   void sample_progress(double now);
   void schedule_progress_check();
   void declare_hangs(const HangVerdict& verdict);
+  void schedule_stall_watch();
   void send_next_dump();
   bool start_file_timer();
   void on_timer_expired(const TimerRequest& r);

@@ -552,6 +552,10 @@ void RemoteRendezvous::report_failure(const rdzv::WorkerFailure& failure) {
   if (client_) client_->report_failure(failure);        // queued while reconnecting
 }
 
+void RemoteRendezvous::report_stall(double stalled_for) {
+  if (client_) client_->report_stall(stalled_for);  // news only while connected
+}
+
 void RemoteRendezvous::report_success() {
   reported_success_ = true;
   if (client_) client_->report_success();

@@ -97,6 +97,8 @@ class RemoteRendezvous final : public RendezvousHandler {
   void join(const rdzv::NodeSpec& spec) override;
   void report_failure(const rdzv::WorkerFailure& failure) override;
   void report_success() override;
+  bool hears_stalls() const override { return true; }
+  void report_stall(double stalled_for) override;
   void close() override;
 
   // The endpoints actually used (the free port with --standalone).

@@ -49,6 +49,11 @@ class RendezvousHandler {
   // What the workers reported, read when the rendezvous wants it (the remote one: with each
   // heartbeat, for `ddp-rendezvous status`). The in-process rendezvous has no one to tell.
   virtual void set_progress_source(std::function<std::optional<rdzv::NodeProgress>()> source) { (void)source; }
+  // Whether report_stall() reaches anyone: only a rendezvous shared with other nodes can find a
+  // silent one among them (agent/stall_watch.h).
+  virtual bool hears_stalls() const { return false; }
+  // The local workers made no progress for `stalled_for` seconds.
+  virtual void report_stall(double stalled_for) { (void)stalled_for; }
 };
 
 }  // namespace ddp::agent

@@ -4,8 +4,14 @@
 Usage: fuzz/make_corpus.py [DIR] (default: fuzz/corpus next to this script). Deterministic."""
 import json
 import os
+import re
 import struct
 import sys
+
+# The protocol version the server accepts in hello (rendezvous/protocol.h): seeds of an older one
+# would be refused at their first message and reach nothing behind it.
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "rendezvous", "protocol.h")) as _f:
+    VERSION = int(re.search(r"kProtocolVersion = (\d+);", _f.read()).group(1))
 
 
 def frame(msg):
@@ -24,7 +30,7 @@ def chunk(conn, data, advance=0):
 
 
 def hello(job):
-    return frame({"type": "hello", "protocol_version": 2, "job_id": job, "client_nonce": "00", "proof": ""})
+    return frame({"type": "hello", "protocol_version": VERSION, "job_id": job, "client_nonce": "00", "proof": ""})
 
 
 def node(job, host, lo=1, hi=1, workers=2, **extra):
@@ -69,7 +75,13 @@ SEEDS = {
         chunk(0, hello("p") + join("p", "a")) +
         chunk(0, frame({"type": "heartbeat", "step": 41, "checkpoint_step": 40, "checkpoint_interval": 90.5})) +
         chunk(0, frame({"type": "heartbeat", "step": 42}), advance=5) +
-        chunk(3, frame({"type": "status", "protocol_version": 2, "client_nonce": "00", "proof": ""}))),
+        chunk(3, frame({"type": "status", "protocol_version": VERSION, "client_nonce": "00", "proof": ""}))),
+    "stall_probe_and_silence": (
+        chunk(0, hello("s") + join("s", "a", lo=3, hi=3)) + chunk(1, hello("s") + join("s", "b", lo=3, hi=3)) +
+        chunk(2, hello("s") + join("s", "c", lo=3, hi=3)) +
+        chunk(0, frame({"type": "heartbeat"}), advance=8) + chunk(1, frame({"type": "stall", "stalled_for": 0.4})) +
+        chunk(2, frame({"type": "heartbeat"}), advance=1) + chunk(1, frame({"type": "stall", "stalled_for": 2.5}), advance=15) +
+        chunk(0, b"", advance=5)),
     "fingerprints_differ": (
         chunk(0, hello("f") + join("f", "a", lo=2, hi=2, fingerprint={"a": 1})) +
         chunk(1, hello("f") + join("f", "b", lo=2, hi=2, fingerprint={"a": {"b": [1, 2]}}))),

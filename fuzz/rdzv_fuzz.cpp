@@ -142,6 +142,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
           break;
         case MessageType::heartbeat:
           break;
+        case MessageType::stall:
+          sm.stall(id, std::get<Stall>(m.body).stalled_for);
+          break;
         default:
           sm.disconnected(id, "server message from a client");
           c.closed = true;

@@ -116,7 +116,7 @@ void parse_nproc(const Given& g, LaunchConfig& config, const ParseContext& conte
 }
 
 const char* const kKnownRdzvKeys =
-    "join_timeout, last_call_timeout, heartbeat_interval, heartbeat_timeout, "
+    "join_timeout, last_call_timeout, heartbeat_interval, heartbeat_timeout, probe_timeout, "
     "keep_alive_interval, keep_alive_max_attempt, shutdown_timeout, reconnect_timeout, "
     "read_timeout, timeout, token_file, tls_ca, tls_cert, tls_key, is_host; with etcd backends: "
     "protocol, cacert (ca_cert), cert (ssl_cert), key (ssl_cert_key), etcd_prefix, etcd_lease_ttl, "
@@ -188,6 +188,8 @@ void parse_rdzv_conf(const Given& g, LaunchConfig& config, std::optional<double>
       if (*heartbeat_interval <= 0) refuse(item.shown() + ": must be greater than 0 seconds");
     } else if (key == "heartbeat_timeout") {
       heartbeat_timeout = parse_seconds(item);
+    } else if (key == "probe_timeout") {
+      config.timeouts.probe_timeout = parse_seconds(item);
     } else if (key == "keep_alive_interval") {
       keep_alive_interval = parse_seconds(item);
       if (*keep_alive_interval <= 0) refuse(item.shown() + ": must be greater than 0 seconds");

@@ -84,7 +84,8 @@ const std::vector<OptionSpec> kOptions = {
   {"rdzv_conf", 0, false, "KEY=VALUE,...", "none",
    Group::kRendezvous, "Rendezvous settings, in seconds where they are times: join_timeout "
    "(600), last_call_timeout (30), heartbeat_interval (1), heartbeat_timeout (5), "
-   "shutdown_timeout (30), reconnect_timeout (60: how long workers keep running while no "
+   "probe_timeout (0.3: a node that does not answer a probe this long while the job stalls is "
+   "lost; 0 = heartbeat_timeout only), shutdown_timeout (30), reconnect_timeout (60: how long workers keep running while no "
    "rendezvous answers), read_timeout, timeout; token_file=PATH; is_host=true|false. "
    "With etcd backends: protocol=http, etcd_prefix (/ddplaunch/jobs), etcd_lease_ttl (5), "
    "etcd_timeout (10), etcd_user, etcd_password_file; timeout is the join timeout. "

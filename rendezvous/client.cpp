@@ -223,6 +223,9 @@ void Client::handle(Message& m) {
   switch (m.type) {
     case MessageType::heartbeat_ack:
       return;
+    case MessageType::probe:  // the server thinks this node may be gone: any message answers
+      send(make_heartbeat());
+      return;
     case MessageType::challenge:
       return on_challenge(std::get<Challenge>(m.body));
     case MessageType::welcome:
@@ -331,10 +334,11 @@ void Client::on_not_leader(const std::string& leader) {
 }
 
 void Client::on_error_message(const ErrorMessage& e) {
-  // Dropped for silence while alive (the machine stalled, or its beats were delayed past
-  // heartbeat_timeout): not a refusal. Like a lost connection, the owner reconnects and
-  // resumes; the server answers that the round ended, and the node rejoins.
-  const bool dropped_for_silence = e.code == "heartbeat_timeout";
+  // Dropped for silence while alive (the machine stalled, or its beats or its answer to a probe
+  // were delayed past heartbeat_timeout or probe_timeout): not a refusal. Like a lost
+  // connection, the owner reconnects and resumes; the server answers that the round ended, and
+  // the node rejoins.
+  const bool dropped_for_silence = e.code == "heartbeat_timeout" || e.code == "probe_timeout";
   fail("rendezvous " + endpoint_text_ + (dropped_for_silence ? " dropped this node: " : " refused: ") +
            (e.message.empty() ? "(no message)" : e.message) + " [" + (e.code.empty() ? "?" : e.code) + "]",
        dropped_for_silence);
@@ -377,6 +381,10 @@ void Client::report_failure(const WorkerFailure& failure) {
   } else {
     pending_reports_.push_back(make_failure(failure));
   }
+}
+
+void Client::report_stall(double stalled_for) {
+  if (!closed_ && welcomed_) send(make_stall(stalled_for));
 }
 
 void Client::report_success() {

@@ -98,6 +98,9 @@ class Client : public std::enable_shared_from_this<Client> {
   // Before the server's welcome these are queued and sent after the resume or join.
   void report_failure(const WorkerFailure& failure);
   void report_success();
+  // The node's workers stalled (a stall message). Dropped, not queued, before the welcome: a
+  // stall is news only while it lasts.
+  void report_stall(double stalled_for);
   // Leaves the job (the server does not count it as a lost node to restart) and closes.
   void close();
 

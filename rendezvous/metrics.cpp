@@ -28,7 +28,7 @@ DaemonMetrics::DaemonMetrics()
                     .Register(registry_)),
       nodes_lost_(prometheus::BuildCounter()
                       .Name("ddp_rendezvous_nodes_lost_total")
-                      .Help("Nodes that left a job or were lost, by cause (connection_closed, heartbeat_timeout, left)")
+                      .Help("Nodes that left a job or were lost, by cause (connection_closed, heartbeat_timeout, probe_timeout, left)")
                       .Register(registry_)),
       jobs_ended_(prometheus::BuildCounter()
                       .Name("ddp_rendezvous_jobs_ended_total")

@@ -41,6 +41,8 @@ constexpr TypeName kTypeNames[] = {
     {MessageType::resumed, "resumed"},
     {MessageType::waiting, "waiting"},
     {MessageType::not_leader, "not_leader"},
+    {MessageType::stall, "stall"},
+    {MessageType::probe, "probe"},
 };
 
 std::optional<MessageType> type_from(std::string_view name) {
@@ -164,6 +166,7 @@ std::optional<std::string> read_timeouts(const json& j, Timeouts& t) {
   f.number("last_call_timeout", t.last_call_timeout, 0, kMaxTimeoutSeconds);
   f.number("heartbeat_interval", t.heartbeat_interval, 0, kMaxTimeoutSeconds);
   f.number("heartbeat_timeout", t.heartbeat_timeout, 0, kMaxTimeoutSeconds);
+  f.number("probe_timeout", t.probe_timeout, 0, kMaxTimeoutSeconds);
   f.number("shutdown_timeout", t.shutdown_timeout, 0, kMaxTimeoutSeconds);
   return f.error();
 }
@@ -338,9 +341,17 @@ std::optional<std::string> decode_connection_body(MessageType type, const json& 
       m.body = std::move(h);
       return f.error();
     }
+    case MessageType::stall: {
+      Fields f(j, "stall");
+      Stall s;
+      if (f.require("stalled_for")) f.number("stalled_for", s.stalled_for, 0, kMaxTimeoutSeconds);
+      m.body = s;
+      return f.error();
+    }
     case MessageType::success:
     case MessageType::leave:
     case MessageType::heartbeat_ack:
+    case MessageType::probe:
       m.body = Empty{};
       return std::nullopt;
     default:
@@ -488,6 +499,8 @@ std::optional<std::string> decode_body(MessageType type, const json& j, Message&
     case MessageType::success:
     case MessageType::leave:
     case MessageType::heartbeat_ack:
+    case MessageType::stall:
+    case MessageType::probe:
       return decode_connection_body(type, j, m);
     case MessageType::join:
     case MessageType::failure:
@@ -530,6 +543,7 @@ bool is_client_message(MessageType type) {
     case MessageType::success:
     case MessageType::leave:
     case MessageType::resume:
+    case MessageType::stall:
       return true;
     default:
       return false;
@@ -645,9 +659,13 @@ json to_json(const Message& m) {
         j["checkpoint_interval"] = p->checkpoint_interval;
       }
       break;
+    case MessageType::stall:
+      j["stalled_for"] = std::get<Stall>(m.body).stalled_for;
+      break;
     case MessageType::success:
     case MessageType::leave:
     case MessageType::heartbeat_ack:
+    case MessageType::probe:
       break;
     case MessageType::round:
       j["assignment"] = std::get<Assignment>(m.body);
@@ -722,7 +740,7 @@ std::optional<std::string> validate_node_spec(const NodeSpec& s) {
     if (err) return err;
   }
   for (double t : {s.timeouts.join_timeout, s.timeouts.last_call_timeout, s.timeouts.heartbeat_interval,
-                   s.timeouts.heartbeat_timeout, s.timeouts.shutdown_timeout}) {
+                   s.timeouts.heartbeat_timeout, s.timeouts.probe_timeout, s.timeouts.shutdown_timeout}) {
     if (!std::isfinite(t) || t < 0 || t > kMaxTimeoutSeconds) {
       return "timeouts must be between 0 and " + json(kMaxTimeoutSeconds).dump() + " s";
     }
@@ -733,49 +751,5 @@ std::optional<std::string> validate_node_spec(const NodeSpec& s) {
   if (!check_fingerprint_value(s.fingerprint, 0, entries, why)) return "fingerprint " + why;
   return std::nullopt;
 }
-
-// ---- builders ----
-
-namespace {
-Message message(MessageType type, decltype(Message::body) body) {
-  Message m;
-  m.type = type;
-  m.body = std::move(body);
-  return m;
-}
-}  // namespace
-
-Message make_challenge(const std::string& nonce) { return message(MessageType::challenge, Challenge{kProtocolVersion, nonce}); }
-Message make_welcome(const std::string& proof) { return message(MessageType::welcome, Welcome{kProtocolVersion, proof}); }
-Message make_error(const std::string& code, const std::string& text) {
-  return message(MessageType::error, ErrorMessage{code, text});
-}
-Message make_resume_message(const ResumeRequest& request) { return message(MessageType::resume, request); }
-Message make_resumed_message(std::uint64_t generation, int restart_count, bool rebuilt) {
-  return message(MessageType::resumed, Resumed{generation, restart_count, rebuilt});
-}
-Message make_round(const Assignment& assignment) { return message(MessageType::round, assignment); }
-Message make_restart(const std::string& reason, bool counted, int restart_count, int max_restarts, bool failing,
-                     bool failure) {
-  return message(MessageType::restart, Restart{reason, counted, failing, restart_count, max_restarts, failure});
-}
-Message make_job_succeeded(const std::string& job_id) { return message(MessageType::job_succeeded, JobSucceeded{job_id}); }
-Message make_job_failed(const WorkerFailure& first_failure, const std::string& summary) {
-  return message(MessageType::job_failed, JobFailed{first_failure, summary});
-}
-Message make_heartbeat_ack() { return message(MessageType::heartbeat_ack, Empty{}); }
-Message make_status_reply(json status) { return message(MessageType::status_reply, StatusReply{std::move(status)}); }
-Message make_waiting(const Waiting& waiting) { return message(MessageType::waiting, waiting); }
-Message make_not_leader(const std::string& leader) { return message(MessageType::not_leader, NotLeader{leader}); }
-
-Message make_hello(const Hello& hello) { return message(MessageType::hello, hello); }
-Message make_status_request(const Hello& hello) { return message(MessageType::status, hello); }
-Message make_join(const NodeSpec& spec) { return message(MessageType::join, spec); }
-Message make_heartbeat(std::optional<NodeProgress> progress) {
-  return message(MessageType::heartbeat, Heartbeat{progress});
-}
-Message make_failure(const WorkerFailure& failure) { return message(MessageType::failure, failure); }
-Message make_success() { return message(MessageType::success, Empty{}); }
-Message make_leave() { return message(MessageType::leave, Empty{}); }
 
 }  // namespace ddp::rdzv

@@ -31,7 +31,8 @@ using contracts::json_depth;
 // Version 2: the server speaks first (challenge) and hello/status carry an HMAC proof.
 // Version 3: both sides name the protocol at once (kMagic in the client's greeting and in the
 // server's challenge), so a client that reached some other service says so within a second.
-inline constexpr int kProtocolVersion = 4;  // 4: node secrets sealed (docs/security.md)
+// Version 4: node secrets sealed (docs/security.md). Version 5: stall and probe (a silent node).
+inline constexpr int kProtocolVersion = 5;
 // The magic both sides send first: the client in its greeting, the server in its challenge.
 inline constexpr std::string_view kMagic = "ddp-rendezvous";
 // The server's challenge is small: a first frame longer than this is not a rendezvous server's.
@@ -112,6 +113,7 @@ enum class MessageType : std::uint8_t {
   success,
   leave,
   resume,
+  stall,
   // server -> client
   challenge,
   welcome,
@@ -125,6 +127,7 @@ enum class MessageType : std::uint8_t {
   resumed,
   waiting,
   not_leader,
+  probe,
 };
 const char* to_string(MessageType type);
 bool is_client_message(MessageType type);
@@ -207,11 +210,18 @@ struct Empty {};  // success, leave, heartbeat_ack
 struct Heartbeat {
   std::optional<NodeProgress> progress;  // absent from agents whose workers reported nothing
 };
+// stall: the node's workers made no progress for `stalled_for` seconds (the agent's judgement,
+// agent/stall_watch.h). The server then probes the job's nodes it has not heard from since the
+// stall began (docs/rendezvous.md, "Silent nodes"); a probe is answered with a heartbeat. It
+// names only its sender: no client can say that another node is dead.
+struct Stall {
+  double stalled_for = 0;
+};
 
 struct Message {
   MessageType type = MessageType::heartbeat;
   std::variant<Empty, Heartbeat, Greeting, Hello, Challenge, Welcome, ErrorMessage, NodeSpec, WorkerFailure, Assignment, Restart,
-               JobSucceeded, JobFailed, StatusReply, ResumeRequest, Resumed, Waiting, NotLeader>
+               JobSucceeded, JobFailed, StatusReply, ResumeRequest, Resumed, Waiting, NotLeader, Stall>
       body;
 };
 
@@ -248,6 +258,7 @@ Message make_heartbeat_ack();
 Message make_status_reply(nlohmann::json status);
 Message make_waiting(const Waiting& waiting);
 Message make_not_leader(const std::string& leader);
+Message make_probe();
 // "" (no leader known) or an endpoint to connect to, HOST:PORT or [V6]:PORT, written as
 // Endpoint::text() writes it (rendezvous/endpoint.h).
 bool valid_leader_endpoint(std::string_view text);
@@ -263,6 +274,7 @@ Message make_heartbeat(std::optional<NodeProgress> progress = std::nullopt);
 Message make_failure(const WorkerFailure& failure);
 Message make_success();
 Message make_leave();
+Message make_stall(double stalled_for);
 Message make_resume_message(const ResumeRequest& request);
 Message make_resumed_message(std::uint64_t generation, int restart_count, bool rebuilt);
 

@@ -1,7 +1,7 @@
 // Frames and the start of a connection (rendezvous/protocol.h): the length-prefixed frame, its
 // incremental reader, what the server checks in a client's greeting and first message, and how
 // a client tells a rendezvous server from another service by the first bytes it answers; the
-// greeting itself, and the leader address a redirect may name. Pure,
+// greeting itself, the leader address a redirect may name, and the builders of every message. Pure,
 // like the rest of the codec: tested without sockets.
 #include <string>
 
@@ -194,5 +194,51 @@ Frame encode_greeting() {
   frame += text;
   return std::make_shared<const std::string>(std::move(frame));
 }
+
+// ---- builders ----
+
+namespace {
+Message message(MessageType type, decltype(Message::body) body) {
+  Message m;
+  m.type = type;
+  m.body = std::move(body);
+  return m;
+}
+}  // namespace
+
+Message make_challenge(const std::string& nonce) { return message(MessageType::challenge, Challenge{kProtocolVersion, nonce}); }
+Message make_welcome(const std::string& proof) { return message(MessageType::welcome, Welcome{kProtocolVersion, proof}); }
+Message make_error(const std::string& code, const std::string& text) {
+  return message(MessageType::error, ErrorMessage{code, text});
+}
+Message make_resume_message(const ResumeRequest& request) { return message(MessageType::resume, request); }
+Message make_resumed_message(std::uint64_t generation, int restart_count, bool rebuilt) {
+  return message(MessageType::resumed, Resumed{generation, restart_count, rebuilt});
+}
+Message make_round(const Assignment& assignment) { return message(MessageType::round, assignment); }
+Message make_restart(const std::string& reason, bool counted, int restart_count, int max_restarts, bool failing,
+                     bool failure) {
+  return message(MessageType::restart, Restart{reason, counted, failing, restart_count, max_restarts, failure});
+}
+Message make_job_succeeded(const std::string& job_id) { return message(MessageType::job_succeeded, JobSucceeded{job_id}); }
+Message make_job_failed(const WorkerFailure& first_failure, const std::string& summary) {
+  return message(MessageType::job_failed, JobFailed{first_failure, summary});
+}
+Message make_heartbeat_ack() { return message(MessageType::heartbeat_ack, Empty{}); }
+Message make_status_reply(json status) { return message(MessageType::status_reply, StatusReply{std::move(status)}); }
+Message make_waiting(const Waiting& waiting) { return message(MessageType::waiting, waiting); }
+Message make_not_leader(const std::string& leader) { return message(MessageType::not_leader, NotLeader{leader}); }
+Message make_probe() { return message(MessageType::probe, Empty{}); }
+
+Message make_hello(const Hello& hello) { return message(MessageType::hello, hello); }
+Message make_status_request(const Hello& hello) { return message(MessageType::status, hello); }
+Message make_join(const NodeSpec& spec) { return message(MessageType::join, spec); }
+Message make_heartbeat(std::optional<NodeProgress> progress) {
+  return message(MessageType::heartbeat, Heartbeat{progress});
+}
+Message make_failure(const WorkerFailure& failure) { return message(MessageType::failure, failure); }
+Message make_success() { return message(MessageType::success, Empty{}); }
+Message make_leave() { return message(MessageType::leave, Empty{}); }
+Message make_stall(double stalled_for) { return message(MessageType::stall, Stall{stalled_for}); }
 
 }  // namespace ddp::rdzv

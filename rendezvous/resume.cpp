@@ -57,6 +57,7 @@ NodeSpec decode_node(const json& j) {
   s.timeouts.last_call_timeout = seconds(t, "last_call_timeout", true);
   s.timeouts.heartbeat_interval = seconds(t, "heartbeat_interval", false);
   s.timeouts.heartbeat_timeout = seconds(t, "heartbeat_timeout", false);
+  if (t.contains("probe_timeout")) s.timeouts.probe_timeout = seconds(t, "probe_timeout", true);
   s.timeouts.shutdown_timeout = seconds(t, "shutdown_timeout", true);
   return s;
 }

@@ -53,6 +53,10 @@ void Server::make_state() {
     const Session* session = sessions_.find(conn);
     return session == nullptr ? std::string() : seal_hex(session->seal_key, secret);
   });
+  state_->set_peer_check([this](ConnId conn) {
+    Session* session = sessions_.find(conn);
+    return session != nullptr && session->peer_acknowledged_all();
+  });
 }
 
 void Server::set_leadership(bool leading, const std::string& leader,
@@ -313,6 +317,9 @@ void Server::handle(Session& session, Message& message) {
       state_->join(session.id(), std::move(spec));
       return;
     }
+    case MessageType::stall:
+      if (session.member) state_->stall(session.id(), std::get<Stall>(message.body).stalled_for);
+      return;
     case MessageType::failure:
       state_->report_failure(session.id(), std::get<WorkerFailure>(message.body));
       return;

@@ -1,11 +1,21 @@
 #include "rendezvous/session.h"
 
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
+
 #include <vector>
 
 namespace ddp::rdzv {
 
 namespace asio = boost::asio;
 using asio::ip::tcp;
+
+bool Session::peer_acknowledged_all() {
+  if (queued_bytes_ != 0 || !stream_->socket().is_open()) return false;
+  int outstanding = 0;
+  if (::ioctl(stream_->socket().native_handle(), SIOCOUTQ, &outstanding) != 0) return false;
+  return outstanding == 0;
+}
 
 Session::Session(std::unique_ptr<Stream> stream, std::uint64_t id, SessionHandler& handler, SessionLimits limits)
     : stream_(std::move(stream)),

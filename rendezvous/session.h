@@ -67,6 +67,11 @@ class Session : public std::enable_shared_from_this<Session> {
   void set_phase(Phase p) { phase_ = p; }
   const std::string& peer() const { return peer_; }
   std::string peer_address() const { return peer_address_; }
+  // Whether the peer's host has acknowledged every byte sent to it: nothing waits in this
+  // session's queue, nor unacknowledged in the kernel (SIOCOUTQ). A host that is up acknowledges
+  // within milliseconds, whatever its process does; a host that lost power or its link does not.
+  // false when it cannot tell.
+  bool peer_acknowledged_all();
   std::string job_id;      // from hello
   std::string nonce;       // the challenge sent to this connection (hex)
   std::string seal_key;    // seals node secrets on this connection (auth.h); "" without a secret

@@ -185,7 +185,8 @@ std::optional<std::string> StateMachine::policy_mismatch(const Job& job, const N
   const std::pair<const char*, double Timeouts::*> timeouts[] = {
       {"join_timeout", &Timeouts::join_timeout},
       {"last_call_timeout", &Timeouts::last_call_timeout},
-      {"heartbeat_timeout", &Timeouts::heartbeat_timeout}};
+      {"heartbeat_timeout", &Timeouts::heartbeat_timeout},
+      {"probe_timeout", &Timeouts::probe_timeout}};
   for (const auto& [name, field] : timeouts) {
     if (spec.timeouts.*field != job.timeouts.*field) {
       return differs((std::string("--rdzv_conf ") + name).c_str(), seconds_text(spec.timeouts.*field),
@@ -655,6 +656,15 @@ void StateMachine::report_success(ConnId conn) {
   job_ended(*job, "");
 }
 
+namespace {
+// The cause label of a loss (events, metrics), from the reason's first words.
+const char* loss_cause(const std::string& why) {
+  if (why.rfind("no heartbeat", 0) == 0) return "heartbeat_timeout";
+  if (why.rfind("no answer to a probe", 0) == 0) return "probe_timeout";
+  return "connection_closed";
+}
+}  // namespace
+
 void StateMachine::node_gone(Job& job, ConnId conn, const std::string& why, bool left) {
   auto it = job.nodes.find(conn);
   if (it == job.nodes.end()) return;
@@ -668,8 +678,7 @@ void StateMachine::node_gone(Job& job, ConnId conn, const std::string& why, bool
   }
   out_.log("job " + job.id + ": " + (left ? "left: " : "lost: ") + who + ": " + why);
   job.waiting_changed = true;
-  emit(job, left ? "node_left" : "node_lost",
-       left ? "left" : why.rfind("no heartbeat", 0) == 0 ? "heartbeat_timeout" : "connection_closed", who, {}, {}, why);
+  emit(job, left ? "node_left" : "node_lost", left ? "left" : loss_cause(why), who, {}, {}, why);
   if (state == NodeState::Running && job.state == JobState::Running) {
     end_round(job, "node " + who + (left ? " left the job" : " lost: " + why), false, left ? "node_left" : "node_lost");
   }
@@ -707,6 +716,7 @@ void StateMachine::stalled(double seconds) {
   for (auto& [id, job] : jobs_) {
     for (auto& [conn, node] : job.nodes) node.last_seen = std::min(now, node.last_seen + seconds);
     job.next_heartbeat_check += seconds;
+    if (!job.probed.empty()) job.probe_deadline += seconds;
   }
 }
 
@@ -742,6 +752,7 @@ void StateMachine::tick() {
       node_gone(job, conn, why, false);
       out_.drop(conn, "heartbeat_timeout", "dropped by the rendezvous server: " + why);
     }
+    if (!job.probed.empty() && now >= job.probe_deadline) conclude_probes(job, now);
     if (job.nodes.empty()) {
       erase_if_empty(id);
       continue;

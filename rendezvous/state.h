@@ -25,6 +25,11 @@
 //    makes the job failing at once, whatever the budget, from a node of the running round or
 //    one whose round just ended (an agent decides on a crash loop when it hears the counted
 //    restart); the verdict, given the same way, carries the fatal reason.
+//  - A node whose workers stalled says so (stall); the nodes of its running round not heard
+//    from since the stall began are probed, and one that does not answer within probe_timeout,
+//    and whose host has not even acknowledged the probe (PeerCheck), is lost like a silent one,
+//    without waiting for heartbeat_timeout (docs/rendezvous.md, "Silent nodes"). A stall report
+//    names only its sender: it can cost probes, never a node.
 //  - When every node of the round reported success the job succeeded everywhere.
 //  - A job is dropped when its last node leaves; memory is bounded by the live connections.
 //  - While a job gathers, its waiting nodes that asked for it (NodeSpec::progress) get
@@ -115,6 +120,11 @@ RoundCheck make_env_round_check(std::function<void(const std::string&)> log);
 // The default reads OpenSSL's generator; tests may inject a deterministic one.
 using SecretSource = std::function<std::string()>;
 std::string random_secret();
+// Whether the host at the other end of connection `conn` has acknowledged everything the server
+// sent it (the server asks its TCP stack): a probe that is not answered by a host that
+// acknowledged it means a busy or stopped process, not a lost host. Empty function = never
+// (tests; every unanswered probe is then a loss).
+using PeerCheck = std::function<bool(ConnId conn)>;
 // What a round carries of a node's secret for connection `conn`: the server seals it under that
 // connection's key (auth.h, seal_hex), so that it never crosses the wire in clear. Empty
 // function = the secret as it is (tests, a server without secrets).
@@ -130,6 +140,7 @@ class StateMachine {
   // REQUIRES: clock and out outlive the state machine.
   StateMachine(const Clock& clock, Outbox& out, RoundCheck round_check = {}, SecretSource secrets = {});
   void set_secret_seal(SecretSeal seal) { seal_ = std::move(seal); }
+  void set_peer_check(PeerCheck check) { peer_check_ = std::move(check); }
 
   // The connection joins (or rejoins) spec.job_id. Invalid specs, an --nnodes mismatch with the
   // job, a taken --node_rank or a finished job drop the connection with a clear error.
@@ -147,6 +158,8 @@ class StateMachine {
   void touch(ConnId conn);
   // What the node's workers reported (its heartbeat's progress): kept for status().
   void progress(ConnId conn, const NodeProgress& progress);
+  // The node's workers made no progress for `stalled_for` seconds: probe the job's silent nodes.
+  void stall(ConnId conn, double stalled_for);
   // A worker of this node failed.
   void report_failure(ConnId conn, const WorkerFailure& failure);
   // Every worker of this node exited 0.
@@ -204,6 +217,7 @@ class StateMachine {
     std::uint64_t resumed_generation = 0;  // while restoring: the generation it resumed
     bool success_pending = false;        // while restoring: reported success, applied after
     std::optional<NodeProgress> progress;  // the last its heartbeats carried
+    double probed_at = -1;  // when the server probed it (a probe round in progress); -1 = not
   };
 
   struct Job {
@@ -228,6 +242,11 @@ class StateMachine {
     bool failing = false;  // the budget is spent: the job fails once its nodes have stopped
     std::optional<WorkerFailure> fatal;  // the first fatal report: the job fails with its reason
     double next_heartbeat_check = 0;  // no node can be silent too long before this
+    // A probe round (stall()): the nodes probed, when their answers are due, and no new round
+    // before next_probe_round (one round per heartbeat_interval after one that cleared everyone).
+    std::vector<ConnId> probed;
+    double probe_deadline = 0;
+    double next_probe_round = 0;
     // Rebuilt from resumes (when, on the clock), and the restore in progress.
     std::optional<double> rebuilt_at;
     double restore_deadline = 0;
@@ -318,6 +337,9 @@ class StateMachine {
             std::vector<int> ranks = {}, nlohmann::json fields = nlohmann::json::object(),
             const std::string& message = "");
   void prune_finished(double now);
+  // The probe round's verdict once its answers are due: a probed node not heard from since is
+  // lost (state_probe.cpp).
+  void conclude_probes(Job& job, double now);
   void changed(const Job& job);
   void describe_round(Job& job);
   static const char* state_name(NodeState s);
@@ -328,6 +350,7 @@ class StateMachine {
   RoundCheck round_check_;
   SecretSource secrets_;
   SecretSeal seal_;
+  PeerCheck peer_check_;
   std::map<std::string, Job> jobs_;
   std::unordered_map<ConnId, std::string> conn_job_;
   std::uint64_t next_join_seq_ = 0;

@@ -17,6 +17,7 @@ void to_json(nlohmann::json& j, const Timeouts& v) {
        {"last_call_timeout", v.last_call_timeout},
        {"heartbeat_interval", v.heartbeat_interval},
        {"heartbeat_timeout", v.heartbeat_timeout},
+       {"probe_timeout", v.probe_timeout},
        {"shutdown_timeout", v.shutdown_timeout}};
 }
 
@@ -25,6 +26,7 @@ void from_json(const nlohmann::json& j, Timeouts& v) {
   read_opt(j, "last_call_timeout", v.last_call_timeout);
   read_opt(j, "heartbeat_interval", v.heartbeat_interval);
   read_opt(j, "heartbeat_timeout", v.heartbeat_timeout);
+  read_opt(j, "probe_timeout", v.probe_timeout);
   read_opt(j, "shutdown_timeout", v.shutdown_timeout);
 }
 

@@ -15,6 +15,10 @@ struct Timeouts {
   double last_call_timeout = 30.0;   // after MIN nodes joined, how long to wait for more (torchrun: 30 s)
   double heartbeat_interval = 1.0;   // agent -> server heartbeat period
   double heartbeat_timeout = 5.0;    // a node silent this long is lost
+  // A node that does not answer the server's probe this long, while the job's other nodes say
+  // their workers stalled, is lost without waiting for heartbeat_timeout (docs/rendezvous.md,
+  // "Silent nodes"). 0 = only heartbeat_timeout finds a silent node.
+  double probe_timeout = 0.3;
   double shutdown_timeout = 30.0;    // SIGTERM -> SIGKILL grace for workers
 };
 

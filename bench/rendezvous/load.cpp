@@ -4,10 +4,16 @@
 //   ddp-rdzv-load --endpoint 127.0.0.1:29400 --agents 10000 --mode round
 //   ddp-rdzv-load --endpoint 127.0.0.1:29400 --agents 1000 --mode death
 //   ddp-rdzv-load --endpoint 127.0.0.1:29400 --agents 10 --mode silent --heartbeat-timeout 1
+//   ddp-rdzv-load --endpoint 127.0.0.1:29400 --agents 10000 --mode probe --daemon-pid PID
+//   ddp-rdzv-load --endpoint 127.0.0.1:29400 --agents 10000 --mode beat --daemon-pid PID
 #include <sys/resource.h>
+
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -55,8 +61,9 @@ struct Agent : std::enable_shared_from_this<Agent> {
 struct Load {
   asio::io_context io{1};
   std::vector<std::shared_ptr<Agent>> agents;
-  int welcomed = 0, rounded = 0, restarted = 0, errors = 0;
-  steady::time_point last_round, last_restart;
+  int welcomed = 0, rounded = 0, restarted = 0, errors = 0, probed = 0;
+  steady::time_point last_round, last_restart, last_probe;
+  Frame answer = encode(make_heartbeat());
   std::string first_error;
   std::string job, secret;
 };
@@ -91,6 +98,10 @@ void Agent::start_read() {
         self->rounded = true;
         ++l.rounded;
         l.last_round = steady::now();
+      } else if (type == "probe") {  // a live agent answers at once
+        ++l.probed;
+        l.last_probe = steady::now();
+        self->send(l.answer);
       } else if (type == "restart") {
         self->restarted = true;
         ++l.restarted;
@@ -102,6 +113,23 @@ void Agent::start_read() {
       self->start_read();
     });
   });
+}
+
+// CPU seconds (user + system) the process has used so far, from /proc/PID/stat; -1 if unknown.
+double cpu_seconds(int pid) {
+  if (pid <= 0) return -1;
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const auto close = stat.rfind(')');
+  if (close == std::string::npos) return -1;
+  std::istringstream rest(stat.substr(close + 2));
+  std::string field;
+  double utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && rest >> field; ++i) {  // fields 14 and 15: utime, stime (clock ticks)
+    if (i == 14) utime = std::stod(field);
+    if (i == 15) stime = std::stod(field);
+  }
+  return (utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
 bool run_until(Load& l, const std::function<bool()>& done, double seconds) {
@@ -132,7 +160,12 @@ int main(int argc, char** argv) {
   double heartbeat_timeout = 1.0, heartbeat_interval = 0.1, deadline = 60;
   app.add_option("--endpoint", endpoint)->capture_default_str();
   app.add_option("--agents", k)->capture_default_str();
-  app.add_option("--mode", mode, "round | death | silent")->check(CLI::IsMember({"round", "death", "silent"}));
+  app.add_option("--mode", mode, "round | death | silent | probe | beat")
+      ->check(CLI::IsMember({"round", "death", "silent", "probe", "beat"}));
+  int daemon_pid = 0;
+  double beat_seconds = 5;
+  app.add_option("--daemon-pid", daemon_pid, "the daemon's pid, to report its CPU time in probe and beat modes");
+  app.add_option("--beat-seconds", beat_seconds, "beat mode: how long every agent heartbeats")->capture_default_str();
   app.add_option("--job", job)->capture_default_str();
   app.add_option("--heartbeat-timeout", heartbeat_timeout)->capture_default_str();
   app.add_option("--heartbeat-interval", heartbeat_interval)->capture_default_str();
@@ -187,8 +220,9 @@ int main(int argc, char** argv) {
   spec.min_nodes = spec.max_nodes = k;
   spec.master_port = 29500;
   spec.timeouts.heartbeat_timeout = mode == "silent" ? heartbeat_timeout : 120;
-  spec.timeouts.heartbeat_interval = heartbeat_interval;
+  spec.timeouts.heartbeat_interval = mode == "beat" ? 1.0 : heartbeat_interval;
   spec.timeouts.last_call_timeout = 0;
+  spec.timeouts.probe_timeout = Timeouts{}.probe_timeout;
   // Agents differ only in their host name; serialize each join (as real agents would).
   const auto t_join = steady::now();
   for (int i = 0; i < k; ++i) {
@@ -238,6 +272,47 @@ int main(int argc, char** argv) {
     const double detect_ms = ms_since(t_last, l.last_restart);
     std::printf(",\"heartbeat_timeout_ms\":%.0f,\"silence_to_last_survivor_ms\":%.1f,\"over_timeout_pct\":%.1f",
                 heartbeat_timeout * 1000, detect_ms, (detect_ms / (heartbeat_timeout * 1000) - 1) * 100);
+  }
+  if (mode == "probe") {
+    // The worst probe round: nobody heartbeats (heartbeat_timeout 120 s), so when one agent says
+    // its workers stalled, every other node of the job is probed, and all answer. (A lost node's
+    // verdict is then a broadcast like --mode death's; on loopback every host acknowledges its
+    // probe, so none is lost here.) The daemon's CPU time over the round, to its verdict.
+    run_until(l, [] { return false; }, 0.2);  // silence since the round formed
+    const double cpu0 = cpu_seconds(daemon_pid);
+    const auto t_stall = steady::now();
+    l.agents[0]->send(encode(make_stall(0.15)));
+    if (!run_until(l, [&] { return l.probed >= k - 1; }, deadline)) {
+      std::fprintf(stderr, "\nprobe: only %d of %d probed\n", l.probed, k - 1);
+      return 1;
+    }
+    const double fan_out_ms = ms_since(t_stall, l.last_probe);
+    run_until(l, [] { return false; }, Timeouts{}.probe_timeout + 0.1);  // past the verdict
+    std::printf(",\"probe_timeout_ms\":%.0f,\"probes_answered\":%d,\"stall_to_last_probe_ms\":%.1f,\"restarts\":%d",
+                Timeouts{}.probe_timeout * 1000, l.probed, fan_out_ms, l.restarted);
+    if (cpu0 >= 0) std::printf(",\"daemon_cpu_ms\":%.1f", (cpu_seconds(daemon_pid) - cpu0) * 1000);
+  } else if (mode == "beat") {
+    // The steady state: every agent heartbeats once a second, spread evenly over the second (as
+    // agents that started at different moments do); the daemon's CPU share over the window.
+    const Frame hb = encode(make_heartbeat());
+    asio::steady_timer timer(l.io);
+    const auto start = steady::now();
+    std::size_t next = 0;
+    std::function<void()> tick = [&] {
+      const double due = std::chrono::duration<double>(steady::now() - start).count() * k;  // beats due so far
+      for (; next < static_cast<std::size_t>(due); ++next) l.agents[next % k]->send(hb);
+      timer.expires_after(std::chrono::milliseconds(1));
+      timer.async_wait([&](boost::system::error_code ec) {
+        if (!ec) tick();
+      });
+    };
+    const double cpu0 = cpu_seconds(daemon_pid);
+    tick();
+    run_until(l, [] { return false; }, beat_seconds);
+    timer.cancel();
+    const double window = std::chrono::duration<double>(steady::now() - start).count();
+    std::printf(",\"heartbeats_per_s\":%.0f", static_cast<double>(next) / window);
+    if (cpu0 >= 0) std::printf(",\"daemon_cpu_pct\":%.1f", (cpu_seconds(daemon_pid) - cpu0) / window * 100);
   }
   std::printf("}\n");
   return 0;

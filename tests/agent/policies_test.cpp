@@ -15,6 +15,7 @@
 #include "agent/health_schedule.h"
 #include "agent/park_policy.h"
 #include "agent/shutdown_policy.h"
+#include "agent/stall_watch.h"
 #include "agent/standby_schedule.h"
 
 using namespace ddp::agent;
@@ -777,5 +778,79 @@ TEST_SUITE("a failed round is reported by the failure that explains the others")
     parts = summary_parts(seen, elsewhere);
     CHECK(parts.log_files.empty());
     CHECK(parts.others.size() == 2);
+  }
+}
+
+TEST_SUITE("stall watch") {
+  // Two workers stepping every 10 ms, sampled every 50 ms: 10 beats a sample.
+  void step_for(StallWatch& w, double& now, std::uint64_t& beats, double seconds) {
+    for (double end = now + seconds; now < end - 1e-9;) {
+      now += StallWatch::kPeriod;
+      beats += 10;
+      CHECK_FALSE(w.observe(beats, 2, now));
+    }
+  }
+
+  TEST_CASE("workers that stop stepping are a stall after kFactor step times, never under the floor") {
+    StallWatch w;
+    double now = 100;
+    std::uint64_t beats = 0;
+    CHECK_FALSE(w.observe(0, 0, now));  // nothing beat yet: not watched
+    now += 5;
+    CHECK_FALSE(w.observe(0, 0, now));
+    step_for(w, now, beats, 1.0);
+    CHECK(w.step_time() == doctest::Approx(0.01));
+    CHECK(w.threshold() == StallWatch::kFloor);  // 5 x 10 ms is under the floor
+    const double stopped = now;
+    std::optional<double> first;
+    while (!first && now < stopped + 1) {
+      now += StallWatch::kPeriod;
+      first = w.observe(beats, 2, now);
+    }
+    REQUIRE(first);
+    CHECK(*first >= StallWatch::kFloor);
+    CHECK(*first < StallWatch::kFloor + StallWatch::kPeriod + 1e-9);
+    // Repeated while it lasts: after 0.5 s, then 1 s, then 2 s more.
+    std::vector<double> again;
+    for (; now < stopped + 4; now += StallWatch::kPeriod) {
+      if (auto s = w.observe(beats, 2, now + StallWatch::kPeriod)) again.push_back(*s);
+    }
+    REQUIRE(again.size() == 3);
+    CHECK(again[0] == doctest::Approx(*first + 0.5).epsilon(0.05));
+    CHECK(again[1] == doctest::Approx(*first + 1.5).epsilon(0.05));
+    CHECK(again[2] == doctest::Approx(*first + 3.5).epsilon(0.05));
+  }
+
+  TEST_CASE("slow steps raise the bar; a stall's own length is not taken for a step time") {
+    StallWatch w;
+    double now = 0;
+    std::uint64_t beats = 2;
+    CHECK_FALSE(w.observe(beats, 2, now));
+    for (int i = 0; i < 20; ++i) {  // one step a second on both workers
+      now += 1;
+      beats += 2;
+      CHECK_FALSE(w.observe(beats, 2, now));
+    }
+    CHECK(w.step_time() == doctest::Approx(1.0));
+    CHECK(w.threshold() == doctest::Approx(5.0));
+    CHECK_FALSE(w.observe(beats, 2, now + 4.9));
+    auto s = w.observe(beats, 2, now + 5.0);
+    REQUIRE(s);
+    now += 30;  // the stall ends after 30 s: its gap is not a step time
+    beats += 2;
+    CHECK_FALSE(w.observe(beats, 2, now));
+    CHECK(w.step_time() == doctest::Approx(1.0));
+  }
+
+  TEST_CASE("a new round starts unwatched until its first beat; workers that finished are not watched") {
+    StallWatch w;
+    double now = 0;
+    std::uint64_t beats = 0;
+    step_for(w, now, beats, 0.5);
+    w.reset();
+    CHECK_FALSE(w.observe(0, 0, now + 10));  // loading the next round: silence is not a stall
+    CHECK_FALSE(w.observe(5, 2, now + 11));
+    CHECK_FALSE(w.observe(5, 0, now + 20));  // every worker finished (none steps any more)
+    CHECK(w.observe(5, 2, now + 20));
   }
 }

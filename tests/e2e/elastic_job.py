@@ -56,6 +56,22 @@ def start_cluster(test, nodes=3, reason=None):
     cluster.up()
     return cluster
 TRAIN = os.path.join(BUILD_DIR, "bin", "train")
+
+
+class TimedTrainTest:
+    """A mixin for the unittest.TestCases that run `train` on the cluster: setUp brings the
+    cluster up (or skips, printing why: no namespaces, or `train` not built), tearDown prints how
+    long the test took."""
+
+    def setUp(self):
+        missing = None if os.path.exists(TRAIN) else \
+            "%s is not built (configure with -DDDPLAUNCH_BUILD_WORKER_SDK=ON)" % TRAIN
+        self.cluster = start_cluster(self, reason=missing)
+        self.started = time.monotonic()
+
+    def tearDown(self):
+        print("%s: %.1f s" % (self.id().rsplit(".", 1)[-1], time.monotonic() - self.started), file=sys.stderr)
+
 ELASTIC_DDP = os.path.join(SOURCE_DIR, "scripts", "elastic_ddp.py")
 PYTHON = sys.executable  # the Python ctest runs the tests on (DDPLAUNCH_PYTHON)
 RDZV_PORT = 29400  # the head is a fresh namespace: nothing else listens there
@@ -112,8 +128,9 @@ class ElasticJob:
     """A job of `ddplaunch --nnodes=2:3 --nproc_per_node=2` agents on the cluster's nodes."""
 
     def __init__(self, test, cluster, program_args, python=False, job_id="e2e", nproc=2,
-                 nnodes="2:3", max_restarts=3, epochs=None, ddplaunch_flags=None):
+                 nnodes="2:3", max_restarts=3, epochs=None, ddplaunch_flags=None, rdzv_conf=RDZV_CONF):
         self.test = test
+        self.rdzv_conf = rdzv_conf
         # Extra ddplaunch flags for every node (e.g. --standby=on); None: from the environment's
         # DDPLAUNCH_E2E_FLAGS (space-separated), which ctest sets for the variants of a test.
         if ddplaunch_flags is None:
@@ -157,7 +174,7 @@ class ElasticJob:
         cmd = [DDPLAUNCH, "--nnodes=" + self.nnodes, "--nproc_per_node=%d" % self.nproc,
                "--max_restarts=%d" % self.max_restarts, "--rdzv_backend=c10d",
                "--rdzv_endpoint=" + self.endpoint, "--rdzv_id=" + self.job_id,
-               "--rdzv_conf", RDZV_CONF, "--shutdown_timeout=5",
+               "--rdzv_conf", self.rdzv_conf, "--shutdown_timeout=5",
                "--local_addr", self.cluster.addr(node)] + self.ddplaunch_flags
         if self.python:
             return cmd + ["--python", PYTHON, ELASTIC_DDP, "--checkpoint-dir", self.checkpoint_dir] + \

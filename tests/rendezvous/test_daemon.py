@@ -15,7 +15,9 @@ import time
 import unittest
 
 BIN = os.path.join(os.environ.get("DDPLAUNCH_BUILD_DIR", "build"), "bin", "ddp-rendezvous")
-PROTOCOL = 4  # rendezvous/protocol.h kProtocolVersion
+SOURCE = os.environ.get("DDPLAUNCH_SOURCE_DIR") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+with open(os.path.join(SOURCE, "rendezvous", "protocol.h")) as _f:
+    PROTOCOL = int(re.search(r"kProtocolVersion = (\d+);", _f.read()).group(1))  # the one source
 
 
 def frame(msg):

@@ -114,6 +114,40 @@ TEST_CASE("a silent agent is dropped after heartbeat_timeout and the others are 
   CHECK((*dropped)["code"] == "heartbeat_timeout");
 }
 
+TEST_CASE("a probed agent whose host acknowledged the probe is left to heartbeat_timeout; one that answers stays") {
+  // On loopback every host is up: the silent client's kernel acknowledges the probe although
+  // the client never answers it, as the host of a busy or stopped agent does. The loss of a
+  // host (no acknowledgement) is tested with a cut link (tests/e2e/test_fault_tolerance.py) and
+  // on the state machine (test_state.cpp).
+  asio::io_context io;
+  Server server(io, loopback_any_port(), {});
+  NodeSpec s = node_spec("job", "alive", 3, 3);
+  s.timeouts.heartbeat_timeout = 2;
+  s.timeouts.probe_timeout = 0.3;
+  auto alive = TestAgent::make(io, server.port(), s);  // a real client: it answers probes
+  RawConn reporter(server.port()), silent(server.port());
+  for (auto [conn, host] : {std::pair{&reporter, "reporter"}, std::pair{&silent, "silent"}}) {
+    conn->say_hello("job", "");
+    NodeSpec spec = s;
+    spec.host = host;
+    conn->send(make_join(spec));
+  }
+  REQUIRE(run_until(io, [&] { return alive->rounds.size() == 1; }));
+  REQUIRE(alive->rounds[0].group_world_size == 3);
+  run_until(io, [] { return false; }, 0.3);  // silence builds up: the silent node said nothing since its join
+  reporter.send(make_stall(0.2));
+  reporter.send(make_heartbeat());  // the reporter itself stays alive
+  // The probe round ends without a loss; the silent node goes only at heartbeat_timeout.
+  REQUIRE(run_until(io, [&] { return alive->restarts.size() == 1; }, 10));
+  CHECK(alive->restarts[0].first.find("silent") != std::string::npos);
+  CHECK(alive->restarts[0].first.find("no heartbeat") != std::string::npos);
+  CHECK(alive->errors.empty());
+  CHECK(silent.recv_type("probe", 2));
+  auto dropped = silent.recv_type("error", 2);
+  REQUIRE(dropped);
+  CHECK((*dropped)["code"] == "heartbeat_timeout");
+}
+
 TEST_CASE("the restart budget is shared by the job: the same count everywhere, then failure everywhere") {
   asio::io_context io;
   Server server(io, loopback_any_port(), {});

@@ -301,6 +301,45 @@ TEST_CASE("a heartbeat carries its node's progress when there is some, and its r
   }
 }
 
+TEST_CASE("stall carries how long the workers were silent; probe carries nothing; both are range-checked") {
+  auto d = decode(payload_of(encode(make_stall(0.25))));
+  REQUIRE_FALSE(d.error);
+  CHECK(d.message->type == MessageType::stall);
+  CHECK(std::get<Stall>(d.message->body).stalled_for == 0.25);
+  CHECK(is_client_message(MessageType::stall));
+  auto p = decode(payload_of(encode(make_probe())));
+  REQUIRE_FALSE(p.error);
+  CHECK(p.message->type == MessageType::probe);
+  CHECK_FALSE(is_client_message(MessageType::probe));
+  for (json bad : {json{{"type", "stall"}},
+                   json{{"type", "stall"}, {"stalled_for", -0.1}},
+                   json{{"type", "stall"}, {"stalled_for", "1"}},
+                   json{{"type", "stall"}, {"stalled_for", 1e300}},
+                   json{{"type", "stall"}, {"stalled_for", json::array({1})}}}) {
+    CAPTURE(bad.dump());
+    auto r = decode_json(bad);
+    REQUIRE(r.error);
+    CHECK(r.error->code == "bad_message");
+  }
+}
+
+TEST_CASE("probe_timeout travels with the timeouts and is range-checked like them") {
+  NodeSpec s;
+  s.job_id = "j";
+  s.host = "h";
+  s.timeouts.probe_timeout = 0.7;
+  auto d = decode(payload_of(encode(make_join(s))));
+  REQUIRE_FALSE(d.error);
+  CHECK(std::get<NodeSpec>(d.message->body).timeouts.probe_timeout == 0.7);
+  json j = to_json(make_join(s));
+  j["node"]["timeouts"]["probe_timeout"] = -1;
+  REQUIRE(decode_json(j).error);
+  j["node"]["timeouts"].erase("probe_timeout");  // an absent key keeps the default
+  auto absent = decode_json(j);
+  REQUIRE_FALSE(absent.error);
+  CHECK(std::get<NodeSpec>(absent.message->body).timeouts.probe_timeout == Timeouts{}.probe_timeout);
+}
+
 TEST_CASE("the first message must be hello or status with our version and, for hello, a job") {
   Hello h;
   h.job_id = "job";
@@ -361,7 +400,7 @@ TEST_CASE("a client names a peer that is not a rendezvous server from its first 
   old["protocol_version"] = 2;
   ServerCheck older = check_server_start(*encode_frame(old));
   CHECK(older.verdict == V::refuse);
-  CHECK(older.reason.find("ddp-rendezvous server of protocol version 2; this program speaks version 4") !=
+  CHECK(older.reason.find("ddp-rendezvous server of protocol version 2; this program speaks version " + std::to_string(kProtocolVersion)) !=
         std::string::npos);
   json nomagic = to_json(make_challenge("abcd"));
   nomagic["magic"] = "other";

@@ -172,6 +172,79 @@ TEST_CASE("a member's heartbeat with bad progress is refused and closes only its
   healthy.check_server_still_serves(st.port());
 }
 
+TEST_CASE("stall reports: malformed ones are refused; one from a non-member or another job's member probes nobody") {
+  ServerThread st({});
+  Healthy healthy(st.port());
+  for (const nlohmann::json& bad : {nlohmann::json{{"type", "stall"}},
+                                    nlohmann::json{{"type", "stall"}, {"stalled_for", "long"}},
+                                    nlohmann::json{{"type", "stall"}, {"stalled_for", -1}},
+                                    nlohmann::json{{"type", "stall"}, {"stalled_for", 1e30}},
+                                    nlohmann::json{{"type", "stall"}, {"stalled_for", {{"s", 1}}}},
+                                    nlohmann::json{{"type", "probe"}}}) {
+    CAPTURE(bad.dump());
+    CHECK(refusal_after_welcome(st.port(), "healthy-job", bad) == "bad_message");
+  }
+  // A client of the same job that never joined, and the member of a job of its own, report
+  // stalls as fast as they can: neither names the healthy node, so nothing probes or drops it.
+  RawConn outsider(st.port());
+  outsider.say_hello("healthy-job", "");
+  REQUIRE(outsider.recv_type("welcome"));
+  RawConn other(st.port());
+  other.say_hello("attack-job", "");
+  REQUIRE(other.recv_type("welcome"));
+  other.send(make_join(one_node("attack-job")));
+  REQUIRE(other.recv_type("round"));
+  for (int i = 0; i < 200; ++i) {
+    outsider.send(make_stall(1000));
+    other.send(make_stall(1000));
+  }
+  outsider.send(make_heartbeat());
+  CHECK(outsider.recv_type("heartbeat_ack"));  // still served, still open
+  other.send(make_heartbeat());
+  CHECK(other.recv_type("heartbeat_ack"));
+  healthy.conn.send(make_heartbeat());
+  auto next = healthy.conn.recv();
+  REQUIRE(next);
+  CHECK((*next)["type"] == "heartbeat_ack");  // no probe came first
+  healthy.check_server_still_serves(st.port());
+}
+
+TEST_CASE("a member's stall reports cannot cost a node that answers its probes its place") {
+  ServerThread st({});
+  NodeSpec s = node_spec("probe-job", "honest", 2, 2);
+  s.timeouts.heartbeat_timeout = 30;
+  s.timeouts.heartbeat_interval = 1.0;
+  s.timeouts.probe_timeout = 1.0;  // generous: the honest node answers from this loop
+  RawConn honest(st.port()), liar(st.port());
+  honest.say_hello("probe-job", "");
+  liar.say_hello("probe-job", "");
+  REQUIRE(honest.recv_type("welcome"));
+  REQUIRE(liar.recv_type("welcome"));
+  honest.send(make_join(s));
+  s.host = "liar";
+  liar.send(make_join(s));
+  REQUIRE(honest.recv_type("round"));
+  REQUIRE(liar.recv_type("round"));
+  // The liar says its workers stalled, again and again; the honest node answers each probe.
+  int probes = 0;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(1500);
+  while (std::chrono::steady_clock::now() < until) {
+    liar.send(make_stall(0.001));
+    if (auto m = honest.recv(0.05)) {
+      if ((*m)["type"] == "probe") {
+        ++probes;
+        honest.send(make_heartbeat());
+      }
+      CHECK((*m)["type"] != "error");
+      CHECK((*m)["type"] != "restart");
+    }
+  }
+  CHECK(probes >= 1);
+  CHECK(probes <= 2);  // one round at a time (1 s), then none for a heartbeat_interval (1 s)
+  honest.send(make_heartbeat());
+  CHECK(honest.recv_type("heartbeat_ack"));
+}
+
 TEST_CASE("a wrong protocol version gets a version_mismatch error naming both versions") {
   ServerThread st({});
   Healthy healthy(st.port());

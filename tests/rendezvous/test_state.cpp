@@ -1,6 +1,8 @@
 // State-machine unit tests: every transition and deadline, on a manual clock (no sockets, no sleep).
 #include <doctest/doctest.h>
 
+#include <algorithm>
+
 #include "rendezvous/state.h"
 #include "tests/rendezvous/recording_outbox.h"
 
@@ -1048,6 +1050,7 @@ TEST_CASE("specs the codec would refuse are refused by the state machine too") {
 namespace {
 
 struct EventOutbox : RecordingOutbox {
+  using RecordingOutbox::of;  // of(conn, type): messages sent
   std::vector<ddp::metrics::Event> events;
   void event(const ddp::metrics::Event& e) override { events.push_back(e); }
   std::vector<const ddp::metrics::Event*> of(const std::string& type) const {
@@ -1290,4 +1293,150 @@ TEST_CASE("a fatal report is a failure event with cause fatal and its reason, th
   auto ends = f.out.of("job_end");
   REQUIRE(ends.size() == 1);
   CHECK(ends[0]->cause == "failed");
+}
+
+// ---- silent nodes: a stall report, probes, and the probe's verdict ------------------------------
+
+namespace {
+
+// Three nodes in a running round, heartbeats every second, heartbeat_timeout 5 s, probe_timeout
+// 0.3 s. Each heartbeat touches the node, as the server does with every message.
+struct ProbeFixture {
+  ManualClock clock;
+  EventOutbox out;
+  StateMachine sm{clock, out};
+  explicit ProbeFixture(double probe_timeout = 0.3) {
+    for (int n = 1; n <= 3; ++n) {
+      NodeSpec s = spec("node" + std::to_string(n), 3, 3);
+      s.timeouts.heartbeat_timeout = 5;
+      s.timeouts.probe_timeout = probe_timeout;
+      sm.join(n, s);
+    }
+    REQUIRE(out.of(1, "round").size() == 1);
+    out.clear();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a node silent while the others stall is probed and lost after probe_timeout, long before heartbeat_timeout") {
+  ProbeFixture f;
+  f.clock.advance(0.5);
+  for (ConnId c : {1, 2, 3}) f.sm.touch(c);  // the last heartbeats before node3 goes silent
+  f.clock.advance(0.4);
+  f.sm.touch(1);  // node1's next heartbeat comes; node2's and node3's are not due yet
+  f.clock.advance(0.2);
+  // node2's workers stalled 0.25 s ago: node1 was heard from since, node3 was not.
+  f.sm.touch(2);
+  f.sm.stall(2, 0.25);
+  CHECK(f.out.of(3, "probe").size() == 1);
+  CHECK(f.out.of(1, "probe").empty());
+  CHECK(f.out.of(2, "probe").empty());
+  auto probes = f.out.of("probe");
+  REQUIRE(probes.size() == 1);
+  CHECK(probes[0]->cause == "stall");
+  CHECK(probes[0]->fields["probed"] == 1);
+  f.clock.advance(0.29);
+  f.sm.tick();
+  CHECK(f.out.dropped.empty());
+  f.clock.advance(0.02);
+  f.sm.tick();
+  REQUIRE(f.out.dropped.count(3) == 1);
+  CHECK(f.out.dropped[3].code == "probe_timeout");
+  CHECK(f.out.dropped[3].message.find("no answer to a probe within 0.3 s") != std::string::npos);
+  auto lost = f.out.of("node_lost");
+  REQUIRE(lost.size() == 1);
+  CHECK(lost[0]->cause == "probe_timeout");
+  for (ConnId c : {1, 2}) {
+    REQUIRE(f.out.of(c, "restart").size() == 1);
+    CHECK(f.out.of(c, "restart")[0]["counted"] == false);
+  }
+}
+
+TEST_CASE("a probed node whose host acknowledged the probe is not lost: a busy or stopped agent waits for heartbeat_timeout") {
+  ProbeFixture f;
+  f.sm.set_peer_check([](ConnId c) { return c == 3; });  // node3's host is up, its agent silent
+  f.clock.advance(1.0);
+  f.sm.touch(1);
+  f.clock.advance(0.5);
+  f.sm.stall(1, 0.4);
+  REQUIRE(f.out.of(3, "probe").size() == 1);
+  f.sm.touch(2);
+  f.clock.advance(0.31);
+  f.sm.tick();
+  CHECK(f.out.dropped.empty());
+  CHECK(std::any_of(f.out.lines.begin(), f.out.lines.end(), [](const std::string& l) {
+    return l.find("its host acknowledged it: left to heartbeat_timeout") != std::string::npos;
+  }));
+  f.clock.advance(5.0 - 1.81);  // node3 silent since its join, 5 s ago
+  for (ConnId c : {1, 2}) f.sm.touch(c);
+  f.clock.advance(0.05);
+  f.sm.tick();
+  REQUIRE(f.out.dropped.count(3) == 1);
+  CHECK(f.out.dropped[3].code == "heartbeat_timeout");
+}
+
+TEST_CASE("a probed node that answers is cleared, and the next probe round waits a heartbeat_interval") {
+  ProbeFixture f;
+  f.clock.advance(1.0);
+  f.sm.touch(1);
+  f.clock.advance(0.5);
+  f.sm.stall(1, 0.4);  // node2 and node3 were last heard 1.5 s ago
+  CHECK(f.out.of(2, "probe").size() == 1);
+  CHECK(f.out.of(3, "probe").size() == 1);
+  f.clock.advance(0.01);
+  f.sm.touch(2);  // both answer (any message does)
+  f.sm.touch(3);
+  f.clock.advance(0.5);
+  f.sm.tick();
+  CHECK(f.out.dropped.empty());
+  CHECK(f.out.of("node_lost").empty());
+  // Still stalled (a long checkpoint, a slow step): no new round within heartbeat_interval.
+  f.out.clear();
+  f.clock.advance(0.3);
+  f.sm.stall(1, 0.5);  // node2 was last heard before that stall began
+  CHECK(f.out.of(2, "probe").empty());
+  f.clock.advance(1.0);
+  f.sm.stall(1, 1.5);
+  CHECK(f.out.of(2, "probe").size() == 1);
+}
+
+TEST_CASE("a stall report from a node that is not running, or with probe_timeout 0, probes nobody") {
+  SUBCASE("probe_timeout 0: only heartbeat_timeout finds a silent node") {
+    ProbeFixture f(0);
+    f.clock.advance(2);
+    f.sm.touch(1);
+    f.sm.stall(1, 1.0);
+    CHECK(f.out.of(2, "probe").empty());
+    CHECK(f.out.of(3, "probe").empty());
+  }
+  SUBCASE("an unknown connection changes nothing") {
+    ProbeFixture f;
+    f.clock.advance(2);
+    f.sm.stall(99, 1.0);
+    CHECK(f.out.sent.empty());
+    f.clock.advance(1);
+    f.sm.tick();
+    CHECK(f.out.dropped.empty());
+  }
+  SUBCASE("a node of a round that ended") {
+    ProbeFixture f;
+    f.sm.disconnected(3, "reset");
+    f.out.clear();
+    f.clock.advance(2);
+    f.sm.stall(1, 1.0);
+    CHECK(f.out.of(2, "probe").empty());
+  }
+}
+
+TEST_CASE("a round that ends while its probes are out convicts nobody; the rejoined node is not lost") {
+  ProbeFixture f;
+  f.clock.advance(2);
+  f.sm.touch(1);
+  f.sm.stall(1, 1.0);
+  REQUIRE(f.out.of(3, "probe").size() == 1);
+  f.sm.report_failure(2, failure("node2", 1, 1));  // the round ends for another reason
+  f.clock.advance(1);
+  f.sm.tick();
+  CHECK(f.out.dropped.count(3) == 0);
 }

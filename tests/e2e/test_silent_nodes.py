@@ -1,0 +1,166 @@
+"""What the silent-node detector must not convict, on the namespace cluster.
+
+A node that vanishes without a word is found by a probe once the job's other nodes stall
+(docs/rendezvous.md, "Silent nodes"; the convicting case, a cut link, is in
+test_fault_tolerance.py). Here three nodes run `train` with default flags and the default
+heartbeat settings (heartbeat_timeout 5 s, probe_timeout 0.3 s), and each scenario disturbs a
+node without killing it:
+
+- its link cut for 50 ms and restored, before any probe can be due;
+- the path between two nodes broken (each sends the other's packets to a MAC nobody has) for
+  2 s while both still reach the head: the job stalls, both answer their probes;
+- its ddplaunch stopped (SIGSTOP) for 2 s while its workers keep stepping;
+- a soak: every core loaded by unrelated busy loops, with bursts of disk writes (64 MiB written
+  and fsynced every 5 s), for DDPLAUNCH_SOAK_SECONDS (60 by default; bench/RESULTS.md records
+  a 10-minute run).
+
+Each asserts that no node was lost and the round that ran before goes on (no new generation),
+for 20 more steps. Needs root and `ip netns` (skips with the reason otherwise) and `train`.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from elastic_job import ElasticJob, TimedTrainTest  # noqa: E402
+from processes import run  # noqa: E402
+
+STEPS_BEFORE = 14
+STEPS_AFTER = 20
+BOGUS_MAC = "02:00:00:00:00:99"   # no interface of the cluster has it: frames to it are dropped
+
+
+class SilentNodesTest(TimedTrainTest, unittest.TestCase):
+    maxDiff = None
+
+    def start_job(self, job_id, epochs=200):
+        job = ElasticJob(self, self.cluster, ["--epochs", epochs, "--batch-size", 24, "--samples", 4800,
+                                              "--seed", 7, "--checkpoint-every", 10, "--log-every", 50],
+                         job_id=job_id, rdzv_conf="last_call_timeout=1,join_timeout=60")
+        job.start_rendezvous()
+        for node in (1, 2, 3):
+            job.start_node(node)
+        return job
+
+    def server_lines(self, job):
+        return (job.rendezvous.stdout() + job.rendezvous.stderr()).splitlines()
+
+    def assert_nothing_lost(self, job, before, steps_after=STEPS_AFTER):
+        """No node was lost, and the round `before` makes `steps_after` more steps, alone."""
+        target = len(before.steps) + steps_after
+        deadline = time.monotonic() + 60
+        while True:
+            lost = [line for line in self.server_lines(job) if " lost: " in line]
+            self.assertEqual(lost, [], job.describe())
+            rounds = job.rounds()
+            later = [r for r in rounds if r.generation > before.generation]
+            self.assertEqual(later, [], "a new round formed\n" + job.describe())
+            current = next(r for r in rounds if r.generation == before.generation)
+            if len(current.steps) >= target:
+                break
+            if time.monotonic() > deadline:
+                self.fail("round %d made %d steps, not %d, within 60 s\n%s"
+                          % (before.generation, len(current.steps), target, job.describe()))
+            time.sleep(0.2)
+        probes = [line for line in self.server_lines(job) if "probing" in line]
+        print("probe rounds: %d%s" % (len(probes), (": " + probes[0]) if probes else ""), file=sys.stderr)
+
+    def test_a_link_cut_for_50_ms_costs_no_node(self):
+        job = self.start_job("short-cut")
+        before = job.wait_for_steps(world=6, steps=STEPS_BEFORE, timeout=90)
+        self.cluster.cut(3)
+        time.sleep(0.05)   # the scenario: a 50 ms outage (nothing is asserted on time)
+        self.cluster.restore(3)
+        self.assert_nothing_lost(job, before)
+
+    def test_a_broken_path_between_two_nodes_only_costs_no_node(self):
+        job = self.start_job("broken-path")
+        before = job.wait_for_steps(world=6, steps=STEPS_BEFORE, timeout=90)
+        pairs = [(1, 2), (2, 1)]
+        for a, b in pairs:
+            self.cluster.run(a, ["ip", "neigh", "replace", self.cluster.addr(b), "lladdr", BOGUS_MAC,
+                                 "dev", "eth0", "nud", "permanent"], timeout=10).check()
+        time.sleep(2.0)   # the scenario: node1 and node2 cannot reach each other for 2 s
+        for a, b in pairs:
+            self.cluster.run(a, ["ip", "neigh", "del", self.cluster.addr(b), "dev", "eth0"], timeout=10).check()
+        self.assert_nothing_lost(job, before)
+
+    def test_an_agent_stopped_for_2_s_while_its_workers_step_is_not_lost(self):
+        job = self.start_job("stopped-agent")
+        before = job.wait_for_steps(world=6, steps=STEPS_BEFORE, timeout=90)
+        agent = ddplaunch_pid(self.cluster, 3)
+        os.kill(agent, signal.SIGSTOP)
+        try:
+            time.sleep(2.0)   # the scenario: under heartbeat_timeout (5 s)
+        finally:
+            os.kill(agent, signal.SIGCONT)
+        self.assert_nothing_lost(job, before)
+
+    def test_a_soak_under_cpu_and_disk_load_loses_no_node(self):
+        seconds = float(os.environ.get("DDPLAUNCH_SOAK_SECONDS", "60"))
+        job = self.start_job("soak", epochs=5000)
+        before = job.wait_for_steps(world=6, steps=STEPS_BEFORE, timeout=90)
+        scratch = tempfile.mkdtemp(prefix="ddp-soak-")
+        hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
+        writer = subprocess.Popen([sys.executable, "-c", DISK_BURSTS, os.path.join(scratch, "burst")])
+        try:
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                lost = [line for line in self.server_lines(job) if " lost: " in line]
+                self.assertEqual(lost, [], job.describe())
+                self.assertEqual([r for r in job.rounds() if r.generation > before.generation], [],
+                                 "a new round formed during the soak\n" + job.describe())
+                time.sleep(1.0)
+        finally:
+            for p in hogs + [writer]:
+                p.kill()
+                p.wait()
+            subprocess.run(["rm", "-rf", scratch], check=False)
+        steps = len(next(r for r in job.rounds() if r.generation == before.generation).steps)
+        print("soak of %.0f s: round %d made %d steps" % (seconds, before.generation, steps), file=sys.stderr)
+        self.assert_nothing_lost(job, before, steps_after=steps - len(before.steps) + 5)
+
+
+# 64 MiB written and fsynced every 5 s, to one file that is rewritten each time.
+DISK_BURSTS = r"""
+import os, sys, time
+block = os.urandom(1 << 20)
+while True:
+    with open(sys.argv[1], "wb") as f:
+        for _ in range(64):
+            f.write(block)
+        f.flush()
+        os.fsync(f.fileno())
+    time.sleep(5)
+"""
+
+
+def ddplaunch_pid(cluster, node):
+    """The pid of the ddplaunch agent in the node's namespace (not a child of it that runs the
+    same binary, such as its sentinel)."""
+    r = run(["ip", "netns", "pids", cluster.ns(node)], timeout=10).check()
+    found = {}
+    for pid in r.stdout.split():
+        try:
+            with open("/proc/%s/cmdline" % pid, "rb") as f:
+                argv0 = f.read().split(b"\0")[0].decode(errors="replace")
+            with open("/proc/%s/status" % pid) as f:
+                ppid = int(next(l for l in f if l.startswith("PPid:")).split()[1])
+        except (OSError, StopIteration, ValueError):
+            continue
+        if os.path.basename(argv0) == "ddplaunch":
+            found[int(pid)] = ppid
+    agents = [pid for pid, ppid in found.items() if ppid not in found]
+    if len(agents) != 1:
+        raise AssertionError("expected one ddplaunch agent in node%s, found %s" % (node, found))
+    return agents[0]
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
