@@ -206,7 +206,7 @@ struct NotLeader {
   std::string leader;
 };
 inline constexpr std::size_t kMaxEndpointBytes = 262;  // a 253-byte host name, ':' and a port
-struct Empty {};  // success, leave, heartbeat_ack
+struct Empty {};  // success, leave, heartbeat_ack, probe
 struct Heartbeat {
   std::optional<NodeProgress> progress;  // absent from agents whose workers reported nothing
 };

@@ -217,7 +217,6 @@ class StateMachine {
     std::uint64_t resumed_generation = 0;  // while restoring: the generation it resumed
     bool success_pending = false;        // while restoring: reported success, applied after
     std::optional<NodeProgress> progress;  // the last its heartbeats carried
-    double probed_at = -1;  // when the server probed it (a probe round in progress); -1 = not
   };
 
   struct Job {
@@ -242,9 +241,10 @@ class StateMachine {
     bool failing = false;  // the budget is spent: the job fails once its nodes have stopped
     std::optional<WorkerFailure> fatal;  // the first fatal report: the job fails with its reason
     double next_heartbeat_check = 0;  // no node can be silent too long before this
-    // A probe round (stall()): the nodes probed, when their answers are due, and no new round
-    // before next_probe_round (one round per heartbeat_interval after one that cleared everyone).
+    // A probe round (stall()): the nodes probed, when, when their answers are due, and no new
+    // round before next_probe_round (one per heartbeat_interval after one that cleared everyone).
     std::vector<ConnId> probed;
+    double probed_at = 0;
     double probe_deadline = 0;
     double next_probe_round = 0;
     // Rebuilt from resumes (when, on the clock), and the restore in progress.

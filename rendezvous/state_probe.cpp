@@ -30,11 +30,11 @@ void StateMachine::stall(ConnId conn, double stalled_for) {
   const Frame probe = encode(make_probe());
   for (auto& [c, node] : job->nodes) {
     if (c == conn || node.state != NodeState::Running || node.last_seen >= since) continue;
-    node.probed_at = now;
     job->probed.push_back(c);
     out_.send(c, probe);
   }
   if (job->probed.empty()) return;
+  job->probed_at = now;
   job->probe_deadline = now + job->timeouts.probe_timeout;
   const std::string what = "the workers of " + describe(reporter->second) + " stalled for " +
                            seconds_text(stalled_for) + ": probing " + std::to_string(job->probed.size()) +
@@ -51,10 +51,8 @@ void StateMachine::conclude_probes(Job& job, double now) {
   for (ConnId c : probed) {
     auto it = job.nodes.find(c);
     if (it == job.nodes.end()) continue;
-    Node& node = it->second;
-    const double asked = node.probed_at;
-    node.probed_at = -1;
-    if (asked < 0 || node.last_seen >= asked || node.state != NodeState::Running) continue;
+    const Node& node = it->second;
+    if (node.last_seen >= job.probed_at || node.state != NodeState::Running) continue;
     if (peer_check_ && peer_check_(c)) {
       // Its host is up (it acknowledged the probe): the agent is busy or stopped. Not a lost
       // host; heartbeat_timeout still bounds how long it may stay silent.

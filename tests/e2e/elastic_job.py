@@ -58,6 +58,24 @@ def start_cluster(test, nodes=3, reason=None):
 TRAIN = os.path.join(BUILD_DIR, "bin", "train")
 
 
+def programs_in(cluster, node, name):
+    """{pid: parent pid} of the processes in the node's namespace whose program (argv[0]'s base
+    name) is `name`."""
+    from processes import run
+    found = {}
+    for pid in run(["ip", "netns", "pids", cluster.ns(node)], timeout=10).check().stdout.split():
+        try:
+            with open("/proc/%s/cmdline" % pid, "rb") as f:
+                argv0 = f.read().split(b"\0")[0].decode(errors="replace")
+            with open("/proc/%s/status" % pid) as f:
+                ppid = int(next(l for l in f if l.startswith("PPid:")).split()[1])
+        except (OSError, StopIteration, ValueError):
+            continue   # gone meanwhile
+        if os.path.basename(argv0) == name:
+            found[int(pid)] = ppid
+    return found
+
+
 class TimedTrainTest:
     """A mixin for the unittest.TestCases that run `train` on the cluster: setUp brings the
     cluster up (or skips, printing why: no namespaces, or `train` not built), tearDown prints how

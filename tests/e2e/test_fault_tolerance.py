@@ -21,8 +21,8 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from elastic_job import HEADER_RE, ElasticJob, TimedTrainTest, sample_accounting  # noqa: E402
-from processes import run, wait_for  # noqa: E402
+from elastic_job import HEADER_RE, ElasticJob, TimedTrainTest, programs_in, sample_accounting  # noqa: E402
+from processes import wait_for  # noqa: E402
 
 # The job: no shard ever needs padding at 4 or 6 workers (SAMPLES is a multiple of 12 and
 # BATCH of 6, so every epoch's rest stays a multiple of 12), which makes "each sample exactly
@@ -48,17 +48,7 @@ def train_pids(cluster, node, events=None):
     if events:
         with open(events) as f:
             started = {e["pid"] for e in map(json.loads, f) if e["type"] == "worker_started"}
-    r = run(["ip", "netns", "pids", cluster.ns(node)], timeout=10).check()
-    pids = []
-    for pid in r.stdout.split():
-        try:
-            with open("/proc/%s/cmdline" % pid, "rb") as f:
-                argv0 = f.read().split(b"\0")[0].decode(errors="replace")
-        except OSError:
-            continue
-        if os.path.basename(argv0) == "train" and (started is None or int(pid) in started):
-            pids.append(int(pid))
-    return pids
+    return [pid for pid in programs_in(cluster, node, "train") if started is None or pid in started]
 
 
 class FaultToleranceTest(TimedTrainTest, unittest.TestCase):

@@ -28,8 +28,7 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from elastic_job import ElasticJob, TimedTrainTest  # noqa: E402
-from processes import run  # noqa: E402
+from elastic_job import ElasticJob, TimedTrainTest, programs_in  # noqa: E402
 
 STEPS_BEFORE = 14
 STEPS_AFTER = 20
@@ -144,18 +143,7 @@ while True:
 def ddplaunch_pid(cluster, node):
     """The pid of the ddplaunch agent in the node's namespace (not a child of it that runs the
     same binary, such as its sentinel)."""
-    r = run(["ip", "netns", "pids", cluster.ns(node)], timeout=10).check()
-    found = {}
-    for pid in r.stdout.split():
-        try:
-            with open("/proc/%s/cmdline" % pid, "rb") as f:
-                argv0 = f.read().split(b"\0")[0].decode(errors="replace")
-            with open("/proc/%s/status" % pid) as f:
-                ppid = int(next(l for l in f if l.startswith("PPid:")).split()[1])
-        except (OSError, StopIteration, ValueError):
-            continue
-        if os.path.basename(argv0) == "ddplaunch":
-            found[int(pid)] = ppid
+    found = programs_in(cluster, node, "ddplaunch")
     agents = [pid for pid, ppid in found.items() if ppid not in found]
     if len(agents) != 1:
         raise AssertionError("expected one ddplaunch agent in node%s, found %s" % (node, found))
