@@ -128,6 +128,10 @@ int Agent::Impl::run() {
     before_decision();
     deliver(event::RendezvousError{m});
   };
+  events.on_drained = [this](const std::string& m) {
+    before_decision();
+    deliver(event::Drained{m});
+  };
   rendezvous->set_events(std::move(events));
   rendezvous->set_progress_source([this] {
     std::vector<ProgressSample> samples;
@@ -369,8 +373,9 @@ void Agent::Impl::wait_for_signal() {
 // The supervisor is done: nothing of this run may outlive it.
 void Agent::Impl::release_everything() {
   stop_standbys();
+  if (health.running() != 0) processes->signal_group(health.running(), SIGKILL);
   rendezvous->close();
-  processes->close();
+  processes->close();  // and reaps what was killed
   boost::system::error_code ignored;
   signals.cancel(ignored);
   for (auto* t : {&kill_timer, &give_up_timer, &park_timer, &progress_timer, &stall_timer, &dump_timer,
@@ -378,7 +383,6 @@ void Agent::Impl::release_everything() {
     t->cancel();
   }
   ProgressLine::console().release();
-  if (health.running() != 0) processes->signal_group(health.running(), SIGKILL);
   file_timer.reset();
   io.stop();
 }

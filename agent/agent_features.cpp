@@ -284,7 +284,9 @@ void Agent::Impl::schedule_stall_watch() {
       beats += sample.beats;
       ++steppers;
     }
-    if (auto silent = stalls.observe(beats, steppers, monotonic_seconds())) rendezvous->report_stall(*silent);
+    const double now = monotonic_seconds();
+    if (auto silent = stalls.observe(beats, steppers, now)) rendezvous->report_stall(*silent);
+    if (auto line = stalls.blind(now, !options.command.no_python)) say(*line);
     schedule_stall_watch();
   });
 }

@@ -93,7 +93,7 @@ void Agent::Impl::start_round(const effect::StartRound& s) {
   }
   if (options.hang.enabled() || options.on_progress) schedule_progress_check();
   if (rendezvous->hears_stalls() && s.assignment.group_world_size > 1) {
-    stalls.reset();
+    stalls.reset(monotonic_seconds());
     schedule_stall_watch();
   }
   if (health.enabled()) schedule_health_check(health.first_while_running(monotonic_seconds()));

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <set>
 
 #include <boost/asio/signal_set.hpp>
 
@@ -46,6 +47,7 @@ class PosixProcesses final : public Processes {
     if (request.standby) containment_.add_standby(child.pid);
     containment_.watch_group(child.pid);
     containment_.check_member(child.pid);
+    live_.insert(child.pid);
     pending_.push_back({child, request.argv.at(0)});
     if (!request.check_exec_later) confirm_spawned();
     return child.pid;
@@ -65,6 +67,7 @@ class PosixProcesses final : public Processes {
         first_program = p.program;
       }
       failed.push_back(p.child.pid);
+      live_.erase(p.child.pid);
     }
     if (!failed.empty()) throw SpawnError::exec_failed(first_program, first_error, std::move(failed));
   }
@@ -93,6 +96,7 @@ class PosixProcesses final : public Processes {
     closed_ = true;
     boost::system::error_code ignored;
     sigchld_.cancel(ignored);
+    reap_the_killed();
   }
 
  private:
@@ -111,8 +115,31 @@ class PosixProcesses final : public Processes {
       if (pid <= 0) return;  // 0: others still run; -1/ECHILD: none left
       if (!WIFSIGNALED(status) && !WIFEXITED(status)) continue;
       const ExitStatus st = ExitStatus::from_wait_status(status);
+      live_.erase(pid);
       containment_.forget_standby(pid);
       if (on_exit_) on_exit_(pid, st);
+    }
+  }
+
+  // The agent is done: whatever it started and has not reaped (a standby, a health check) is
+  // SIGKILLed and reaped before it exits, so that a caller who sees the agent gone finds none of
+  // its processes either. Bounded: a process the kernel cannot kill (stuck in a device driver)
+  // is left to the sentinel and to init.
+  void reap_the_killed() {
+    for (int pid : live_) ::kill(-pid, SIGKILL);
+    constexpr int kTries = 500;  // 5 s in steps of 10 ms
+    for (int i = 0; i < kTries && !live_.empty(); ++i) {
+      for (auto it = live_.begin(); it != live_.end();) {
+        int status = 0;
+        const pid_t r = ::waitpid(*it, &status, WNOHANG);
+        if (r == 0) {
+          ++it;
+          continue;
+        }
+        containment_.forget_standby(*it);
+        it = live_.erase(it);
+      }
+      if (!live_.empty()) ::usleep(10'000);
     }
   }
 
@@ -124,6 +151,7 @@ class PosixProcesses final : public Processes {
 
   boost::asio::signal_set sigchld_;
   std::vector<PendingExec> pending_;
+  std::set<int> live_;  // spawned, not yet reaped
   ExitHandler on_exit_;
   bool closed_ = false;
   Containment containment_;  // its destructor ends the sentinel, which removes the cgroup

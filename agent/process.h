@@ -72,7 +72,9 @@ class Processes {
   // sees a socket message and a SIGCHLD at once, in no defined order). The fake delivers its
   // exits itself.
   virtual void reap_exited() {}
-  // Kills what is left (kill_leftovers()) and stops listening for exits (the agent is done).
+  // Kills what is left (kill_leftovers(), and every spawned process not yet reaped, standbys
+  // among them), stops listening for exits (the agent is done), and reaps the killed, waiting
+  // at most 5 s: when the agent is gone, so is everything it started.
   virtual void close() = 0;
 };
 

@@ -338,6 +338,12 @@ rdzv::ClientEvents RemoteRendezvous::client_events() {
     end_progress();
     if (events_.on_rendezvous_error) events_.on_rendezvous_error(message);
   };
+  ev.on_drained = [this](const std::string& message) {
+    finished_ = true;
+    end_progress();
+    round_.reset();
+    if (events_.on_drained) events_.on_drained(message);
+  };
   ev.on_disconnected = [this](const std::string& message) { on_lost(message); };
   ev.on_redirect = [this](const std::string& leader, const std::string& why) { on_redirect(leader, why); };
   // The connect retries are in the progress line when there is one.

@@ -29,6 +29,8 @@ struct RendezvousEvents {
   // The rendezvous itself failed (timeout, closed, refused, version or environment mismatch):
   // exit 3 with this message.
   std::function<void(const std::string& message)> on_rendezvous_error;
+  // An operator drained this node (ddp-rendezvous drain): stop the workers and exit 0.
+  std::function<void(const std::string& message)> on_drained;
 };
 
 class RendezvousHandler {

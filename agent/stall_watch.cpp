@@ -4,7 +4,8 @@
 
 namespace ddp::agent {
 
-void StallWatch::reset() {
+void StallWatch::reset(double now) {
+  round_began_ = now;
   beats_ = 0;
   seen_ = false;
   next_report_ = 0;
@@ -24,6 +25,7 @@ std::optional<double> StallWatch::observe(std::uint64_t beats, int steppers, dou
     beats_ = beats;
     last_change_ = now;
     seen_ = beats > 0;
+    ever_seen_ = ever_seen_ || seen_;
     next_report_ = 0;
     return std::nullopt;
   }
@@ -38,6 +40,17 @@ std::optional<double> StallWatch::observe(std::uint64_t beats, int steppers, dou
   next_report_ = silent + repeat_;
   repeat_ *= 2;
   return silent;
+}
+
+std::optional<std::string> StallWatch::blind(double now, bool python) {
+  if (said_blind_ || ever_seen_ || now - round_began_ < kBlindAfter) return std::nullopt;
+  said_blind_ = true;
+  return std::string("no worker of this node has reported a step in 30 s: a node of this job that vanishes "
+                     "without a word (power, link) is found after heartbeat_timeout, not within a second "
+                     "(docs/rendezvous.md, \"Silent nodes\"); ") +
+         (python ? "a step is an optimizer.step() (torch 2.0 and later) or a ddplaunch.step() call, and a worker "
+                   "started through a wrapper script does not get ddplaunch's Python helper"
+                 : "a step is reported through the worker SDK (ddp::Progress, or its Trainer)");
 }
 
 }  // namespace ddp::agent

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 
 namespace ddp::agent {
 
@@ -20,14 +21,20 @@ class StallWatch {
   static constexpr double kFloor = 0.15;       // s: no shorter silence is a stall
   static constexpr double kFactor = 5.0;       // step times: nor one shorter than this many
   static constexpr double kFirstRepeat = 0.5;  // s after the first report, then doubling
+  static constexpr double kBlindAfter = 30.0;  // s of a round without a step: say it once
 
-  // A new round starts: nothing seen yet (the step time of the last one is kept: same steps).
-  void reset();
+  // A new round starts at `now`: nothing seen yet (the step time of the last one is kept: same
+  // steps).
+  void reset(double now);
   // `beats`: the sum of the live workers' beats; `steppers`: how many of them have beaten.
   // Returns how long the workers have been silent when a report is due, else nullopt.
   std::optional<double> observe(std::uint64_t beats, int steppers, double now);
   // The silence that is a stall now.
   double threshold() const;
+  // A watch with nothing to watch says so: once per agent, when no worker has reported a step
+  // kBlindAfter into a round (and none ever did), what to say; else nullopt. `python`: the
+  // workers are Python programs.
+  std::optional<std::string> blind(double now, bool python);
   double step_time() const { return step_time_; }
 
  private:
@@ -37,6 +44,9 @@ class StallWatch {
   double step_time_ = 0;    // smoothed seconds per step of one worker; 0 = not known yet
   double next_report_ = 0;  // the silence at which the next report is due; 0 = none reported
   double repeat_ = 0;
+  double round_began_ = 0;
+  bool ever_seen_ = false;  // a beat of any round was seen
+  bool said_blind_ = false;
 };
 
 }  // namespace ddp::agent

@@ -162,6 +162,7 @@ void Supervisor::step_any(const Event& e) {
                    when_stopped(Then::make(Then::Do::kExit, kRendezvousFailed), false);
                  },
                  [this](const event::Signal& s) { signal(s.signo); },
+                 [this](const event::Drained& d) { drained(d.message); },
                  [](const event::Round&) {},        // not joining: a round nobody waits for
                  [](const event::Started&) {},      // only while running
                  [](const event::StartFailed&) {},  // only while running
@@ -370,6 +371,19 @@ void Supervisor::signal(int signo) {
   stop_workers(signo, Then::make(Then::Do::kExit, exit_code_for_signal(signo)), false);
 }
 
+// An operator took this node out of the job (ddp-rendezvous drain); the rendezvous has closed
+// its connection, and the job's other nodes restart without it. With in-memory restart they park
+// with their last completed step, so this node's workers leave their collectives at once (the
+// round is abandoned) instead of finishing a step that can no longer complete. Without it, the
+// others finish their step and checkpoint on SIGTERM, so these workers are asked to do the same.
+void Supervisor::drained(const std::string& message) {
+  if (handled_signal_ != 0 || state_ == State::kDone) return;
+  say(message + "; stopping the workers");
+  record("drained", "drain", {}, {}, message);
+  if (state_ == State::kRunning && config_.in_memory_restart) emit(effect::AbandonRound{});
+  when_stopped(Then::make(Then::Do::kDrained), false);
+}
+
 // ---- in-memory restart: what workers say on their channel --------------------------------------
 
 void Supervisor::parked(const event::Parked& p) {
@@ -548,6 +562,10 @@ void Supervisor::run(Then then) {
     case Then::Do::kJoin: join(true); return;
     case Then::Do::kRejoin: join(false); return;
     case Then::Do::kExit: finish(then.code); return;
+    case Then::Do::kDrained:
+      say("drained: the workers have stopped; this node is out of the job");
+      finish(0, "drained");
+      return;
     case Then::Do::kJobFailed: {
       const SummaryParts parts = summary_parts(last_failures_, then.first);
       emit(effect::FlushLines{});
@@ -560,9 +578,9 @@ void Supervisor::run(Then then) {
   }
 }
 
-void Supervisor::finish(int code) {
+void Supervisor::finish(int code, const char* cause) {
   exit_code_ = code;
-  record("job_end", job_end_cause(code), {}, {{"exit_code", code}});
+  record("job_end", cause != nullptr ? cause : job_end_cause(code), {}, {{"exit_code", code}});
   state_ = State::kDone;
   emit(effect::DrainOutput{unkept_pids()});
   emit(effect::Exit{code});

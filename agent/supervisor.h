@@ -136,6 +136,7 @@ struct Restart { std::string reason; bool counted = false, failing = false, fail
 struct JobSucceeded {};
 struct JobFailed { rdzv::WorkerFailure first; std::string summary; };
 struct RendezvousError { std::string message; };
+struct Drained { std::string message; };  // an operator took this node out of the job
 struct Signal { int signo = 0; };
 struct HealthFailed { rdzv::WorkerFailure failure; };  // a check while running: this node leaves the round
 }  // namespace event
@@ -144,7 +145,7 @@ using Event = std::variant<event::Join, event::CannotJoin, event::Round, event::
                            event::Exited, event::FailureRecorded, event::Restartable, event::Parked,
                            event::ChannelLost, event::Hung, event::Due, event::Posted, event::Restart,
                            event::JobSucceeded, event::JobFailed, event::RendezvousError, event::Signal,
-                           event::HealthFailed>;
+                           event::HealthFailed, event::Drained>;
 
 class Supervisor {
  public:
@@ -177,7 +178,7 @@ class Supervisor {
  private:
   // What runs once every worker has exited or parked (when_stopped).
   struct Then {
-    enum class Do { kNothing, kJoin, kRejoin, kExit, kJobFailed } what = Do::kNothing;
+    enum class Do { kNothing, kJoin, kRejoin, kExit, kJobFailed, kDrained } what = Do::kNothing;
     int code = 0;
     rdzv::WorkerFailure first;
     std::string summary;
@@ -203,6 +204,7 @@ class Supervisor {
   void end_job_everywhere();
   void job_failed(const rdzv::WorkerFailure& first, const std::string& summary);
   void signal(int signo);
+  void drained(const std::string& message);
   void parked(const event::Parked& p);
   void channel_lost(int pid, const std::string& problem);
 
@@ -216,7 +218,7 @@ class Supervisor {
   void give_up();
   void stop_done();
   void run(Then then);
-  void finish(int code);
+  void finish(int code, const char* cause = nullptr);
 
   SupervisedWorker* find(int pid, bool alive_only);
   static ParkView view(const SupervisedWorker& w);

@@ -82,6 +82,13 @@ SEEDS = {
         chunk(0, frame({"type": "heartbeat"}), advance=8) + chunk(1, frame({"type": "stall", "stalled_for": 0.4})) +
         chunk(2, frame({"type": "heartbeat"}), advance=1) + chunk(1, frame({"type": "stall", "stalled_for": 2.5}), advance=15) +
         chunk(0, b"", advance=5)),
+    "drain_a_node_then_a_spare": (
+        chunk(0, hello("d") + join("d", "a", lo=1, hi=2)) + chunk(1, hello("d") + join("d", "b", lo=1, hi=2)) +
+        chunk(2, hello("d") + join("d", "c", lo=1, hi=2), advance=6) +
+        chunk(3, frame({"type": "drain", "protocol_version": VERSION, "client_nonce": "00", "proof": "",
+                        "job": "d", "node": "1", "force": False})) +
+        chunk(0, join("d", "a", lo=1, hi=2)) +
+        chunk(2, frame({"type": "drain", "protocol_version": VERSION, "job": "d", "node": "c", "force": True}))),
     "fingerprints_differ": (
         chunk(0, hello("f") + join("f", "a", lo=2, hi=2, fingerprint={"a": 1})) +
         chunk(1, hello("f") + join("f", "b", lo=2, hi=2, fingerprint={"a": {"b": [1, 2]}}))),

@@ -109,8 +109,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
           break;
         }
         c.greeted = true;
-        c.job_id = std::get<Hello>(m.body).job_id;
+        c.job_id = first_hello(m).job_id;
         if (m.type == MessageType::status) (void)sm.status().dump();
+        if (m.type == MessageType::drain) {  // an operator's connection: one drain, then closed
+          const Drain& d = std::get<Drain>(m.body);
+          (void)sm.drain(d.job, d.node, d.force);
+          c.closed = true;
+          break;
+        }
         continue;
       }
       sm.touch(id);

@@ -461,7 +461,7 @@ void resolve_logs(const RawValues& raw, LaunchConfig& config) {
   }
 }
 
-// --master_addr, --master_port, --local_addr, --node_rank.
+// --master_addr, --master_port, --local_addr, --node_rank, --spare.
 void resolve_addresses(const RawValues& raw, LaunchConfig& config) {
   if (auto g = raw.find("master_addr")) {
     std::string addr = trim(g->value);
@@ -483,6 +483,14 @@ void resolve_addresses(const RawValues& raw, LaunchConfig& config) {
   }
   if (auto g = raw.find("node_rank")) {
     config.node_rank = parse_non_negative(*g, "an integer 0 <= N < MAX nodes");
+  }
+  config.spare = raw.flag("spare");
+  if (config.spare && raw.find("node_rank")) {
+    refuse("--spare and " + raw.find("node_rank")->shown() +
+           ": a spare takes the group rank of the node it replaces; drop one of them");
+  }
+  if (config.spare && (config.standalone || config.rdzv_backend == RendezvousBackend::kStatic)) {
+    refuse("--spare needs a rendezvous daemon to wait at: use --rdzv_backend=c10d --rdzv_endpoint=HOST:PORT");
   }
 }
 

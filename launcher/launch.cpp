@@ -472,6 +472,7 @@ agent::AgentOptions make_agent_options(const LaunchConfig& config, const Resolve
   o.node.addr = config.local_addr;
   o.node.local_world_size = config.nproc_per_node;
   o.node.requested_rank = config.node_rank;
+  o.node.spare = config.spare;
   o.node.min_nodes = config.min_nodes;
   o.node.max_nodes = config.max_nodes;
   o.node.max_restarts = config.max_restarts;

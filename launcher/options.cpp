@@ -81,6 +81,10 @@ const std::vector<OptionSpec> kOptions = {
    "replaces --master_addr:--master_port."},
   {"rdzv_id", 0, false, "ID", "none",
    Group::kRendezvous, "Job id: every node of one job gives the same id."},
+  {"spare", 0, true, nullptr, nullptr,
+   Group::kRendezvous, "Join as a spare node: wait beside the job's round, never counted toward "
+   "--nnodes, and take the place of a node that fails, is lost or is drained (docs/maintenance.md). "
+   "Needs a rendezvous daemon (--rdzv_backend=c10d)."},
   {"rdzv_conf", 0, false, "KEY=VALUE,...", "none",
    Group::kRendezvous, "Rendezvous settings, in seconds where they are times: join_timeout "
    "(600), last_call_timeout (30), heartbeat_interval (1), heartbeat_timeout (5), "

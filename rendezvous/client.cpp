@@ -334,6 +334,13 @@ void Client::on_not_leader(const std::string& leader) {
 }
 
 void Client::on_error_message(const ErrorMessage& e) {
+  if (e.code == "drained" && events_.on_drained) {
+    if (closed_) return;
+    closed_ = true;
+    shutdown();
+    events_.on_drained(e.message.empty() ? "drained by ddp-rendezvous drain" : e.message);
+    return;
+  }
   // Dropped for silence while alive (the machine stalled, or its beats or its answer to a probe
   // were delayed past heartbeat_timeout or probe_timeout): not a refusal. Like a lost
   // connection, the owner reconnects and resumes; the server answers that the round ended, and

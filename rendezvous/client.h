@@ -65,6 +65,9 @@ struct ClientEvents {
   // the peer, server silent past heartbeat_timeout, a failed send) fires this instead of
   // on_error, so that the owner can reconnect and resume. Refusals still go to on_error.
   std::function<void(const std::string& message)> on_disconnected;
+  // An operator drained this node (ddp-rendezvous drain): it is out of the job for good. The
+  // client is closed when this fires. Unset: handled as on_error.
+  std::function<void(const std::string& message)> on_drained;
   // The server is a follower replica (not_leader, after its welcome): connect to
   // `leader` ("" = none known) instead. The client is closed when this fires. Unset: handled
   // as on_disconnected.

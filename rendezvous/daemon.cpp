@@ -339,9 +339,9 @@ int Daemon::run() {
   return static_cast<int>(DaemonExit::ok);
 }
 
-// The status command's secret and TLS: flags, else the environment.
-std::string status_secret(const StatusOptions& o) {
-  const std::string path = flag_or_env(o.token_file, "DDPLAUNCH_RDZV_TOKEN_FILE");
+// The status and drain commands' secret and TLS: flags, else the environment.
+std::string client_secret(const std::string& token_file) {
+  const std::string path = flag_or_env(token_file, "DDPLAUNCH_RDZV_TOKEN_FILE");
   if (path.empty()) return "";
   Expected<std::string> secret = read_secret_file(path);
   if (!secret) throw usage_error(secret.error());
@@ -365,12 +365,17 @@ int serve(const DaemonOptions& options) {
   return daemon.run();
 }
 
+// --endpoint, checked: a usage error names what is wrong with it.
+Endpoint client_endpoint(const std::string& text) {
+  const Expected<Endpoint> parsed = parse_endpoint(text);
+  if (!parsed) throw usage_error("--endpoint " + text + ": " + parsed.error() + "; accepted: " + kEndpointSyntax);
+  if (const std::string error = connect_error(*parsed); !error.empty()) throw usage_error("--endpoint " + error);
+  return *parsed;
+}
+
 int status(StatusOptions o) {
-  const Expected<Endpoint> parsed = parse_endpoint(o.endpoint);
-  if (!parsed) throw usage_error("--endpoint " + o.endpoint + ": " + parsed.error() + "; accepted: " + kEndpointSyntax);
-  const Endpoint& endpoint = *parsed;
-  if (const std::string error = connect_error(endpoint); !error.empty()) throw usage_error("--endpoint " + error);
-  const std::string secret = status_secret(o);
+  const Endpoint endpoint = client_endpoint(o.endpoint);
+  const std::string secret = client_secret(o.token_file);
   const std::shared_ptr<TlsContext> tls = status_tls(o.tls);
   if (o.watch) return watch_status(endpoint, secret, o.timeout, o.job, o.interval, o.json, tls);
   const StatusResult result = query_status(endpoint, secret, o.timeout, o.job, tls);
@@ -384,6 +389,23 @@ int status(StatusOptions o) {
     std::cerr << "ddp-rendezvous status: " << endpoint.text() << " sent a malformed status: " << e.what() << "\n";
     return static_cast<int>(DaemonExit::connect);
   }
+  return static_cast<int>(DaemonExit::ok);
+}
+
+int drain(DrainOptions o) {
+  const Endpoint endpoint = client_endpoint(o.endpoint);
+  const std::string secret = client_secret(o.token_file);
+  const std::shared_ptr<TlsContext> tls = status_tls(o.tls);
+  Drain request;
+  request.job = o.job;
+  request.node = o.node;
+  request.force = o.force;
+  const StatusResult result = drain_node(endpoint, secret, o.timeout, request, tls);
+  if (!result.error.empty()) {
+    std::cerr << "ddp-rendezvous drain: " << result.error << "\n";
+    return static_cast<int>(result.code.empty() ? DaemonExit::connect : DaemonExit::refused);
+  }
+  std::cout << "ddp-rendezvous drain: " << result.status.value("message", "drained " + o.node) << "\n";
   return static_cast<int>(DaemonExit::ok);
 }
 

@@ -70,6 +70,17 @@ struct StatusOptions {
   TlsFiles tls;                      // --tls_ca, --tls_cert, --tls_key; default $DDPLAUNCH_RDZV_TLS_*
 };
 
+// `ddp-rendezvous drain JOB NODE`.
+struct DrainOptions {
+  std::string job;                   // JOB: the job's --rdzv_id
+  std::string node;                  // NODE: its host or group rank, as status shows it
+  bool force = false;                // --force: even if fewer than MIN nodes are left
+  std::string endpoint = "localhost:" + std::to_string(kDefaultRendezvousPort);  // --endpoint
+  double timeout = 10.0;             // --timeout seconds to wait for the answer
+  std::string token_file;            // --token_file; default $DDPLAUNCH_RDZV_TOKEN_FILE
+  TlsFiles tls;                      // --tls_ca, --tls_cert, --tls_key; default $DDPLAUNCH_RDZV_TLS_*
+};
+
 // Serves until SIGINT or SIGTERM; returns DaemonExit::ok then. Throws LaunchError when a flag's
 // value is bad (usage) or the port cannot be bound (connect).
 int serve(const DaemonOptions& options);
@@ -78,5 +89,9 @@ int serve(const DaemonOptions& options);
 // SIGINT or SIGTERM). Returns the exit code (a daemon that cannot be reached or answers badly:
 // connect, said on stderr); throws LaunchError for a bad flag value.
 int status(StatusOptions options);
+
+// Asks the daemon to drain options.node from options.job and says what it did. Returns ok,
+// refused (the daemon's reason on stderr) or connect; throws LaunchError for a bad flag value.
+int drain(DrainOptions options);
 
 }  // namespace ddp::rdzv

@@ -37,6 +37,7 @@ inline int exit_code_for_signal(int signo) { return static_cast<int>(ExitCode::k
 // The exit codes of ddp-rendezvous.
 enum class DaemonExit : int {
   ok = 0,
+  refused = 1,  // drain: the daemon refused (unknown job or node, fewer than MIN left, wrong secret)
   usage = 2,    // a bad flag, a file that cannot be read, a malformed endpoint
   connect = 3,  // cannot bind (serve), cannot reach the daemon or a bad answer (status)
 };

@@ -16,6 +16,7 @@
 namespace {
 
 using ddp::rdzv::DaemonOptions;
+using ddp::rdzv::DrainOptions;
 using ddp::rdzv::StatusOptions;
 
 // The option table of the daemon itself.
@@ -92,6 +93,20 @@ void add_status_options(CLI::App& status, StatusOptions& o) {
   status.add_option("--tls_key,--tls-key", o.tls.key, "PEM key of --tls_cert (default $DDPLAUNCH_RDZV_TLS_KEY)");
 }
 
+// The option table of `drain`.
+void add_drain_options(CLI::App& drain, DrainOptions& o) {
+  drain.add_option("job", o.job, "the job's --rdzv_id")->required();
+  drain.add_option("node", o.node, "the node to drain: its host, or its group rank, as status shows it")->required();
+  drain.add_flag("--force", o.force, "drain even if the job is left with fewer than its minimum nodes");
+  drain.add_option("--endpoint", o.endpoint, "HOST:PORT of the rendezvous server")->capture_default_str();
+  drain.add_option("--token_file,--token-file", o.token_file,
+                   "file holding the cluster secret or the job's own (default $DDPLAUNCH_RDZV_TOKEN_FILE)");
+  drain.add_option("--timeout", o.timeout, "seconds to wait for the answer")->capture_default_str();
+  drain.add_option("--tls_ca,--tls-ca", o.tls.ca, "PEM CA bundle to check the server with (default $DDPLAUNCH_RDZV_TLS_CA)");
+  drain.add_option("--tls_cert,--tls-cert", o.tls.cert, "PEM client certificate (default $DDPLAUNCH_RDZV_TLS_CERT)");
+  drain.add_option("--tls_key,--tls-key", o.tls.key, "PEM key of --tls_cert (default $DDPLAUNCH_RDZV_TLS_KEY)");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -103,6 +118,10 @@ int main(int argc, char** argv) {
   StatusOptions status;
   CLI::App* status_command = app.add_subcommand("status", "print every job's generation, state, nodes and restarts");
   add_status_options(*status_command, status);
+  DrainOptions drain;
+  CLI::App* drain_command =
+      app.add_subcommand("drain", "take a node out of a running job: it stops and exits 0, a waiting node takes its place");
+  add_drain_options(*drain_command, drain);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -114,6 +133,10 @@ int main(int argc, char** argv) {
       // A --token_file given before `status` counts for it too.
       if (status.token_file.empty()) status.token_file = daemon.listen.token_file;
       return ddp::rdzv::status(status);
+    }
+    if (*drain_command) {
+      if (drain.token_file.empty()) drain.token_file = daemon.listen.token_file;
+      return ddp::rdzv::drain(drain);
     }
     return ddp::rdzv::serve(daemon);
   } catch (const ddp::LaunchError& e) {

@@ -19,8 +19,8 @@ DaemonMetrics::DaemonMetrics()
                   .Register(registry_)),
       restarts_(prometheus::BuildCounter()
                     .Name("ddp_rendezvous_restarts_total")
-                    .Help("Rounds ended for a restart, by cause (worker_failure, node_lost, node_left, node_joined, "
-                          "job_failing, membership) and whether the restart counted against --max_restarts")
+                    .Help("Rounds ended for a restart, by cause (worker_failure, node_lost, node_left, drain, "
+                          "node_joined, job_failing, membership) and whether the restart counted against --max_restarts")
                     .Register(registry_)),
       failures_(prometheus::BuildCounter()
                     .Name("ddp_rendezvous_failures_total")
@@ -28,7 +28,8 @@ DaemonMetrics::DaemonMetrics()
                     .Register(registry_)),
       nodes_lost_(prometheus::BuildCounter()
                       .Name("ddp_rendezvous_nodes_lost_total")
-                      .Help("Nodes that left a job or were lost, by cause (connection_closed, heartbeat_timeout, probe_timeout, left)")
+                      .Help("Nodes that left a job or were lost, by cause (connection_closed, heartbeat_timeout, probe_timeout, left, "
+                            "drain)")
                       .Register(registry_)),
       jobs_ended_(prometheus::BuildCounter()
                       .Name("ddp_rendezvous_jobs_ended_total")
@@ -62,7 +63,7 @@ void DaemonMetrics::record(const metrics::Event& e) {
     restarts_.Add({{"cause", causes_.admit(e.cause)}, {"counted", counted ? "true" : "false"}}).Increment();
   } else if (e.type == "failure" || e.type == "hang") {
     failures_.Add({{"cause", causes_.admit(e.type == "hang" ? "hang" : e.cause)}}).Increment();
-  } else if (e.type == "node_lost" || e.type == "node_left") {
+  } else if (e.type == "node_lost" || e.type == "node_left" || e.type == "node_drained") {
     nodes_lost_.Add({{"cause", causes_.admit(e.cause)}}).Increment();
   } else if (e.type == "job_end") {
     jobs_ended_.Add({{"result", causes_.admit(e.cause)}}).Increment();
@@ -85,6 +86,11 @@ std::string DaemonMetrics::render(const Gauges& g, std::size_t connections) cons
                   .Help("Per job: seconds since its most silent node was last heard from")
                   .Register(now);
   for (const auto& [job, seconds] : g.oldest_heartbeat_age) age.Add({{"job", job}}).Set(seconds);
+  auto& spares = prometheus::BuildGauge()
+                     .Name("ddp_rendezvous_spare_nodes")
+                     .Help("Per job: nodes waiting beside its running round to take a failed or drained node's place")
+                     .Register(now);
+  for (const auto& [job, n] : g.spares) spares.Add({{"job", job}}).Set(static_cast<double>(n));
   auto& conns = prometheus::BuildGauge()
                     .Name("ddp_rendezvous_connections")
                     .Help("Open client connections (agents and status queries)")

@@ -43,6 +43,8 @@ constexpr TypeName kTypeNames[] = {
     {MessageType::not_leader, "not_leader"},
     {MessageType::stall, "stall"},
     {MessageType::probe, "probe"},
+    {MessageType::drain, "drain"},
+    {MessageType::drained, "drained"},
 };
 
 std::optional<MessageType> type_from(std::string_view name) {
@@ -227,6 +229,7 @@ std::optional<std::string> read_node_spec(const json& j, NodeSpec& s) {
   f.integer("master_port", s.master_port, 0, 65535);
   f.string("env_check", s.env_check, 16);
   f.boolean("progress", s.progress);
+  f.boolean("spare", s.spare);
   if (const json* fp = f.object("fingerprint")) {
     if (auto err = check_fingerprint(*fp)) {
       f.fail(*err);
@@ -487,6 +490,35 @@ std::optional<std::string> decode_continuity_body(MessageType type, const json& 
   return std::string("unknown message type");
 }
 
+// An operator's drain and its answer.
+std::optional<std::string> decode_drain_body(MessageType type, const json& j, Message& m) {
+  switch (type) {
+    case MessageType::drain: {
+      Drain d;
+      if (auto err = read_hello(j, d.hello, "drain")) return err;
+      Fields f(j, "drain");
+      if (f.require("job")) f.string("job", d.job, kMaxIdBytes);
+      if (f.require("node")) f.string("node", d.node, kMaxHostBytes);
+      f.boolean("force", d.force);
+      if (!f.error() && (d.job.empty() || d.node.empty())) f.fail("fields \"job\" and \"node\" must not be empty");
+      m.body = std::move(d);
+      return f.error();
+    }
+    case MessageType::drained: {
+      Fields f(j, "drained");
+      Drained d;
+      f.string("job_id", d.job_id, kMaxIdBytes);
+      f.string("node", d.node, kMaxReasonBytes, true);
+      f.string("message", d.message, kMaxReasonBytes, true);
+      m.body = std::move(d);
+      return f.error();
+    }
+    default:
+      break;
+  }
+  return std::string("unknown message type");
+}
+
 std::optional<std::string> decode_body(MessageType type, const json& j, Message& m) {
   switch (type) {
     case MessageType::greeting:
@@ -502,6 +534,9 @@ std::optional<std::string> decode_body(MessageType type, const json& j, Message&
     case MessageType::stall:
     case MessageType::probe:
       return decode_connection_body(type, j, m);
+    case MessageType::drain:
+    case MessageType::drained:
+      return decode_drain_body(type, j, m);
     case MessageType::join:
     case MessageType::failure:
     case MessageType::round:
@@ -530,24 +565,6 @@ const char* to_string(MessageType type) {
     if (t.type == type) return t.name;
   }
   return "?";
-}
-
-bool is_client_message(MessageType type) {
-  switch (type) {
-    case MessageType::greeting:
-    case MessageType::hello:
-    case MessageType::status:
-    case MessageType::join:
-    case MessageType::heartbeat:
-    case MessageType::failure:
-    case MessageType::success:
-    case MessageType::leave:
-    case MessageType::resume:
-    case MessageType::stall:
-      return true;
-    default:
-      return false;
-  }
 }
 
 Decoded decode(std::string_view payload) {
@@ -590,8 +607,8 @@ Decoded decode(std::string_view payload) {
 
 namespace {
 
-// The fields of the messages of a connection itself (the handshake, errors); none for the
-// others.
+// The fields of the messages of a connection itself (the handshake, errors), stall reports and
+// the operator's drain; none for the others.
 void add_connection_fields(const Message& m, json& j) {
   switch (m.type) {
     case MessageType::greeting: {
@@ -628,6 +645,27 @@ void add_connection_fields(const Message& m, json& j) {
       j["message"] = e.message;
       break;
     }
+    case MessageType::stall:
+      j["stalled_for"] = std::get<Stall>(m.body).stalled_for;
+      break;
+    case MessageType::drain: {
+      const auto& d = std::get<Drain>(m.body);
+      j["protocol_version"] = d.hello.protocol_version;
+      if (!d.hello.job_id.empty()) j["job_id"] = d.hello.job_id;
+      j["client_nonce"] = d.hello.client_nonce;
+      j["proof"] = d.hello.proof;
+      j["job"] = d.job;
+      j["node"] = d.node;
+      j["force"] = d.force;
+      break;
+    }
+    case MessageType::drained: {
+      const auto& d = std::get<Drained>(m.body);
+      j["job_id"] = d.job_id;
+      j["node"] = d.node;
+      j["message"] = d.message;
+      break;
+    }
     default:
       break;
   }
@@ -650,6 +688,9 @@ json to_json(const Message& m) {
     case MessageType::challenge:
     case MessageType::welcome:
     case MessageType::error:
+    case MessageType::stall:
+    case MessageType::drain:
+    case MessageType::drained:
       add_connection_fields(m, j);
       break;
     case MessageType::heartbeat:
@@ -658,9 +699,6 @@ json to_json(const Message& m) {
         j["checkpoint_step"] = p->checkpoint_step;
         j["checkpoint_interval"] = p->checkpoint_interval;
       }
-      break;
-    case MessageType::stall:
-      j["stalled_for"] = std::get<Stall>(m.body).stalled_for;
       break;
     case MessageType::success:
     case MessageType::leave:

@@ -114,6 +114,7 @@ enum class MessageType : std::uint8_t {
   leave,
   resume,
   stall,
+  drain,
   // server -> client
   challenge,
   welcome,
@@ -128,6 +129,7 @@ enum class MessageType : std::uint8_t {
   waiting,
   not_leader,
   probe,
+  drained,
 };
 const char* to_string(MessageType type);
 bool is_client_message(MessageType type);
@@ -217,13 +219,32 @@ struct Heartbeat {
 struct Stall {
   double stalled_for = 0;
 };
+// drain: an operator's request (`ddp-rendezvous drain`), a first message like status: the hello
+// part proves the secret (role "drain"); a job's own secret may drain that job only. `node` is
+// the node as status shows it: its host, or its group rank in decimal. `force` allows leaving
+// fewer than MIN nodes. The server answers `drained` or an error, and closes.
+struct Drain {
+  Hello hello;
+  std::string job;
+  std::string node;
+  bool force = false;
+};
+// drained: the node left the job's round; `node` describes it, `message` says what follows.
+struct Drained {
+  std::string job_id;
+  std::string node;
+  std::string message;
+};
 
 struct Message {
   MessageType type = MessageType::heartbeat;
   std::variant<Empty, Heartbeat, Greeting, Hello, Challenge, Welcome, ErrorMessage, NodeSpec, WorkerFailure, Assignment, Restart,
-               JobSucceeded, JobFailed, StatusReply, ResumeRequest, Resumed, Waiting, NotLeader, Stall>
+               JobSucceeded, JobFailed, StatusReply, ResumeRequest, Resumed, Waiting, NotLeader, Stall, Drain,
+               Drained>
       body;
 };
+// The hello part of a first message (hello, status, drain). REQUIRES: one of those types.
+const Hello& first_hello(const Message& message);
 
 // Decodes one payload: JSON no deeper than kMaxJsonDepth (checked before parsing), an object
 // with a known string "type", and a body whose fields have the right types and ranges. Strings
@@ -259,6 +280,7 @@ Message make_status_reply(nlohmann::json status);
 Message make_waiting(const Waiting& waiting);
 Message make_not_leader(const std::string& leader);
 Message make_probe();
+Message make_drained(const Drained& drained);
 // "" (no leader known) or an endpoint to connect to, HOST:PORT or [V6]:PORT, written as
 // Endpoint::text() writes it (rendezvous/endpoint.h).
 bool valid_leader_endpoint(std::string_view text);
@@ -275,10 +297,12 @@ Message make_failure(const WorkerFailure& failure);
 Message make_success();
 Message make_leave();
 Message make_stall(double stalled_for);
+Message make_drain(const Drain& drain);
 Message make_resume_message(const ResumeRequest& request);
 Message make_resumed_message(std::uint64_t generation, int restart_count, bool rebuilt);
 
-// Checks the version of a client's first message (hello or status) and that hello names a job.
+// Checks the version of a client's first message (hello, status or drain) and that hello names a
+// job.
 std::optional<ProtocolError> check_first_message(const Message& message);
 // Checks a client's greeting: the magic and the protocol version.
 std::optional<ProtocolError> check_greeting(const Greeting& greeting);

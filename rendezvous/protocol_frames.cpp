@@ -77,12 +77,36 @@ FrameReader::Result FrameReader::next(std::string& payload) {
   return Result::frame;
 }
 
+bool is_client_message(MessageType type) {
+  switch (type) {
+    case MessageType::greeting:
+    case MessageType::hello:
+    case MessageType::status:
+    case MessageType::join:
+    case MessageType::heartbeat:
+    case MessageType::failure:
+    case MessageType::success:
+    case MessageType::leave:
+    case MessageType::resume:
+    case MessageType::stall:
+    case MessageType::drain:
+      return true;
+    default:
+      return false;
+  }
+}
+
+const Hello& first_hello(const Message& message) {
+  if (message.type == MessageType::drain) return std::get<Drain>(message.body).hello;
+  return std::get<Hello>(message.body);
+}
+
 std::optional<ProtocolError> check_first_message(const Message& message) {
-  if (message.type != MessageType::hello && message.type != MessageType::status) {
-    return ProtocolError{"bad_message", std::string("the first message must be \"hello\" or \"status\", got \"") +
+  if (message.type != MessageType::hello && message.type != MessageType::status && message.type != MessageType::drain) {
+    return ProtocolError{"bad_message", std::string("the first message must be \"hello\", \"status\" or \"drain\", got \"") +
                                             to_string(message.type) + "\""};
   }
-  const Hello& h = std::get<Hello>(message.body);
+  const Hello& h = first_hello(message);
   if (h.protocol_version != kProtocolVersion) {
     return ProtocolError{"version_mismatch", "protocol version " + std::to_string(h.protocol_version) +
                                                  " is not supported; this server speaks version " +
@@ -229,6 +253,7 @@ Message make_status_reply(json status) { return message(MessageType::status_repl
 Message make_waiting(const Waiting& waiting) { return message(MessageType::waiting, waiting); }
 Message make_not_leader(const std::string& leader) { return message(MessageType::not_leader, NotLeader{leader}); }
 Message make_probe() { return message(MessageType::probe, Empty{}); }
+Message make_drained(const Drained& drained) { return message(MessageType::drained, drained); }
 
 Message make_hello(const Hello& hello) { return message(MessageType::hello, hello); }
 Message make_status_request(const Hello& hello) { return message(MessageType::status, hello); }
@@ -240,5 +265,6 @@ Message make_failure(const WorkerFailure& failure) { return message(MessageType:
 Message make_success() { return message(MessageType::success, Empty{}); }
 Message make_leave() { return message(MessageType::leave, Empty{}); }
 Message make_stall(double stalled_for) { return message(MessageType::stall, Stall{stalled_for}); }
+Message make_drain(const Drain& drain) { return message(MessageType::drain, drain); }
 
 }  // namespace ddp::rdzv

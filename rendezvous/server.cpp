@@ -246,7 +246,7 @@ void Server::handle_first(Session& session, const Message& message) {
     session.fail(err->code, err->message);
     return;
   }
-  const Hello& hello = std::get<Hello>(message.body);
+  const Hello& hello = first_hello(message);
   const char* role = to_string(message.type);
   const std::optional<std::string> secret = secrets_.for_job(hello.job_id);
   if (!secret || (!secret->empty() && !proofs_equal(hello.proof, auth_proof(*secret, role, session.nonce,
@@ -266,6 +266,10 @@ void Server::handle_first(Session& session, const Message& message) {
   if (message.type == MessageType::status) {
     send_status(session);
     session.close_after_flush();
+    return;
+  }
+  if (message.type == MessageType::drain) {
+    handle_drain(session, std::get<Drain>(message.body));
     return;
   }
   session.set_deadline(options_.idle_timeout);
@@ -291,6 +295,32 @@ void Server::send_status(Session& session) {
     status["jobs"] = std::move(mine);
   }
   session.send(encode(make_status_reply(std::move(status))));
+}
+
+// An operator's drain (ddp-rendezvous drain): answered with `drained` or an error, then closed.
+// A follower replica names its leader; a job's own secret drains that job only.
+void Server::handle_drain(Session& session, const Drain& drain) {
+  if (!leading_) {
+    session.send(encode(make_not_leader(leader_)));
+    session.close_after_flush();
+    return;
+  }
+  if (!session.all_jobs && drain.job != session.job_id) {
+    log("refused a drain of job " + drain.job + " from " + session.peer() + ": it proved job " + session.job_id +
+        "'s own secret");
+    session.fail("bad_token", "the secret proven is job " + session.job_id + "'s own: it may drain that job only; " +
+                                  "give the cluster secret (--token_file) to drain job " + drain.job);
+    return;
+  }
+  const DrainResult result = state_->drain(drain.job, drain.node, drain.force);
+  if (!result.code.empty()) {
+    log("refused a drain of " + drain.node + " in job " + drain.job + " from " + session.peer() + ": " + result.message);
+    session.fail(result.code, result.message);
+    return;
+  }
+  log("drain from " + session.peer() + ": " + result.message);
+  session.send(encode(make_drained(Drained{drain.job, result.node, result.message})));
+  session.close_after_flush();
 }
 
 void Server::handle(Session& session, Message& message) {
@@ -339,6 +369,9 @@ void Server::handle(Session& session, Message& message) {
       return;
     case MessageType::hello:
       end_member(session, "bad_message", "a second hello on one connection");
+      return;
+    case MessageType::drain:
+      end_member(session, "bad_message", "a drain must be the first message of its own connection");
       return;
     default:
       end_member(session, "bad_message",

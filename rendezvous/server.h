@@ -108,6 +108,7 @@ class Server : private SessionHandler, private Outbox {
   void handle_first(Session& session, const Message& message);
   void handle(Session& session, Message& message);
   void send_status(Session& session);
+  void handle_drain(Session& session, const Drain& drain);
   void end_member(Session& session, const std::string& code, const std::string& message);
   void handle_resume(Session& session, ResumeRequest& request);
   void make_state();

@@ -232,10 +232,14 @@ void StateMachine::join(ConnId conn, NodeSpec spec) {
   if (job.state == JobState::Running) {
     if (was_running) {
       end_round(job, "node " + describe(node) + " rejoined", false, "node_lost");
-    } else if (job.round_size < static_cast<std::size_t>(job.max_nodes)) {
+    } else if (job.round_size < static_cast<std::size_t>(job.max_nodes) && !node.spec.spare) {
       admit_newcomers(job, "node " + describe(node) + " joined");
     } else {
-      out_.log("job " + job.id + ": " + describe(node) + " is a standby: the round runs at MAX nodes");
+      // A spare: it waits for the next round and takes the place of a node that fails, is lost
+      // or is drained (docs/maintenance.md). It never ends the round by arriving.
+      out_.log("job " + job.id + ": " + describe(node) + " is a spare: " +
+               (node.spec.spare ? "--spare" : "the round runs at MAX nodes"));
+      emit(job, "node_spare", "max_nodes", describe(node), {}, {{"spares", count(job, NodeState::Waiting)}});
     }
   }
   const std::string id = job.id;
@@ -345,7 +349,8 @@ void StateMachine::end_round(Job& job, const std::string& reason, bool counted, 
   if (counted) ++job.restarts_used;
   changed(job);
   const std::string why = !cause.empty() ? cause : counted ? "worker_failure" : "membership";
-  if (!job.restart_since && (why == "worker_failure" || why == "node_lost" || why == "node_left")) {
+  if (!job.restart_since && (why == "worker_failure" || why == "node_lost" || why == "node_left" ||
+                             why == "drain")) {
     job.restart_since = clock_.now();  // failure-to-restart time runs from here to the next round
   }
   emit(job, "restart", why, "", {}, {{"counted", counted}, {"restarts_used", job.restarts_used}}, reason);
@@ -375,7 +380,7 @@ void StateMachine::maybe_complete(Job& job) {
     if (count(job, NodeState::Rejoining) == 0) finish_failing(job);
     return;
   }
-  const std::size_t waiting = count(job, NodeState::Waiting);
+  const std::size_t waiting = eligible(job);
   const auto min = static_cast<std::size_t>(job.min_nodes);
   const auto max = static_cast<std::size_t>(job.max_nodes);
   if (waiting >= max) {
@@ -422,12 +427,14 @@ std::vector<std::pair<ConnId, StateMachine::Node*>> StateMachine::round_members(
   for (auto& [conn, node] : job.nodes) {
     if (node.state == NodeState::Waiting) waiting.emplace_back(conn, &node);
   }
-  auto priority = [](const Node& n) { return n.spec.requested_rank >= 0 ? 0 : (n.group_rank >= 0 ? 1 : 2); };
+  auto priority = [](const Node& n) {
+    return n.spec.spare ? 3 : n.spec.requested_rank >= 0 ? 0 : (n.group_rank >= 0 ? 1 : 2);
+  };
   std::sort(waiting.begin(), waiting.end(), [&](const auto& a, const auto& b) {
     int pa = priority(*a.second), pb = priority(*b.second);
     return pa != pb ? pa < pb : a.second->join_seq < b.second->join_seq;
   });
-  waiting.resize(std::min(waiting.size(), static_cast<std::size_t>(job.max_nodes)));
+  waiting.resize(std::min({waiting.size(), eligible(job), static_cast<std::size_t>(job.max_nodes)}));
   return waiting;
 }
 
@@ -506,6 +513,7 @@ void StateMachine::complete_round(Job& job) {
   const Assignment a = send_round(job, in_rank_order(members));
   job.state = JobState::Running;
   job.round_size = n;
+  job.last_round_size = n;
   job.round_succeeded = 0;
   {
     const double now = clock_.now();

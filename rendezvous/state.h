@@ -30,6 +30,8 @@
 //    and whose host has not even acknowledged the probe (PeerCheck), is lost like a silent one,
 //    without waiting for heartbeat_timeout (docs/rendezvous.md, "Silent nodes"). A stall report
 //    names only its sender: it can cost probes, never a node.
+//  - A drained node (drain(), an operator's request) is dropped with error "drained"; its
+//    round ends like after a node left, and a waiting node takes its place in the next one.
 //  - When every node of the round reported success the job succeeded everywhere.
 //  - A job is dropped when its last node leaves; memory is bounded by the live connections.
 //  - While a job gathers, its waiting nodes that asked for it (NodeSpec::progress) get
@@ -98,6 +100,7 @@ struct Gauges {
   std::map<std::string, std::size_t> jobs_by_state;   // every state name, 0 when none
   std::map<std::string, std::size_t> nodes_by_state;  // every node state name
   std::map<std::string, double> oldest_heartbeat_age;  // per live job: the silence of its most silent node (s)
+  std::map<std::string, std::size_t> spares;  // per live job: nodes waiting beside its running round
   std::size_t finished_jobs_kept = 0;
 };
 
@@ -135,6 +138,14 @@ std::string seconds_text(double s);
 // as numbers ("node7" before "node66"), the rest byte by byte; equal names by length.
 bool natural_less(std::string_view a, std::string_view b);
 
+// What drain() did: `code` is empty when the node was drained, else why not (unknown_job,
+// unknown_node, drain_refused) with `message`; `node` describes the drained node.
+struct DrainResult {
+  std::string code;
+  std::string message;
+  std::string node;
+};
+
 class StateMachine {
  public:
   // REQUIRES: clock and out outlive the state machine.
@@ -168,6 +179,11 @@ class StateMachine {
   void leave(ConnId conn);
   // The connection closed. A node in a running round is lost; a finished node just goes.
   void disconnected(ConnId conn, const std::string& why);
+  // An operator takes `node` (its host or its group rank, as status shows it) out of job `job_id`
+  // (docs/maintenance.md): it is dropped with error "drained", and a running round ends
+  // (restart, not counted) so that the next one takes a waiting node in its place. Refused when
+  // it would leave fewer than MIN nodes, unless `force` (state_drain.cpp).
+  DrainResult drain(const std::string& job_id, const std::string& node, bool force);
   // Checks every deadline against the clock. The server calls it every few milliseconds.
   void tick();
   // The server did not run for `seconds` (stopped, starved, a paused VM): the heartbeats nodes
@@ -235,6 +251,7 @@ class StateMachine {
     std::optional<double> min_reached_at;
     std::size_t round_size = 0;
     std::size_t round_succeeded = 0;
+    std::size_t last_round_size = 0;  // nodes of the last round that ran (spares fill up to it)
     // Every failure reported for the current round (the first one acts; a failing job collects
     // the rest until its nodes have stopped). Cleared when a round completes.
     std::vector<WorkerFailure> round_failures;
@@ -305,6 +322,9 @@ class StateMachine {
   void admit_newcomers(Job& job, const std::string& reason);
   std::optional<std::string> policy_mismatch(const Job& job, const NodeSpec& spec) const;
   void maybe_complete(Job& job);
+  // The waiting nodes a round can have now: every waiting node that is not a --spare, and spares
+  // up to the size of the last round (they only take the place of nodes it lost).
+  std::size_t eligible(const Job& job) const;
   void tell_waiting(Job& job);
   // complete_round()'s steps: the waiting nodes that make the round (--node_rank first, then
   // survivors, then by arrival; at most MAX); the same in group-rank order (--node_rank as asked,

@@ -115,6 +115,7 @@ bool StateMachine::load(const JobRecord& r) {
       // resume, and a resume with another secret than its rank's is refused.
       job.state = JobState::Restoring;
       job.round_size = static_cast<std::size_t>(r.group_world_size);
+      job.last_round_size = job.round_size;
       job.round_members = r.members;
       job.round_world_size = r.world_size;
       job.round_master_addr = r.master_addr;

@@ -72,6 +72,7 @@ void StateMachine::restore_job(ConnId conn, const ResumeRequest& r) {
   job.generation = r.assignment.generation;
   job.restarts_used = r.assignment.restart_count;
   job.round_size = static_cast<std::size_t>(r.assignment.group_world_size);
+  job.last_round_size = job.round_size;
   job.restore_round = r.assignment;
   job.rebuilt_at = now;
   job.restore_deadline = now + job.timeouts.heartbeat_timeout;
@@ -119,6 +120,7 @@ void StateMachine::resume_restoring(Job& job, ConnId conn, const ResumeRequest& 
     }
     job.generation = a.generation;
     job.round_size = static_cast<std::size_t>(a.group_world_size);
+    job.last_round_size = job.round_size;
     job.round_members.clear();  // described again once restored
     job.restore_round = a;
     job.restore_conflict = false;

@@ -136,6 +136,7 @@ nlohmann::json StateMachine::job_status(const Job& job, double now) const {
                        {"addr", node.spec.addr},
                        {"workers", node.spec.local_world_size},
                        {"state", state_name(node.state)},
+                       {"spare", node.state == NodeState::Waiting && (job.state == JobState::Running || node.spec.spare)},
                        {"last_heartbeat_age", now - node.last_seen}});
       if (node.progress) {
         nlohmann::json& row = nodes.back();
@@ -223,6 +224,11 @@ Gauges StateMachine::gauges() const {
     double oldest = 0;
     for (const auto& [conn, node] : job.nodes) oldest = std::max(oldest, now - node.last_seen);
     g.oldest_heartbeat_age[id] = oldest;
+    std::size_t spares = 0;
+    for (const auto& [conn, node] : job.nodes) {
+      spares += node.state == NodeState::Waiting && (job.state == JobState::Running || node.spec.spare);
+    }
+    g.spares[id] = spares;
   }
   for (const auto& f : finished_) {
     if (f.forgotten_at > now) ++g.finished_jobs_kept;

@@ -32,8 +32,8 @@ namespace {
 class StatusQuery {
  public:
   StatusQuery(const Endpoint& endpoint, const std::string& token, double timeout_s, const std::string& job_id,
-              const std::shared_ptr<TlsContext>& tls)
-      : endpoint_(endpoint), token_(token), timeout_s_(timeout_s), job_id_(job_id), tls_(tls),
+              const std::shared_ptr<TlsContext>& tls, const Drain* drain = nullptr)
+      : endpoint_(endpoint), token_(token), timeout_s_(timeout_s), job_id_(job_id), tls_(tls), drain_(drain),
         where_("rendezvous " + endpoint.text()) {}
 
   StatusResult run() {
@@ -60,7 +60,8 @@ class StatusQuery {
       result_.error = !connected_    ? "connect to " + where_ + ": no answer within " + secs
                       : !identified_ ? where_ + " accepted the connection but sent no ddp-rendezvous challenge within " +
                                            secs + ": is another service listening there?"
-                                     : where_ + ": no status reply within " + secs;
+                                     : where_ + ": no " + (drain_ ? "answer to the drain" : "status reply") +
+                                           " within " + secs;
     }
     resolver_.cancel();
     close_connection();
@@ -112,9 +113,16 @@ class StatusQuery {
         h.job_id = job_id_;
         h.client_nonce = random_hex();
         if (!token_.empty()) {
-          h.proof = auth_proof(token_, "status", std::get<Challenge>(m.body).nonce, h.client_nonce, job_id_);
+          h.proof = auth_proof(token_, drain_ ? "drain" : "status", std::get<Challenge>(m.body).nonce, h.client_nonce,
+                               job_id_);
         }
-        request_ = encode(make_status_request(h));
+        if (drain_) {
+          Drain d = *drain_;
+          d.hello = h;
+          request_ = encode(make_drain(d));
+        } else {
+          request_ = encode(make_status_request(h));
+        }
         stream_->async_write(asio::buffer(*request_), [this](const boost::system::error_code& ec, std::size_t) {
           if (ec) finish("send to " + where_ + ": " + ec.message());
         });
@@ -122,7 +130,21 @@ class StatusQuery {
       }
       case MessageType::error: {
         const auto& e = std::get<ErrorMessage>(m.body);
+        result_.code = e.code;
         finish(where_ + " refused: " + e.message + " [" + e.code + "]");
+        return false;
+      }
+      case MessageType::drained: {
+        const auto& d = std::get<Drained>(m.body);
+        result_.status = {{"job_id", d.job_id}, {"node", d.node}, {"message", d.message}};
+        finish("");
+        return false;
+      }
+      case MessageType::not_leader: {
+        // A follower replica (docs/etcd.md): the caller asks the leader instead.
+        result_.leader = std::get<NotLeader>(m.body).leader;
+        finish(result_.leader.empty() ? where_ + " is a follower replica and no replica leads at the moment; try again"
+                                      : "");
         return false;
       }
       case MessageType::status_reply:
@@ -155,6 +177,7 @@ class StatusQuery {
   const double timeout_s_;
   const std::string& job_id_;
   const std::shared_ptr<TlsContext>& tls_;
+  const Drain* drain_;  // null: a status query
   const std::string where_;
   StatusResult result_;
   asio::io_context io_{1};
@@ -183,6 +206,29 @@ StatusResult query_status(const Endpoint& endpoint, const std::string& token, do
     return result;
   }
   return StatusQuery(endpoint, token, timeout_s, job_id, tls).run();
+}
+
+StatusResult drain_node(const Endpoint& endpoint, const std::string& token, double timeout_s, const Drain& drain,
+                        const std::shared_ptr<TlsContext>& tls) {
+  Endpoint at = endpoint;
+  StatusResult result;
+  // A follower names its leader; a leader changing meanwhile may take one more hop.
+  for (int hop = 0; hop < 3; ++hop) {
+    if (std::string error = connect_error(at); !error.empty()) {
+      result.error = "rendezvous endpoint " + error;
+      return result;
+    }
+    result = StatusQuery(at, token, timeout_s, drain.job, tls, &drain).run();
+    if (result.leader.empty() || !result.error.empty()) return result;
+    Expected<Endpoint> leader = parse_endpoint(result.leader);
+    if (!leader) {
+      result.error = "rendezvous " + at.text() + " named its leader " + result.leader + ": " + leader.error();
+      return result;
+    }
+    at = *leader;
+  }
+  result.error = "rendezvous " + endpoint.text() + ": the leader kept moving (3 redirects); try again";
+  return result;
 }
 
 namespace {
@@ -225,6 +271,13 @@ std::string text_of(const nlohmann::json& j, const char* key, const char* missin
   if (it == j.end() || it->is_null()) return missing;
   if (it->is_string()) return it->get<std::string>();
   return it->dump();
+}
+
+// A node's state as the tables show it: a node waiting beside a running round is a spare.
+std::string node_state(const nlohmann::json& n) {
+  auto spare = n.find("spare");
+  if (spare != n.end() && spare->is_boolean() && spare->get<bool>()) return "spare";
+  return text_of(n, "state");
 }
 
 // An interval as the workers' cadence line writes it (python/ddplaunch/cadence.py).
@@ -296,7 +349,7 @@ std::string format_watch(const nlohmann::json& status, const std::string& header
       const std::string checkpoint = text_of(n, "last_checkpoint");
       std::snprintf(line, sizeof line, "    %-5s %-24s %-10s %-11s %-10s %s\n",
                     rank >= 0 ? std::to_string(rank).c_str() : "-", text_of(n, "host").c_str(),
-                    text_of(n, "state").c_str(), age, step.c_str(), checkpoint.c_str());
+                    node_state(n).c_str(), age, step.c_str(), checkpoint.c_str());
       os << line;
     }
   }
@@ -408,7 +461,7 @@ std::string format_status(const nlohmann::json& status) {
       }
       std::snprintf(line, sizeof line, "  %-10s %-24s %-40s %-7d %-10s %-14s %-10s %s\n", r.c_str(),
                     n.at("host").get<std::string>().c_str(), n.at("addr").get<std::string>().c_str(),
-                    n.at("workers").get<int>(), n.at("state").get<std::string>().c_str(), age,
+                    n.at("workers").get<int>(), node_state(n).c_str(), age,
                     text_of(n, "last_step").c_str(), text_of(n, "last_checkpoint").c_str());
       os << line;
     }

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "rendezvous/endpoint.h"
+#include "rendezvous/protocol.h"
 #include "rendezvous/stream.h"
 
 namespace ddp::rdzv {
@@ -14,6 +15,8 @@ namespace ddp::rdzv {
 struct StatusResult {
   nlohmann::json status;   // {"jobs": [...]} as documented in docs/protocol.md
   std::string error;       // empty on success
+  std::string code;        // the server's error code when it refused (bad_token, unknown_job, ...)
+  std::string leader;      // a follower replica named this leader (drain_node follows it)
 };
 
 // Connects to `endpoint`, answers the server's challenge with a status request (proving `token`
@@ -23,6 +26,13 @@ struct StatusResult {
 // An endpoint that cannot be connected to (rdzv::connect_error) is an error of the result.
 StatusResult query_status(const Endpoint& endpoint, const std::string& token, double timeout_s,
                           const std::string& job_id = "", const std::shared_ptr<TlsContext>& tls = nullptr);
+
+// `ddp-rendezvous drain`: asks the server to drain drain.node from job drain.job (the hello part
+// is filled in here; the secret is proven for drain.job). A follower replica's not_leader is
+// followed to the leader. On success `status` is {"job_id", "node", "message"}; a refusal is
+// an error with the server's `code`.
+StatusResult drain_node(const Endpoint& endpoint, const std::string& token, double timeout_s, const Drain& drain,
+                        const std::shared_ptr<TlsContext>& tls = nullptr);
 
 // One block per job: generation, state, restarts, then a table of nodes by group rank. A finished
 // job still kept by the daemon says so, with its end time (now - ended_seconds_ago, UTC).

@@ -44,6 +44,7 @@ void to_json(nlohmann::json& j, const NodeSpec& v) {
        {"fingerprint", v.fingerprint},
        {"timeouts", v.timeouts}};
   if (v.progress) j["progress"] = true;  // absent otherwise: the join of an older agent
+  if (v.spare) j["spare"] = true;
 }
 
 void from_json(const nlohmann::json& j, NodeSpec& v) {
@@ -60,6 +61,7 @@ void from_json(const nlohmann::json& j, NodeSpec& v) {
   read_opt(j, "fingerprint", v.fingerprint);
   read_opt(j, "timeouts", v.timeouts);
   read_opt(j, "progress", v.progress);
+  read_opt(j, "spare", v.spare);
 }
 
 void to_json(nlohmann::json& j, const Assignment& v) {

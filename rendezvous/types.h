@@ -40,6 +40,9 @@ struct NodeSpec {
   // This agent understands `waiting` (the counts of a gathering job); the server sends
   // it to such nodes only, so agents that predate it never see it. Default false.
   bool progress = false;
+  // --spare: this node only takes the place of one the job lost, failed or drained; it never
+  // counts toward MAX or MIN for a round and never ends a running one (docs/maintenance.md).
+  bool spare = false;
 };
 
 // A completed round, as told to one node.

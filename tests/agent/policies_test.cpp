@@ -847,10 +847,35 @@ TEST_SUITE("stall watch") {
     double now = 0;
     std::uint64_t beats = 0;
     step_for(w, now, beats, 0.5);
-    w.reset();
+    w.reset(now);
     CHECK_FALSE(w.observe(0, 0, now + 10));  // loading the next round: silence is not a stall
     CHECK_FALSE(w.observe(5, 2, now + 11));
     CHECK_FALSE(w.observe(5, 0, now + 20));  // every worker finished (none steps any more)
     CHECK(w.observe(5, 2, now + 20));
+  }
+
+  TEST_CASE("a watch with nothing to watch says so once, kBlindAfter into a round; never once a step was seen") {
+    StallWatch w;
+    w.reset(100);
+    CHECK_FALSE(w.observe(0, 0, 110));
+    CHECK_FALSE(w.blind(100 + StallWatch::kBlindAfter - 0.1, true));
+    auto line = w.blind(100 + StallWatch::kBlindAfter, true);
+    REQUIRE(line);
+    CHECK(line->find("heartbeat_timeout") != std::string::npos);
+    CHECK(line->find("optimizer.step()") != std::string::npos);
+    w.reset(200);
+    CHECK_FALSE(w.blind(300, true));  // said once per agent, not per round
+    StallWatch sdk;
+    sdk.reset(0);
+    auto sdk_line = sdk.blind(StallWatch::kBlindAfter, false);
+    REQUIRE(sdk_line);
+    CHECK(sdk_line->find("worker SDK") != std::string::npos);
+    StallWatch stepping;
+    stepping.reset(0);
+    double now = 0;
+    std::uint64_t beats = 0;
+    step_for(stepping, now, beats, 0.5);
+    stepping.reset(now);  // a later round that has not stepped yet
+    CHECK_FALSE(stepping.blind(now + 100, true));
   }
 }

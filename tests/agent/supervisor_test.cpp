@@ -335,6 +335,30 @@ TEST_SUITE("the supervisor runs the agent's lifecycle as events in and effects o
           }});
   }
 
+  TEST_CASE("a drained node stops its workers (abandoning the round with in-memory restart) and exits 0") {
+    const std::vector<Step> stop_then_exit = {
+        {11, event::Exited{101, 0, SIGTERM}, {"record worker_exited stopped"}, S::kStopping},
+        {11,
+         event::Exited{102, 0, SIGTERM},
+         {"record worker_exited stopped", "cancel kill", "cancel give_up", "cancel park", "settled", "signal 101 9",
+          "signal 102 9", "kill leftovers", "drain 101,102", "say drained: the workers have stopped",
+          "record job_end drained", "drain 101,102", "exit 0"},
+         S::kDone},
+        // What the rendezvous may still say is not acted on: this node is out of the job.
+        {12, restart(false), {}, S::kDone},
+    };
+    std::vector<Step> plain = {{10,
+                                event::Drained{"ddp-rendezvous drain took this node out of job j"},
+                                {"say ddp-rendezvous drain took this node out of job j; stopping the workers",
+                                 "record drained drain", "signal 101 15", "signal 102 15", "arm kill 40"},
+                                S::kStopping}};
+    plain.insert(plain.end(), stop_then_exit.begin(), stop_then_exit.end());
+    play({"drained", two_workers(), then(running_two(), plain)});
+    std::vector<Step> in_memory = plain;
+    in_memory[0].effects.insert(in_memory[0].effects.begin() + 2, "abandon round");
+    play({"drained, in-memory restart", two_workers(/*in_memory=*/true), then(running_two(), in_memory)});
+  }
+
   TEST_CASE("a round whose workers cannot start stops those that did and exits 2") {
     play({"start failed", two_workers(),
           {

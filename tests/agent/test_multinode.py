@@ -299,8 +299,8 @@ class LateNode(MultiNodeTestCase):
         gen, rs = self.wait_round(2)
         standby = self.start_node("n2", "1:2", nproc=1, worker_args=worker)
         self.nodes.append(standby)
-        wait_for(lambda: "standby" in self.daemon.output() or standby.poll() is not None, 30,
-                 "the third node to be a standby")
+        wait_for(lambda: "is a spare: the round runs at MAX nodes" in self.daemon.output()
+                 or standby.poll() is not None, 30, "the third node to be a spare")
         self.assertIsNone(standby.poll(), standby.describe())
         self.assertFalse([r for r in self.recs("start") if r["env"]["MN_NODE"] == "n2"],
                          "a standby starts no workers while the job runs at MAX")

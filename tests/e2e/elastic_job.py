@@ -146,9 +146,13 @@ class ElasticJob:
     """A job of `ddplaunch --nnodes=2:3 --nproc_per_node=2` agents on the cluster's nodes."""
 
     def __init__(self, test, cluster, program_args, python=False, job_id="e2e", nproc=2,
-                 nnodes="2:3", max_restarts=3, epochs=None, ddplaunch_flags=None, rdzv_conf=RDZV_CONF):
+                 nnodes="2:3", max_restarts=3, epochs=None, ddplaunch_flags=None, rdzv_conf=RDZV_CONF,
+                 token_file=None):
         self.test = test
         self.rdzv_conf = rdzv_conf
+        # The rendezvous secret (docs/security.md): the daemon's --token_file, `status`'s, and
+        # token_file= in every agent's --rdzv_conf. None: no secret.
+        self.token_file = token_file
         # Extra ddplaunch flags for every node (e.g. --standby=on); None: from the environment's
         # DDPLAUNCH_E2E_FLAGS (space-separated), which ctest sets for the variants of a test.
         if ddplaunch_flags is None:
@@ -176,9 +180,10 @@ class ElasticJob:
     # ---- starting -------------------------------------------------------------------------
 
     def start_rendezvous(self):
+        secret = ["--token_file", self.token_file] if self.token_file else []
         self.rendezvous = self.cluster.spawn("head", [RENDEZVOUS, "--host", self.head_addr,
-                                                      "--port", RDZV_PORT], name="ddp-rendezvous")
-        status = [RENDEZVOUS, "status", "--endpoint", self.endpoint]
+                                                      "--port", RDZV_PORT] + secret, name="ddp-rendezvous")
+        status = [RENDEZVOUS, "status", "--endpoint", self.endpoint] + secret
         deadline = time.monotonic() + 30
         while self.cluster.run("head", status, timeout=10).returncode != 0:
             if self.rendezvous.poll() is not None:
@@ -192,7 +197,8 @@ class ElasticJob:
         cmd = [DDPLAUNCH, "--nnodes=" + self.nnodes, "--nproc_per_node=%d" % self.nproc,
                "--max_restarts=%d" % self.max_restarts, "--rdzv_backend=c10d",
                "--rdzv_endpoint=" + self.endpoint, "--rdzv_id=" + self.job_id,
-               "--rdzv_conf", self.rdzv_conf, "--shutdown_timeout=5",
+               "--rdzv_conf", self.rdzv_conf + (",token_file=" + self.token_file if self.token_file else ""),
+               "--shutdown_timeout=5",
                "--local_addr", self.cluster.addr(node)] + self.ddplaunch_flags
         if self.python:
             return cmd + ["--python", PYTHON, ELASTIC_DDP, "--checkpoint-dir", self.checkpoint_dir] + \

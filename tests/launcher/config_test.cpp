@@ -165,6 +165,7 @@ const std::vector<FlagCase>& flag_cases() {
       {"check_env", nullptr, [](const LaunchConfig& c) { CHECK(c.check_env); }},
       // torchrun 2.x's newer flags.
       {"virtual_local_rank", nullptr, [](const LaunchConfig& c) { CHECK(c.virtual_local_rank); }},
+      {"spare", nullptr, [](const LaunchConfig& c) { CHECK(c.spare); }},
       {"numa_binding", "exclusive", [](const LaunchConfig& c) {
          CHECK(c.numa_binding == ddp::agent::NumaMode::kExclusive); }},
       {"duplicate_stdout_filters", "loss,,acc,epoch", [](const LaunchConfig& c) {
@@ -192,6 +193,7 @@ std::vector<std::string> context_args(const std::string& name) {
   if (name == "node_rank") return {"--nnodes=2"};
   if (name == "nnodes") return {"--rdzv_backend=c10d", "--rdzv_endpoint=head"};
   if (name == "rdzv_endpoint") return {"--rdzv_backend=c10d"};  // static: it is the master
+  if (name == "spare") return {"--rdzv_backend=c10d", "--rdzv_endpoint=head"};
   return {};
 }
 
@@ -735,6 +737,15 @@ TEST_SUITE("torchrun 2.x command lines are accepted") {
     CHECK_FALSE(parse({"t.py"}).config.standalone);
     env.set("PET_STANDALONE", "1");
     CHECK(parse({"t.py"}).config.standalone);
+  }
+
+  TEST_CASE("--spare needs a rendezvous daemon and no --node_rank") {
+    CHECK(parse({"--spare", "--nnodes=2", "--rdzv_backend=c10d", "--rdzv_endpoint=head", "t.py"}).config.spare);
+    CHECK(contains(refusal({"--spare", "t.py"}).what(), "--spare needs a rendezvous daemon"));
+    CHECK(contains(refusal({"--spare", "--standalone", "t.py"}).what(), "--spare needs a rendezvous daemon"));
+    CHECK(contains(refusal({"--spare", "--node_rank=1", "--nnodes=2", "--rdzv_backend=c10d", "--rdzv_endpoint=head",
+                            "t.py"}).what(),
+                   "a spare takes the group rank of the node it replaces"));
   }
 
   TEST_CASE("--virtual_local_rank needs a device per local rank in CUDA_VISIBLE_DEVICES") {

@@ -323,6 +323,56 @@ TEST_CASE("stall carries how long the workers were silent; probe carries nothing
   }
 }
 
+TEST_CASE("drain carries its proof, the job, the node and force; drained answers it; both are checked") {
+  Drain d;
+  d.hello.job_id = "job";
+  d.hello.client_nonce = "ab";
+  d.hello.proof = "cd";
+  d.job = "job";
+  d.node = "node7";
+  d.force = true;
+  auto r = decode(payload_of(encode(make_drain(d))));
+  REQUIRE_FALSE(r.error);
+  CHECK(r.message->type == MessageType::drain);
+  CHECK(is_client_message(MessageType::drain));
+  const Drain& got = std::get<Drain>(r.message->body);
+  CHECK(got.hello.protocol_version == kProtocolVersion);
+  CHECK(got.hello.client_nonce == "ab");
+  CHECK(got.hello.proof == "cd");
+  CHECK(got.job == "job");
+  CHECK(got.node == "node7");
+  CHECK(got.force);
+  CHECK_FALSE(check_first_message(*r.message));
+  CHECK(&first_hello(*r.message) == &got.hello);
+  auto reply = decode(payload_of(encode(make_drained(Drained{"job", "node7 [group rank 1]", "drained it"}))));
+  REQUIRE_FALSE(reply.error);
+  CHECK(reply.message->type == MessageType::drained);
+  CHECK_FALSE(is_client_message(MessageType::drained));
+  CHECK(std::get<Drained>(reply.message->body).node == "node7 [group rank 1]");
+  const json good = to_json(make_drain(d));
+  auto with = [&](const char* key, json value) {
+    json j = good;
+    if (value.is_null()) {
+      j.erase(key);
+    } else {
+      j[key] = std::move(value);
+    }
+    return j;
+  };
+  for (json bad : {with("job", nullptr), with("node", nullptr), with("job", ""), with("node", ""),
+                   with("job", 7), with("node", json::array({"a"})), with("force", "yes"),
+                   with("job", std::string(kMaxIdBytes + 1, 'j')), with("node", std::string(kMaxHostBytes + 1, 'n')),
+                   with("protocol_version", nullptr), with("proof", std::string(kMaxNonceBytes + 1, 'a'))}) {
+    CAPTURE(bad.dump());
+    auto e = decode_json(bad);
+    REQUIRE(e.error);
+    CHECK(e.error->code == "bad_message");
+  }
+  Drain old = d;
+  old.hello.protocol_version = 1;
+  CHECK(check_first_message(make_drain(old))->code == "version_mismatch");
+}
+
 TEST_CASE("probe_timeout travels with the timeouts and is range-checked like them") {
   NodeSpec s;
   s.job_id = "j";

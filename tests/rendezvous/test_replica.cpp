@@ -8,6 +8,7 @@
 
 #include "rendezvous/job_record.h"
 #include "rendezvous/server.h"
+#include "rendezvous/status.h"
 #include "tests/rendezvous/loopback.h"
 #include "tests/rendezvous/raw_conn.h"
 
@@ -103,6 +104,34 @@ TEST_CASE("status on a replica says whether it leads and who does") {
   REQUIRE(reply);
   CHECK((*reply)["status"]["replica"]["leading"] == false);
   CHECK((*reply)["status"]["replica"]["leader"] == "head-2:29400");
+}
+
+TEST_CASE("a drain sent to a follower is passed on to the leader it names, and drains there") {
+  asio::io_context io;
+  Server leader(io, kLoopback, ServerOptions{});
+  ServerOptions fo;
+  fo.replicated = true;
+  Server follower(io, kLoopback, fo);
+  follower.set_leadership(false, "127.0.0.1:" + std::to_string(leader.port()));
+  auto work = asio::make_work_guard(io);
+  std::thread t([&] { io.run(); });
+  RawConn agent(leader.port());
+  agent.say_hello("job");
+  REQUIRE(agent.recv_type("welcome"));
+  agent.send(make_join(node_spec("job", "h", 1, 1)));
+  REQUIRE(agent.recv_type("round"));
+  Drain d;
+  d.job = "job";
+  d.node = "0";
+  d.force = true;
+  const StatusResult result = drain_node(Endpoint{"127.0.0.1", follower.port()}, "", 5, d);
+  auto dropped = agent.recv_type("error");
+  asio::post(io, [&] { io.stop(); });
+  t.join();
+  CHECK(result.error == "");
+  CHECK(result.status.value("job_id", "") == "job");
+  REQUIRE(dropped);
+  CHECK((*dropped)["code"] == "drained");
 }
 
 TEST_CASE("a client that sends not_leader, or a forged one, is refused; the server goes on") {

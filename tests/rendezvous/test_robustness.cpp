@@ -209,6 +209,92 @@ TEST_CASE("stall reports: malformed ones are refused; one from a non-member or a
   healthy.check_server_still_serves(st.port());
 }
 
+namespace {
+
+// What the server answers an operator's drain sent on a fresh connection (hello.job_id = the
+// job whose secret is proven): "drained", or the error's code.
+std::string drain_answer(unsigned short port, const std::string& secret_job, const std::string& secret,
+                         const std::string& job, const std::string& node, bool force = false) {
+  RawConn c(port);
+  REQUIRE(c.connected());
+  Drain d;
+  d.hello.job_id = secret_job;
+  d.hello.client_nonce = random_hex(16);
+  auto challenge = c.recv_type("challenge");
+  REQUIRE(challenge);
+  if (!secret.empty()) {
+    d.hello.proof = auth_proof(secret, "drain", (*challenge)["nonce"].get<std::string>(), d.hello.client_nonce,
+                               secret_job);
+  }
+  d.job = job;
+  d.node = node;
+  d.force = force;
+  c.send(make_drain(d));
+  auto answer = c.recv();
+  CHECK(c.wait_closed());
+  if (!answer) return "no answer";
+  if ((*answer)["type"] == "drained") return "drained";
+  return (*answer).value("code", std::string("?"));
+}
+
+}  // namespace
+
+TEST_CASE("drain: no secret, a wrong one, another job's own, or an unknown job or node is refused, and the job runs on") {
+  ServerOptions o;
+  o.secrets.set_cluster("s3cret");
+  o.secrets.set_job("side-job", "side");
+  ServerThread st(o);
+  Healthy healthy(st.port(), "s3cret");
+  CHECK(drain_answer(st.port(), "healthy-job", "", "healthy-job", "0", true) == "bad_token");
+  CHECK(drain_answer(st.port(), "healthy-job", "guess", "healthy-job", "0", true) == "bad_token");
+  CHECK(drain_answer(st.port(), "side-job", "side", "healthy-job", "0", true) == "bad_token");
+  CHECK(drain_answer(st.port(), "nojob", "s3cret", "nojob", "0", true) == "unknown_job");
+  CHECK(drain_answer(st.port(), "healthy-job", "s3cret", "healthy-job", "3", true) == "unknown_node");
+  CHECK(drain_answer(st.port(), "healthy-job", "s3cret", "healthy-job", "0") == "drain_refused");  // MIN is 1
+  // Malformed drains, and a drain inside an agent's connection.
+  for (const nlohmann::json& bad : {nlohmann::json{{"type", "drain"}, {"protocol_version", kProtocolVersion}},
+                                    nlohmann::json{{"type", "drain"}, {"protocol_version", kProtocolVersion},
+                                                   {"job", "healthy-job"}, {"node", 0}},
+                                    nlohmann::json{{"type", "drain"}, {"protocol_version", kProtocolVersion},
+                                                   {"job", "healthy-job"}, {"node", "0"}, {"force", 1}}}) {
+    CAPTURE(bad.dump());
+    RawConn c(st.port());
+    REQUIRE(c.recv_type("challenge"));
+    c.send(bad);
+    auto err = c.recv_type("error");
+    REQUIRE(err);
+    CHECK((*err)["code"] == "bad_message");
+  }
+  healthy.conn.send(make_heartbeat());
+  auto next = healthy.conn.recv();
+  REQUIRE(next);
+  CHECK((*next)["type"] == "heartbeat_ack");  // no restart, no drop came first
+  healthy.check_server_still_serves(st.port(), "s3cret");
+}
+
+TEST_CASE("drain with the secret: the node hears it was drained and closes; --force may leave fewer than MIN") {
+  ServerOptions o;
+  o.token = "s3cret";
+  ServerThread st(o);
+  Healthy healthy(st.port(), "s3cret");
+  CHECK(drain_answer(st.port(), "healthy-job", "s3cret", "healthy-job", "healthy", true) == "drained");
+  auto err = healthy.conn.recv_type("error");
+  REQUIRE(err);
+  CHECK((*err)["code"] == "drained");
+  CHECK(healthy.conn.wait_closed());
+  RawConn fresh(st.port());
+  fresh.say_hello("other-job", "s3cret");
+  CHECK(fresh.recv_type("welcome"));
+}
+
+TEST_CASE("a drain inside an agent's connection is refused and drains nothing") {
+  ServerThread st({});
+  Healthy healthy(st.port());
+  CHECK(refusal_after_welcome(st.port(), "healthy-job", to_json(make_drain(Drain{{}, "healthy-job", "0", true}))) ==
+        "bad_message");
+  healthy.check_server_still_serves(st.port());
+}
+
 TEST_CASE("a member's stall reports cannot cost a node that answers its probes its place") {
   ServerThread st({});
   NodeSpec s = node_spec("probe-job", "honest", 2, 2);

@@ -1440,3 +1440,144 @@ TEST_CASE("a round that ends while its probes are out convicts nobody; the rejoi
   f.sm.tick();
   CHECK(f.out.dropped.count(3) == 0);
 }
+
+// ---- drain ---------------------------------------------------------------------------------
+
+namespace {
+
+// Two nodes in a running round at MAX 2, a third waiting beside it as a spare.
+struct DrainFixture {
+  ManualClock clock;
+  EventOutbox out;
+  StateMachine sm{clock, out};
+  explicit DrainFixture(int min_nodes = 2, int max_nodes = 2, bool spare = true) {
+    sm.join(1, spec("node1", min_nodes, max_nodes));
+    sm.join(2, spec("node2", min_nodes, max_nodes));
+    if (max_nodes > 2) {
+      clock.advance(5.1);
+      sm.tick();
+    }
+    REQUIRE(out.of(1, "round").size() == 1);
+    if (spare) sm.join(3, spec("node3", min_nodes, max_nodes));
+    out.clear();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a node beyond MAX is a spare: status, gauges and events say so") {
+  DrainFixture f(2, 2, false);
+  f.sm.join(3, spec("node3", 2, 2));
+  CHECK(f.out.of(1, "restart").empty());  // a spare never ends the round by arriving
+  REQUIRE(f.out.of("node_spare").size() == 1);
+  CHECK(f.out.of("node_spare")[0]->fields["spares"] == 1);
+  const auto nodes = f.sm.status()["jobs"][0]["nodes"];
+  REQUIRE(nodes.size() == 3);
+  CHECK(nodes[0]["spare"] == false);
+  CHECK(nodes[2]["spare"] == true);  // listed last, without a group rank
+  CHECK(nodes[2]["group_rank"] == -1);
+  CHECK(f.sm.gauges().spares.at("job") == 1);
+}
+
+TEST_CASE("a drained node is dropped, the round restarts uncounted, and the spare takes its place") {
+  DrainFixture f;
+  const DrainResult r = f.sm.drain("job", "1", false);  // group rank 1: node2
+  CHECK(r.code.empty());
+  CHECK(r.node.find("node2") != std::string::npos);
+  CHECK(r.message.find("a waiting node in its place") != std::string::npos);
+  REQUIRE(f.out.dropped.count(2) == 1);
+  CHECK(f.out.dropped[2].code == "drained");
+  REQUIRE(f.out.of(1, "restart").size() == 1);
+  CHECK(f.out.of(1, "restart")[0]["counted"] == false);
+  CHECK_FALSE(f.out.of(1, "restart")[0].value("failure", false));  // survivors finish or park their step
+  auto drained = f.out.of("node_drained");
+  REQUIRE(drained.size() == 1);
+  CHECK(drained[0]->cause == "drain");
+  CHECK(drained[0]->fields["spares"] == 1);
+  REQUIRE(f.out.of("restart").size() == 1);
+  CHECK(f.out.of("restart")[0]->cause == "drain");
+  f.sm.join(1, spec("node1", 2, 2));  // the survivor rejoins: with the spare, the round is full
+  const Assignment a1 = f.out.round(1), a3 = f.out.round(3);
+  CHECK(a1.generation == 2);
+  CHECK(a1.group_world_size == 2);
+  CHECK(a1.group_rank == 0);  // the survivor keeps its rank
+  CHECK(a3.group_rank == 1);  // the spare takes the drained one's
+  CHECK(f.sm.status()["jobs"][0]["restarts_used"] == 0);
+}
+
+TEST_CASE("drain names a node by host or address too, refuses an ambiguous host, and drains a spare without a restart") {
+  DrainFixture f;
+  CHECK(f.sm.drain("job", "10.0.0.3", false).code.empty());  // the spare, by its address
+  CHECK(f.out.dropped.count(3) == 1);
+  CHECK(f.out.of(1, "restart").empty());
+  CHECK(f.out.of(2, "restart").empty());
+  DrainFixture g(1, 3, false);  // node1 and node2 run at MIN 1
+  NodeSpec twin = spec("node1", 1, 3);
+  twin.addr = "10.0.0.9";
+  g.sm.join(4, twin);  // a second agent on node1's host joins (and restarts the round below MAX)
+  const DrainResult ambiguous = g.sm.drain("job", "node1", false);
+  CHECK(ambiguous.code == "unknown_node");
+  CHECK(ambiguous.message.find("give the group rank") != std::string::npos);
+  CHECK(g.out.dropped.empty());
+  CHECK(g.sm.drain("job", "node2", false).code.empty());
+  CHECK(g.out.dropped.count(2) == 1);
+}
+
+TEST_CASE("a drain that would leave fewer than MIN nodes is refused unless forced; unknown jobs and nodes are named") {
+  DrainFixture f(2, 2, false);
+  const DrainResult below = f.sm.drain("job", "0", false);
+  CHECK(below.code == "drain_refused");
+  CHECK(below.message.find("minimum of 2") != std::string::npos);
+  CHECK(below.message.find("--force") != std::string::npos);
+  CHECK(f.sm.drain("nojob", "0", false).code == "unknown_job");
+  CHECK(f.sm.drain("job", "7", false).code == "unknown_node");
+  CHECK(f.sm.drain("job", "nosuchhost", false).code == "unknown_node");
+  CHECK(f.out.dropped.empty());  // the job is untouched by every refusal
+  CHECK(f.out.of(1, "restart").empty());
+  CHECK(f.out.of(2, "restart").empty());
+  CHECK(f.sm.status()["jobs"][0]["generation"] == 1);
+  const DrainResult forced = f.sm.drain("job", "0", true);
+  CHECK(forced.code.empty());
+  CHECK(forced.message.find("waits join_timeout for 1 more node") != std::string::npos);
+  CHECK(f.out.dropped.count(1) == 1);
+  REQUIRE(f.out.of(2, "restart").size() == 1);
+  f.sm.join(2, spec("node2", 2, 2));  // alone below MIN: it waits (join_timeout) for a node
+  CHECK(f.out.of(2, "round").empty());
+}
+
+TEST_CASE("a --spare node never counts toward MIN or MAX, never ends a round, and fills in for a lost node only") {
+  Fixture f;
+  auto spare = [](const std::string& host, int min_nodes, int max_nodes) {
+    NodeSpec s = spec(host, min_nodes, max_nodes);
+    s.spare = true;
+    return s;
+  };
+  f.sm.join(1, spec("node1", 2, 3));
+  f.sm.join(7, spare("node7", 2, 3));  // two waiting, MIN 2: a spare does not make MIN
+  f.sm.join(8, spare("node8", 2, 3));
+  f.clock.advance(10);
+  f.sm.tick();
+  CHECK(f.out.of(1, "round").empty());
+  CHECK(f.sm.status()["jobs"][0]["nodes"][1]["spare"] == true);
+  f.sm.join(2, spec("node2", 2, 3));
+  f.clock.advance(5.1);  // last_call_timeout: the round forms with the two regular nodes
+  f.sm.tick();
+  REQUIRE(f.out.of(1, "round").size() == 1);
+  CHECK(f.out.round(1).group_world_size == 2);
+  CHECK(f.out.of(7, "round").empty());
+  CHECK(f.out.of(8, "round").empty());
+  CHECK(f.sm.gauges().spares.at("job") == 2);
+  f.out.clear();
+  f.sm.join(9, spare("node9", 2, 3));  // below MAX, but a spare: the round goes on
+  CHECK(f.out.of(1, "restart").empty());
+  f.sm.disconnected(2, "connection closed");  // node2 is lost: one spare takes its place
+  REQUIRE(f.out.of(1, "restart").size() == 1);
+  f.sm.join(1, spec("node1", 2, 3));
+  const Assignment a = f.out.round(1);
+  CHECK(a.generation == 2);
+  CHECK(a.group_world_size == 2);  // the size of the last round, not MAX
+  CHECK(f.out.round(7).group_rank == 1);  // the first spare to arrive
+  CHECK(f.out.of(8, "round").empty());
+  CHECK(f.out.of(9, "round").empty());
+  CHECK(f.sm.gauges().spares.at("job") == 2);
+}
