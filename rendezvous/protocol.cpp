@@ -607,6 +607,14 @@ Decoded decode(std::string_view payload) {
 
 namespace {
 
+// The proof of a hello, a status or a drain request; only a hello must name its job.
+void add_hello_fields(const Hello& h, bool job_id_always, json& j) {
+  j["protocol_version"] = h.protocol_version;
+  if (!h.job_id.empty() || job_id_always) j["job_id"] = h.job_id;
+  j["client_nonce"] = h.client_nonce;
+  j["proof"] = h.proof;
+}
+
 // The fields of the messages of a connection itself (the handshake, errors), stall reports and
 // the operator's drain; none for the others.
 void add_connection_fields(const Message& m, json& j) {
@@ -618,14 +626,9 @@ void add_connection_fields(const Message& m, json& j) {
       break;
     }
     case MessageType::hello:
-    case MessageType::status: {
-      const auto& h = std::get<Hello>(m.body);
-      j["protocol_version"] = h.protocol_version;
-      if (!h.job_id.empty() || m.type == MessageType::hello) j["job_id"] = h.job_id;
-      j["client_nonce"] = h.client_nonce;
-      j["proof"] = h.proof;
+    case MessageType::status:
+      add_hello_fields(std::get<Hello>(m.body), m.type == MessageType::hello, j);
       break;
-    }
     case MessageType::challenge: {
       const auto& c = std::get<Challenge>(m.body);
       j["protocol_version"] = c.protocol_version;
@@ -650,10 +653,7 @@ void add_connection_fields(const Message& m, json& j) {
       break;
     case MessageType::drain: {
       const auto& d = std::get<Drain>(m.body);
-      j["protocol_version"] = d.hello.protocol_version;
-      if (!d.hello.job_id.empty()) j["job_id"] = d.hello.job_id;
-      j["client_nonce"] = d.hello.client_nonce;
-      j["proof"] = d.hello.proof;
+      add_hello_fields(d.hello, false, j);
       j["job"] = d.job;
       j["node"] = d.node;
       j["force"] = d.force;

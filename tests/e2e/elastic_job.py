@@ -90,6 +90,50 @@ class TimedTrainTest:
     def tearDown(self):
         print("%s: %.1f s" % (self.id().rsplit(".", 1)[-1], time.monotonic() - self.started), file=sys.stderr)
 
+    def server_lines(self, job):
+        """The rendezvous daemon's output so far, line by line."""
+        return (job.rendezvous.stdout() + job.rendezvous.stderr()).splitlines()
+
+    def assert_round_goes_on(self, job, before, steps, agents=(), banned=()):
+        """Round `before` makes `steps` more steps than it had (within 60 s) and no round forms
+        after it, while the ddplaunch of every node in `agents` keeps running and the daemon logs
+        no line that contains one of `banned`."""
+        target = len(before.steps) + steps
+        deadline = time.monotonic() + 60
+        while True:
+            for node in agents:
+                self.assertIsNone(job.agent(node).poll(), "ddplaunch on node%d exited\n%s" % (node, job.describe()))
+            self.assertEqual([line for line in self.server_lines(job) if any(b in line for b in banned)], [],
+                             job.describe())
+            rounds = job.rounds()
+            self.assertEqual([r for r in rounds if r.generation > before.generation], [],
+                             "a new round formed\n" + job.describe())
+            current = next(r for r in rounds if r.generation == before.generation)
+            if len(current.steps) >= target:
+                return
+            if time.monotonic() > deadline:
+                self.fail("round %d made %d steps, not %d, within 60 s\n%s"
+                          % (before.generation, len(current.steps), target, job.describe()))
+            time.sleep(0.2)
+
+    def assert_trained_well(self, job, samples, epochs, accuracy):
+        """Exactly one round, the last, completed training at `accuracy` or better; every sample
+        of every epoch was used exactly once; each round's records agree on its world size.
+        Returns that round."""
+        rounds = job.rounds()
+        print("rounds: " + "\n        ".join(map(repr, rounds)), file=sys.stderr)
+        final = [r for r in rounds if r.completed]
+        self.assertEqual(len(final), 1, "expected exactly one round to complete training\n" + job.describe())
+        self.assertIs(final[0], [r for r in rounds if r.world is not None][-1],
+                      "the round that completed is not the last one\n" + job.describe())
+        self.assertIsNotNone(final[0].accuracy, job.describe())
+        self.assertGreaterEqual(final[0].accuracy, accuracy, job.describe())
+        self.assertEqual(sample_accounting(rounds, samples, epochs), [], "sample accounting failed\n" + job.describe())
+        for r in rounds:
+            if r.records:
+                self.assertEqual(r.record_worlds, {r.world}, "round %r: records disagree on the world size" % r)
+        return final[0]
+
 ELASTIC_DDP = os.path.join(SOURCE_DIR, "scripts", "elastic_ddp.py")
 PYTHON = sys.executable  # the Python ctest runs the tests on (DDPLAUNCH_PYTHON)
 RDZV_PORT = 29400  # the head is a fresh namespace: nothing else listens there

@@ -1,6 +1,5 @@
 """scripts/netns-cluster: nodes reach each other, cut/restore/crash/down do what they say."""
 
-import os
 import sys
 import unittest
 

@@ -35,8 +35,7 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from elastic_job import (RENDEZVOUS, SAMPLE_FILE_RE, ElasticJob, TimedTrainTest, programs_in,  # noqa: E402
-                         sample_accounting)
+from elastic_job import RENDEZVOUS, SAMPLE_FILE_RE, ElasticJob, TimedTrainTest, programs_in  # noqa: E402
 
 # The job of test_fault_tolerance.py: no shard ever needs padding at 4 or 6 workers, so "each
 # sample exactly once" is exact. 50 steps per epoch at 4 workers, ~34 at 6.
@@ -106,11 +105,6 @@ class DrainTest(TimedTrainTest, unittest.TestCase):
                           % (node, timeout, states, job.describe()))
             time.sleep(0.1)
 
-    def server_lines(self, job):
-        return (job.rendezvous.stdout() + job.rendezvous.stderr()).splitlines()
-
-    # ---- draining and what follows -------------------------------------------------------------
-
     def drain_and_time(self, job, node, before):
         """Drains `node` (a group rank or an address, as the CLI takes it), asserts the CLI's
         success, and prints how long after the command the next round made its first step
@@ -119,23 +113,21 @@ class DrainTest(TimedTrainTest, unittest.TestCase):
         r = self.drain(job, node)
         self.assertEqual(r.returncode, 0, "%s\n%s" % (r.describe(), job.describe()))
         self.assertIn("drained", r.stdout, r.describe())
-        deadline = time.monotonic() + 60
-        while not self.next_round_stepped(job, before.generation):
-            if time.monotonic() >= deadline:
-                self.fail("no round after generation %d made a step within 60 s of the drain\n%s"
-                          % (before.generation, job.describe()))
-            time.sleep(0.01)
-        print("drain of %s: the next round's first step %.2f s after the drain command"
-              % (node, time.monotonic() - started), file=sys.stderr)
+        self.wait_next_round_stepped(job, before.generation, "drain of %s" % node, started)
         return r.stdout
 
-    @staticmethod
-    def next_round_stepped(job, generation):
-        for name in os.listdir(job.sample_dir):
-            m = SAMPLE_FILE_RE.match(name)
-            if m and int(m.group(1)) > generation and os.path.getsize(os.path.join(job.sample_dir, name)) > 0:
-                return True
-        return False
+    def wait_next_round_stepped(self, job, generation, what, started):
+        """Waits (60 s at most) until a round after `generation` made its first step (its first
+        sample record; polled every 10 ms) and prints how long after `started` that was."""
+        deadline = time.monotonic() + 60
+        while not any(m and int(m.group(1)) > generation and os.path.getsize(os.path.join(job.sample_dir, name)) > 0
+                      for name, m in ((n, SAMPLE_FILE_RE.match(n)) for n in os.listdir(job.sample_dir))):
+            if time.monotonic() >= deadline:
+                self.fail("no round after generation %d made a step within 60 s of the %s\n%s"
+                          % (generation, what, job.describe()))
+            time.sleep(0.01)
+        print("%s: the next round's first step %.2f s after it began" % (what, time.monotonic() - started),
+              file=sys.stderr)
 
     def assert_node_left(self, job, node):
         """`node`'s ddplaunch exited 0 saying it was drained, leaving no process behind: no
@@ -175,18 +167,7 @@ class DrainTest(TimedTrainTest, unittest.TestCase):
                       "round %r did not continue where %r stopped\n%s" % (after, before, job.describe()))
 
     def assert_finished_well(self, job, epochs):
-        rounds = job.rounds()
-        print("rounds: " + "\n        ".join(map(repr, rounds)), file=sys.stderr)
-        final = [r for r in rounds if r.completed]
-        self.assertEqual(len(final), 1, "expected exactly one round to complete training\n" + job.describe())
-        self.assertIs(final[0], [r for r in rounds if r.world is not None][-1],
-                      "the round that completed is not the last one\n" + job.describe())
-        self.assertIsNotNone(final[0].accuracy, job.describe())
-        self.assertGreaterEqual(final[0].accuracy, ACCURACY, job.describe())
-        self.assertEqual(sample_accounting(rounds, SAMPLES, epochs), [], "sample accounting failed\n" + job.describe())
-        for r in rounds:
-            if r.records:
-                self.assertEqual(r.record_worlds, {r.world}, "round %r: records disagree on the world size" % r)
+        return self.assert_trained_well(job, SAMPLES, epochs, ACCURACY)
 
     def assert_one_round_after(self, job, before, world):
         after = self.rounds_after(job, before.generation)
@@ -305,24 +286,8 @@ class DrainTest(TimedTrainTest, unittest.TestCase):
         self.assertEqual(r.returncode, 2, r.describe())
 
         # Untouched: the same round makes more steps, nobody was dropped or lost.
-        target = len(before.steps) + STEPS_AFTER_REFUSALS
-        deadline = time.monotonic() + 60
-        while True:
-            for node in (1, 2):
-                self.assertIsNone(job.agent(node).poll(), "ddplaunch on node%d exited\n%s" % (node, job.describe()))
-            self.assertEqual([line for line in self.server_lines(job)
-                              if " drained: " in line or " lost: " in line or "restart after" in line], [],
-                             job.describe())
-            rounds = job.rounds()
-            self.assertEqual([r for r in rounds if r.generation > before.generation], [],
-                             "a new round formed\n" + job.describe())
-            current = next(r for r in rounds if r.generation == before.generation)
-            if len(current.steps) >= target:
-                break
-            if time.monotonic() > deadline:
-                self.fail("round %d made %d steps, not %d, within 60 s\n%s"
-                          % (before.generation, len(current.steps), target, job.describe()))
-            time.sleep(0.2)
+        self.assert_round_goes_on(job, before, STEPS_AFTER_REFUSALS, agents=(1, 2),
+                                  banned=(" drained: ", " lost: ", "restart after"))
         status = self.status(job)
         self.assertEqual((status["generation"], status["restarts_used"], status["state"]),
                          (before.generation, 0, "running"), status)

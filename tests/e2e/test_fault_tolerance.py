@@ -21,7 +21,7 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from elastic_job import HEADER_RE, ElasticJob, TimedTrainTest, programs_in, sample_accounting  # noqa: E402
+from elastic_job import HEADER_RE, ElasticJob, TimedTrainTest, programs_in  # noqa: E402
 from processes import wait_for  # noqa: E402
 
 # The job: no shard ever needs padding at 4 or 6 workers (SAMPLES is a multiple of 12 and
@@ -103,19 +103,7 @@ class FaultToleranceTest(TimedTrainTest, unittest.TestCase):
                       "round %r did not continue where %r stopped\n%s" % (after, before, job.describe()))
 
     def assert_finished_well(self, job, epochs):
-        rounds = job.rounds()
-        print("rounds: " + "\n        ".join(map(repr, rounds)), file=sys.stderr)
-        final = [r for r in rounds if r.completed]
-        self.assertEqual(len(final), 1, "expected exactly one round to complete training\n" + job.describe())
-        self.assertIs(final[0], [r for r in rounds if r.world is not None][-1],
-                      "the round that completed is not the last one\n" + job.describe())
-        self.assertIsNotNone(final[0].accuracy, job.describe())
-        self.assertGreaterEqual(final[0].accuracy, ACCURACY, job.describe())
-        problems = sample_accounting(rounds, SAMPLES, epochs)
-        self.assertEqual(problems, [], "sample accounting failed\n" + job.describe())
-        for r in rounds:
-            if r.records:
-                self.assertEqual(r.record_worlds, {r.world}, "round %r: records disagree on the world size" % r)
+        final = self.assert_trained_well(job, SAMPLES, epochs, ACCURACY)
         if self.events:
             # With --standby=on every agent starts its standbys before the first round forms, so
             # all workers of the first round are `train` standbys that waited inside the SDK; by
@@ -133,7 +121,7 @@ class FaultToleranceTest(TimedTrainTest, unittest.TestCase):
                 self.assertTrue(all(e["standby"] for e in first_round), first_round)
             elif "--standby=off" not in job.ddplaunch_flags:
                 self.assertFalse(any(e["standby"] for e in first_round), first_round)
-        return final[0]
+        return final
 
     def rounds_after(self, job, generation):
         """Rounds after `generation` that started workers (their rank 0 printed a header)."""

@@ -47,26 +47,9 @@ class SilentNodesTest(TimedTrainTest, unittest.TestCase):
             job.start_node(node)
         return job
 
-    def server_lines(self, job):
-        return (job.rendezvous.stdout() + job.rendezvous.stderr()).splitlines()
-
     def assert_nothing_lost(self, job, before, steps_after=STEPS_AFTER):
         """No node was lost, and the round `before` makes `steps_after` more steps, alone."""
-        target = len(before.steps) + steps_after
-        deadline = time.monotonic() + 60
-        while True:
-            lost = [line for line in self.server_lines(job) if " lost: " in line]
-            self.assertEqual(lost, [], job.describe())
-            rounds = job.rounds()
-            later = [r for r in rounds if r.generation > before.generation]
-            self.assertEqual(later, [], "a new round formed\n" + job.describe())
-            current = next(r for r in rounds if r.generation == before.generation)
-            if len(current.steps) >= target:
-                break
-            if time.monotonic() > deadline:
-                self.fail("round %d made %d steps, not %d, within 60 s\n%s"
-                          % (before.generation, len(current.steps), target, job.describe()))
-            time.sleep(0.2)
+        self.assert_round_goes_on(job, before, steps_after, banned=(" lost: ",))
         probes = [line for line in self.server_lines(job) if "probing" in line]
         print("probe rounds: %d%s" % (len(probes), (": " + probes[0]) if probes else ""), file=sys.stderr)
 

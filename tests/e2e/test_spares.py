@@ -59,11 +59,10 @@ class SpareTest(TimedTrainTest, unittest.TestCase):
     node_with_rank = test_drain.DrainTest.node_with_rank
     assert_drained = test_drain.DrainTest.assert_node_left
     wait_until_waiting = test_drain.DrainTest.wait_until_waiting
-    server_lines = test_drain.DrainTest.server_lines
     rounds_after = test_drain.DrainTest.rounds_after
     assert_resumed_from_memory = test_drain.DrainTest.assert_resumed_from_memory
     assert_finished_well = test_drain.DrainTest.assert_finished_well
-    next_round_stepped = staticmethod(test_drain.DrainTest.next_round_stepped)
+    wait_next_round_stepped = test_drain.DrainTest.wait_next_round_stepped
 
     def start_job(self, job_id, nnodes, nodes, epochs=EPOCHS, token_file=None):
         job = ElasticJob(self, self.cluster, train_args(epochs), job_id=job_id, nnodes=nnodes, epochs=epochs,
@@ -125,23 +124,8 @@ class SpareTest(TimedTrainTest, unittest.TestCase):
     def assert_round_untouched(self, job, before, nodes):
         """Round `before` (still the newest) makes STEPS_UNTOUCHED more steps while every agent of
         `nodes` keeps running, and no round after it forms; returns the job's status after."""
-        rounds = {r.generation: r for r in job.rounds()}
-        target = len(rounds[before.generation].steps) + STEPS_UNTOUCHED
-        deadline = time.monotonic() + 60
-        while True:
-            for node in nodes:
-                self.assertIsNone(job.agent(node).poll(), "ddplaunch on node%d exited\n%s" % (node, job.describe()))
-            rounds = job.rounds()
-            self.assertEqual([r for r in rounds if r.generation > before.generation], [],
-                             "a new round formed\n" + job.describe())
-            current = next(r for r in rounds if r.generation == before.generation)
-            if len(current.steps) >= target:
-                break
-            if time.monotonic() > deadline:
-                self.fail("round %d made %d steps, not %d, within 60 s\n%s"
-                          % (before.generation, len(current.steps), target, job.describe()))
-            time.sleep(0.2)
-        self.assertEqual([line for line in self.server_lines(job) if "restart after" in line], [], job.describe())
+        now = next(r for r in job.rounds() if r.generation == before.generation)
+        self.assert_round_goes_on(job, now, STEPS_UNTOUCHED, agents=nodes, banned=("restart after",))
         status = self.status(job)
         self.assertEqual((status["generation"], status["restarts_used"], status["state"]),
                          (before.generation, 0, "running"), status)
@@ -162,14 +146,7 @@ class SpareTest(TimedTrainTest, unittest.TestCase):
 
         crashed_at = time.monotonic()
         self.cluster.crash(victim)
-        deadline = time.monotonic() + 60
-        while not self.next_round_stepped(job, before.generation):
-            if time.monotonic() >= deadline:
-                self.fail("no round after generation %d made a step within 60 s of the crash\n%s"
-                          % (before.generation, job.describe()))
-            time.sleep(0.01)
-        print("crash of node%d: the next round's first step %.2f s after the crash began"
-              % (victim, time.monotonic() - crashed_at), file=sys.stderr)
+        self.wait_next_round_stepped(job, before.generation, "crash of node%d" % victim, crashed_at)
 
         codes = job.wait_for_exit([survivor, 3], FINISH_TIMEOUT)
         self.assertEqual(codes, {survivor: 0, 3: 0}, job.describe())
