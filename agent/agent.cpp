@@ -373,9 +373,8 @@ void Agent::Impl::wait_for_signal() {
 // The supervisor is done: nothing of this run may outlive it.
 void Agent::Impl::release_everything() {
   stop_standbys();
-  if (health.running() != 0) processes->signal_group(health.running(), SIGKILL);
   rendezvous->close();
-  processes->close();  // and reaps what was killed
+  processes->close();  // kills what is left, a health check among it, and reaps it
   boost::system::error_code ignored;
   signals.cancel(ignored);
   for (auto* t : {&kill_timer, &give_up_timer, &park_timer, &progress_timer, &stall_timer, &dump_timer,

@@ -111,8 +111,8 @@ struct LaunchConfig {
   // --duplicate_stdout_filters / --duplicate_stderr_filters; empty = copy nothing.
   std::vector<std::string> duplicate_stdout_filters, duplicate_stderr_filters;
   int node_rank = -1;                  // --node_rank; -1 = not given (rendezvous assigns).
-  bool spare = false;                  // --spare: wait to replace a node (docs/maintenance.md)
                                        // Always >= 0 with the static backend (0 on one node).
+  bool spare = false;                  // --spare: wait to replace a node (docs/maintenance.md)
   std::string master_addr = "127.0.0.1";  // static backend; from --rdzv_endpoint when given
   std::optional<int> master_port;      // static backend; unset = 29500 on several nodes, a free
                                        // port per round on one; 0 = pick a free port

@@ -339,23 +339,35 @@ int Daemon::run() {
   return static_cast<int>(DaemonExit::ok);
 }
 
-// The status and drain commands' secret and TLS: flags, else the environment.
-std::string client_secret(const std::string& token_file) {
-  const std::string path = flag_or_env(token_file, "DDPLAUNCH_RDZV_TOKEN_FILE");
-  if (path.empty()) return "";
-  Expected<std::string> secret = read_secret_file(path);
-  if (!secret) throw usage_error(secret.error());
-  return std::move(*secret);
-}
+// A ServerAccess resolved: the endpoint checked, the secret and TLS from the flags, else the
+// environment. Throws a usage error naming what is wrong.
+struct Reach {
+  Endpoint endpoint;
+  std::string secret;
+  std::shared_ptr<TlsContext> tls;
+};
 
-std::shared_ptr<TlsContext> status_tls(TlsFiles files) {
+Reach reach(const ServerAccess& access) {
+  Reach r;
+  const Expected<Endpoint> parsed = parse_endpoint(access.endpoint);
+  if (!parsed) throw usage_error("--endpoint " + access.endpoint + ": " + parsed.error() + "; accepted: " + kEndpointSyntax);
+  if (const std::string error = connect_error(*parsed); !error.empty()) throw usage_error("--endpoint " + error);
+  r.endpoint = *parsed;
+  if (const std::string path = flag_or_env(access.token_file, "DDPLAUNCH_RDZV_TOKEN_FILE"); !path.empty()) {
+    Expected<std::string> secret = read_secret_file(path);
+    if (!secret) throw usage_error(secret.error());
+    r.secret = std::move(*secret);
+  }
+  TlsFiles files = access.tls;
   files.ca = flag_or_env(files.ca, "DDPLAUNCH_RDZV_TLS_CA");
   files.cert = flag_or_env(files.cert, "DDPLAUNCH_RDZV_TLS_CERT");
   files.key = flag_or_env(files.key, "DDPLAUNCH_RDZV_TLS_KEY");
-  if (files.ca.empty() && files.cert.empty() && files.key.empty()) return nullptr;
-  Expected<std::shared_ptr<TlsContext>> context = TlsContext::for_client(files);
-  if (!context) throw usage_error(context.error());
-  return std::move(*context);
+  if (!files.ca.empty() || !files.cert.empty() || !files.key.empty()) {
+    Expected<std::shared_ptr<TlsContext>> context = TlsContext::for_client(files);
+    if (!context) throw usage_error(context.error());
+    r.tls = std::move(*context);
+  }
+  return r;
 }
 
 }  // namespace
@@ -365,20 +377,10 @@ int serve(const DaemonOptions& options) {
   return daemon.run();
 }
 
-// --endpoint, checked: a usage error names what is wrong with it.
-Endpoint client_endpoint(const std::string& text) {
-  const Expected<Endpoint> parsed = parse_endpoint(text);
-  if (!parsed) throw usage_error("--endpoint " + text + ": " + parsed.error() + "; accepted: " + kEndpointSyntax);
-  if (const std::string error = connect_error(*parsed); !error.empty()) throw usage_error("--endpoint " + error);
-  return *parsed;
-}
-
 int status(StatusOptions o) {
-  const Endpoint endpoint = client_endpoint(o.endpoint);
-  const std::string secret = client_secret(o.token_file);
-  const std::shared_ptr<TlsContext> tls = status_tls(o.tls);
-  if (o.watch) return watch_status(endpoint, secret, o.timeout, o.job, o.interval, o.json, tls);
-  const StatusResult result = query_status(endpoint, secret, o.timeout, o.job, tls);
+  const Reach r = reach(o.server);
+  if (o.watch) return watch_status(r.endpoint, r.secret, o.server.timeout, o.job, o.interval, o.json, r.tls);
+  const StatusResult result = query_status(r.endpoint, r.secret, o.server.timeout, o.job, r.tls);
   if (!result.error.empty()) {
     std::cerr << "ddp-rendezvous status: " << result.error << "\n";
     return static_cast<int>(DaemonExit::connect);
@@ -386,21 +388,19 @@ int status(StatusOptions o) {
   try {
     std::cout << (o.json ? result.status.dump(2) + "\n" : format_status(result.status));
   } catch (const nlohmann::json::exception& e) {
-    std::cerr << "ddp-rendezvous status: " << endpoint.text() << " sent a malformed status: " << e.what() << "\n";
+    std::cerr << "ddp-rendezvous status: " << r.endpoint.text() << " sent a malformed status: " << e.what() << "\n";
     return static_cast<int>(DaemonExit::connect);
   }
   return static_cast<int>(DaemonExit::ok);
 }
 
 int drain(DrainOptions o) {
-  const Endpoint endpoint = client_endpoint(o.endpoint);
-  const std::string secret = client_secret(o.token_file);
-  const std::shared_ptr<TlsContext> tls = status_tls(o.tls);
+  const Reach r = reach(o.server);
   Drain request;
   request.job = o.job;
   request.node = o.node;
   request.force = o.force;
-  const StatusResult result = drain_node(endpoint, secret, o.timeout, request, tls);
+  const StatusResult result = drain_node(r.endpoint, r.secret, o.server.timeout, request, r.tls);
   if (!result.error.empty()) {
     std::cerr << "ddp-rendezvous drain: " << result.error << "\n";
     return static_cast<int>(result.code.empty() ? DaemonExit::connect : DaemonExit::refused);

@@ -58,27 +58,29 @@ struct DaemonOptions {
   Replication replication;
 };
 
+// How the status and drain commands reach a daemon.
+struct ServerAccess {
+  std::string endpoint = "localhost:" + std::to_string(kDefaultRendezvousPort);  // --endpoint
+  double timeout = 10.0;             // --timeout seconds to wait for each answer
+  std::string token_file;            // --token_file; default $DDPLAUNCH_RDZV_TOKEN_FILE
+  TlsFiles tls;                      // --tls_ca, --tls_cert, --tls_key; default $DDPLAUNCH_RDZV_TLS_*
+};
+
 // `ddp-rendezvous status`.
 struct StatusOptions {
-  std::string endpoint = "localhost:" + std::to_string(kDefaultRendezvousPort);  // --endpoint
+  ServerAccess server;
   bool json = false;                 // --json
   bool watch = false;                // --watch: redraw until Ctrl-C
   double interval = 2.0;             // --interval seconds between redraws (0.1..3600)
-  double timeout = 10.0;             // --timeout seconds to wait for each answer
-  std::string token_file;            // --token_file; default $DDPLAUNCH_RDZV_TOKEN_FILE
   std::string job;                   // --job: the job whose own secret the token file holds
-  TlsFiles tls;                      // --tls_ca, --tls_cert, --tls_key; default $DDPLAUNCH_RDZV_TLS_*
 };
 
 // `ddp-rendezvous drain JOB NODE`.
 struct DrainOptions {
+  ServerAccess server;
   std::string job;                   // JOB: the job's --rdzv_id
   std::string node;                  // NODE: its host or group rank, as status shows it
   bool force = false;                // --force: even if fewer than MIN nodes are left
-  std::string endpoint = "localhost:" + std::to_string(kDefaultRendezvousPort);  // --endpoint
-  double timeout = 10.0;             // --timeout seconds to wait for the answer
-  std::string token_file;            // --token_file; default $DDPLAUNCH_RDZV_TOKEN_FILE
-  TlsFiles tls;                      // --tls_ca, --tls_cert, --tls_key; default $DDPLAUNCH_RDZV_TLS_*
 };
 
 // Serves until SIGINT or SIGTERM; returns DaemonExit::ok then. Throws LaunchError when a flag's

@@ -1,5 +1,5 @@
-// ddp-rendezvous: the rendezvous daemon (serve) and its status query. Parses the command line
-// into DaemonOptions or StatusOptions and runs the command (rendezvous/daemon.h).
+// ddp-rendezvous: the rendezvous daemon (serve), its status query and drain. Parses the command line
+// into DaemonOptions, StatusOptions or DrainOptions and runs the command (rendezvous/daemon.h).
 // Exit codes (DaemonExit): 0 ok, 2 usage, 3 cannot bind or connect.
 #include <csignal>
 #include <iostream>
@@ -17,6 +17,7 @@ namespace {
 
 using ddp::rdzv::DaemonOptions;
 using ddp::rdzv::DrainOptions;
+using ddp::rdzv::ServerAccess;
 using ddp::rdzv::StatusOptions;
 
 // The option table of the daemon itself.
@@ -74,23 +75,27 @@ void add_serve_options(CLI::App& app, DaemonOptions& o) {
                  "(default: --host and the port; the host name when --host is a wildcard)");
 }
 
+// The options of status and drain that reach the daemon; `token_help` says whose secret counts.
+void add_server_access_options(CLI::App& command, ServerAccess& o, const std::string& token_help) {
+  command.add_option("--endpoint", o.endpoint, "HOST:PORT of the rendezvous server")->capture_default_str();
+  command.add_option("--token_file,--token-file", o.token_file, token_help + " (default $DDPLAUNCH_RDZV_TOKEN_FILE)");
+  command.add_option("--timeout", o.timeout, "seconds to wait for the answer")->capture_default_str();
+  command.add_option("--tls_ca,--tls-ca", o.tls.ca,
+                     "PEM CA that signed the server's certificate: speak TLS (default $DDPLAUNCH_RDZV_TLS_CA)");
+  command.add_option("--tls_cert,--tls-cert", o.tls.cert,
+                     "PEM client certificate, for a server with --tls_client_ca (default $DDPLAUNCH_RDZV_TLS_CERT)");
+  command.add_option("--tls_key,--tls-key", o.tls.key, "PEM key of --tls_cert (default $DDPLAUNCH_RDZV_TLS_KEY)");
+}
+
 // The option table of `status`.
 void add_status_options(CLI::App& status, StatusOptions& o) {
-  status.add_option("--endpoint", o.endpoint, "HOST:PORT of the rendezvous server")->capture_default_str();
+  add_server_access_options(status, o.server, "file holding the secret");
   status.add_flag("--json", o.json, "print JSON (with --watch: one JSON document per line)");
   status.add_flag("--watch", o.watch, "redraw the table every --interval seconds until Ctrl-C");
   status.add_option("--interval", o.interval, "seconds between redraws with --watch")
       ->capture_default_str()
       ->check(CLI::Range(0.1, 3600.0));
-  status.add_option("--token_file,--token-file", o.token_file,
-                    "file holding the secret (default $DDPLAUNCH_RDZV_TOKEN_FILE)");
   status.add_option("--job", o.job, "the job whose own secret the token file holds (shows that job only)");
-  status.add_option("--timeout", o.timeout, "seconds to wait for the answer")->capture_default_str();
-  status.add_option("--tls_ca,--tls-ca", o.tls.ca,
-                    "PEM CA that signed the server's certificate: speak TLS (default $DDPLAUNCH_RDZV_TLS_CA)");
-  status.add_option("--tls_cert,--tls-cert", o.tls.cert,
-                    "PEM client certificate, for a server with --tls_client_ca (default $DDPLAUNCH_RDZV_TLS_CERT)");
-  status.add_option("--tls_key,--tls-key", o.tls.key, "PEM key of --tls_cert (default $DDPLAUNCH_RDZV_TLS_KEY)");
 }
 
 // The option table of `drain`.
@@ -98,13 +103,7 @@ void add_drain_options(CLI::App& drain, DrainOptions& o) {
   drain.add_option("job", o.job, "the job's --rdzv_id")->required();
   drain.add_option("node", o.node, "the node to drain: its host, or its group rank, as status shows it")->required();
   drain.add_flag("--force", o.force, "drain even if the job is left with fewer than its minimum nodes");
-  drain.add_option("--endpoint", o.endpoint, "HOST:PORT of the rendezvous server")->capture_default_str();
-  drain.add_option("--token_file,--token-file", o.token_file,
-                   "file holding the cluster secret or the job's own (default $DDPLAUNCH_RDZV_TOKEN_FILE)");
-  drain.add_option("--timeout", o.timeout, "seconds to wait for the answer")->capture_default_str();
-  drain.add_option("--tls_ca,--tls-ca", o.tls.ca, "PEM CA bundle to check the server with (default $DDPLAUNCH_RDZV_TLS_CA)");
-  drain.add_option("--tls_cert,--tls-cert", o.tls.cert, "PEM client certificate (default $DDPLAUNCH_RDZV_TLS_CERT)");
-  drain.add_option("--tls_key,--tls-key", o.tls.key, "PEM key of --tls_cert (default $DDPLAUNCH_RDZV_TLS_KEY)");
+  add_server_access_options(drain, o.server, "file holding the cluster secret or the job's own");
 }
 
 }  // namespace
@@ -131,11 +130,11 @@ int main(int argc, char** argv) {
   try {
     if (*status_command) {
       // A --token_file given before `status` counts for it too.
-      if (status.token_file.empty()) status.token_file = daemon.listen.token_file;
+      if (status.server.token_file.empty()) status.server.token_file = daemon.listen.token_file;
       return ddp::rdzv::status(status);
     }
     if (*drain_command) {
-      if (drain.token_file.empty()) drain.token_file = daemon.listen.token_file;
+      if (drain.server.token_file.empty()) drain.server.token_file = daemon.listen.token_file;
       return ddp::rdzv::drain(drain);
     }
     return ddp::rdzv::serve(daemon);

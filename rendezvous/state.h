@@ -325,6 +325,11 @@ class StateMachine {
   // The waiting nodes a round can have now: every waiting node that is not a --spare, and spares
   // up to the size of the last round (they only take the place of nodes it lost).
   std::size_t eligible(const Job& job) const;
+  // A spare, as status, gauges and events show it: a node that waits beside a running round, or
+  // a --spare node that waits for one.
+  static bool is_spare(const Job& job, const Node& node) {
+    return node.state == NodeState::Waiting && (job.state == JobState::Running || node.spec.spare);
+  }
   void tell_waiting(Job& job);
   // complete_round()'s steps: the waiting nodes that make the round (--node_rank first, then
   // survivors, then by arrival; at most MAX); the same in group-rank order (--node_rank as asked,

@@ -136,7 +136,7 @@ nlohmann::json StateMachine::job_status(const Job& job, double now) const {
                        {"addr", node.spec.addr},
                        {"workers", node.spec.local_world_size},
                        {"state", state_name(node.state)},
-                       {"spare", node.state == NodeState::Waiting && (job.state == JobState::Running || node.spec.spare)},
+                       {"spare", is_spare(job, node)},
                        {"last_heartbeat_age", now - node.last_seen}});
       if (node.progress) {
         nlohmann::json& row = nodes.back();
@@ -222,12 +222,12 @@ Gauges StateMachine::gauges() const {
       g.nodes_by_state[state_name(static_cast<NodeState>(s))] += job.counts[s];
     }
     double oldest = 0;
-    for (const auto& [conn, node] : job.nodes) oldest = std::max(oldest, now - node.last_seen);
-    g.oldest_heartbeat_age[id] = oldest;
     std::size_t spares = 0;
     for (const auto& [conn, node] : job.nodes) {
-      spares += node.state == NodeState::Waiting && (job.state == JobState::Running || node.spec.spare);
+      oldest = std::max(oldest, now - node.last_seen);
+      spares += is_spare(job, node);
     }
+    g.oldest_heartbeat_age[id] = oldest;
     g.spares[id] = spares;
   }
   for (const auto& f : finished_) {
