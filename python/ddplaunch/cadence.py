@@ -335,7 +335,11 @@ def _saved(dir, stall_s):
 def checkpoint_due(dir):
     """True when a checkpoint to `dir` is due: the time since this process's last save() to it
     (before the first one: since the first call) is at least checkpoint_interval(dir). Meant to
-    gate ddplaunch.save(..., dir); cheap enough to call at every step."""
+    gate ddplaunch.save(..., dir); cheap enough to call at every step. Under ddplaunch it also
+    turns a stop into a checkpoint: after a SIGTERM (a drain, a change of nodes) it says True, and
+    the save after it ends the worker once written (docs/checkpoints.md, "At a stop")."""
+    if checkpoints._checked():
+        return True
     return _for(dir).due()
 
 

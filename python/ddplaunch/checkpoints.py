@@ -421,6 +421,85 @@ def _install_handlers():
         pass
 
 
+# A stop at the next checkpoint (docs/checkpoints.md, "At a stop"). Once a script has called
+# checkpoint_due() under ddplaunch, a SIGTERM that does not come from a failed round (a drain, a
+# change of nodes without in-memory restart, ddplaunch itself stopped) no longer ends the worker
+# at once: checkpoint_due() then says True, and the save() after it ends the worker by SIGTERM
+# once its write is on disk, so that the next round resumes from the step the job stopped at. A
+# script that does not get to its check within a few of its steps, a second SIGTERM, or a round
+# the agent abandoned (a peer failed: a step would not complete) end it as before.
+_STOP_GRACE_STEPS = 3     # the checks a stopping worker gets: this many of its longest step
+_STOP_GRACE_MIN_S = 2.0
+_STOP_GRACE_MAX_S = 20.0
+_stop_armed = False
+_stop_previous = None     # the SIGTERM disposition before ours, which ends the worker
+_stop_requested = None    # time.monotonic() of the SIGTERM, once one asked for a stop
+_last_check = None        # time.monotonic() of the last checkpoint_due()
+_longest_gap = 0.0        # the longest time between two checkpoint_due() calls: about a step
+
+
+def _checked():
+    """checkpoint_due() was called: arms the stop at the first call, measures the steps between
+    calls, and returns True when a stop asks for a checkpoint now."""
+    global _last_check, _longest_gap
+    now = time.monotonic()
+    if _last_check is not None:
+        _longest_gap = max(_longest_gap, now - _last_check)
+    _last_check = now
+    _arm_stop()
+    return _stop_requested is not None
+
+
+def _arm_stop():
+    global _stop_armed, _stop_previous
+    if _stop_armed:
+        return
+    _stop_armed = True
+    from . import enabled
+    if not enabled():
+        return  # another launcher, or none: SIGTERM stays what it was
+    try:
+        previous = signal.getsignal(signal.SIGTERM)
+        if previous == signal.SIG_DFL or callable(previous):
+            _stop_previous = previous
+            signal.signal(signal.SIGTERM, _on_stop_request)
+    except ValueError:  # not the main thread: SIGTERM stays what it was
+        pass
+
+
+def _on_stop_request(signum, frame):
+    global _stop_requested
+    from . import abandoned
+    if _stop_requested is not None or abandoned():
+        _stop_now()
+        return
+    _stop_requested = time.monotonic()
+    grace = min(_STOP_GRACE_MAX_S, max(_STOP_GRACE_MIN_S, _STOP_GRACE_STEPS * _longest_gap))
+    _say("SIGTERM: stopping after a checkpoint at the next checkpoint_due() (within %.0f s)" % grace)
+    # The main thread runs the handler again when it can: a step that does not get to its check.
+    timer = threading.Timer(grace, os.kill, (os.getpid(), signal.SIGTERM))
+    timer.daemon = True
+    timer.start()
+
+
+def _stop_now():
+    """Ends the worker as the SIGTERM disposition before ours would have, the write in flight
+    on disk first."""
+    try:
+        signal.signal(signal.SIGTERM, _stop_previous if _stop_previous is not None else signal.SIG_DFL)
+    except ValueError:  # a save from another thread: SIGTERM's default ends the process all the same
+        pass
+    _on_sigterm(_stop_previous)(signal.SIGTERM, None)
+
+
+def _stop_after_save(step):
+    if _stop_requested is None:
+        return
+    if step is not None:
+        _say("stopping: the checkpoint of step %d is being written" % step)
+    _stop_now()
+
+
 # --- the API -----------------------------------------------------------------------------------
 
 def save(state, dir, step=None, keep=3):
@@ -441,6 +520,7 @@ def save(state, dir, step=None, keep=3):
     if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
         raise CheckpointError("step=%r: a checkpoint's step must be a non-negative integer" % (step,))
     if _rank() != 0:
+        _stop_after_save(None)
         return None
     began = time.monotonic()
     _install_handlers()
@@ -477,6 +557,7 @@ def save(state, dir, step=None, keep=3):
         cadence._saved(path, time.monotonic() - began)  # the stall: what checkpoint_due weighs
     except Exception as e:  # noqa: B902 - the write is under way: said, not raised as its failure
         _say("checkpoint cadence: %s" % e)
+    _stop_after_save(step)
     return step
 
 

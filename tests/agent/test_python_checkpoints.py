@@ -3,7 +3,9 @@ write returns before it is on disk and completes on SIGTERM and at exit; a write
 SIGKILL in the middle of a write, a truncated file and a flipped byte each fall back to the
 previous complete checkpoint, saying why; the lineage names what differs and strict refuses a
 foreign environment with exit 3; the DDP template adopts them in three lines and resumes after a
-killed worker under ddplaunch, and still runs under torchrun and alone.
+killed worker under ddplaunch, and still runs under torchrun and alone; under ddplaunch a SIGTERM that
+is not a failed round's becomes a checkpoint at the next checkpoint_due(), which the next launch
+resumes from.
 
 Writes are held at fixed points by the module's test hooks (never by timing); real processes are
 killed for real; every wait has a deadline."""
@@ -516,6 +518,102 @@ class Template(Case):
         self.assertEqual([line for line in said(r.stderr) if "waiting for the checkpoint write" not in line],
                          ["ddplaunch (rank 0): checkpoint ckpt-000000000001.pt was written at world size 2; this job "
                           "runs at world size 1: loading it (with DDP every rank holds the whole state)"], r.describe())
+
+
+
+# A loop of steps that saves when checkpoint_due() says so (every 10 s at the least: never in
+# these tests' first seconds, so that each checkpoint in them is the one written at a stop). Each
+# rank writes the step it is at, and at start the step it starts from.
+STOP_LOOP = """import os, sys, time, ddplaunch
+directory, marks = sys.argv[1:3]
+rank = int(os.environ.get("RANK", "0"))
+state = ddplaunch.load(directory)
+start = state["step"] + 1 if state is not None else 0
+with open(os.path.join(marks, "start_%d_%d" % (rank, os.getpid())), "w") as f:
+    f.write(str(start))
+step = start
+while True:
+    time.sleep(0.01)
+    with open(os.path.join(marks, "at_%d.tmp" % rank), "w") as f:
+        f.write(str(step))
+    os.replace(os.path.join(marks, "at_%d.tmp" % rank), os.path.join(marks, "at_%d" % rank))
+    if ddplaunch.checkpoint_due(directory):
+        ddplaunch.save({"step": step}, directory, step=step)
+    step += 1
+"""
+
+
+class StopAtCheckpoint(Case):
+    """A SIGTERM that is not a failure's (a drain, a change of nodes without in-memory restart,
+    ddplaunch stopped) becomes a checkpoint at the script's next checkpoint_due()."""
+
+    ddplaunch = Template.ddplaunch
+
+    def setUp(self):
+        super().setUp()
+        self.marks = os.path.join(self.tmp, "marks")
+        os.mkdir(self.marks)
+        self.script = os.path.join(self.tmp, "stop_loop.py")
+        with open(self.script, "w") as f:
+            f.write(STOP_LOOP)
+
+    def at(self, rank):
+        try:
+            with open(os.path.join(self.marks, "at_%d" % rank)) as f:
+                return int(f.read())
+        except (OSError, ValueError):
+            return -1
+
+    def steps_saved(self):
+        names = os.listdir(self.dir) if os.path.isdir(self.dir) else []
+        return sorted(int(m.group(1)) for m in map(re.compile(r"^ckpt-(\d+)\.json$").match, names) if m)
+
+    def launch(self):
+        env = dict(os.environ, TMPDIR=self.tmp)
+        env.pop("PYTHONPATH", None)
+        proc = spawn([self.ddplaunch(), "--nproc_per_node=2", "--standby=off", "--python", PYTHON, self.script,
+                      self.dir, self.marks], env=env, cwd=self.tmp, name="ddplaunch")
+        self.addCleanup(proc.kill)
+        return proc
+
+    def test_a_stopped_job_saves_at_its_next_check_and_the_next_launch_resumes_there(self):
+        proc = self.launch()
+        wait_for(lambda: self.at(0) >= 20 and self.at(1) >= 20 or proc.poll() is not None, 120, "20 steps")
+        self.assertIsNone(proc.poll(), proc.describe())
+        stopped_at = self.at(0)
+        proc.signal(signal.SIGTERM)  # ddplaunch passes it on to its workers
+        self.assertEqual(proc.wait(60), 128 + signal.SIGTERM, proc.describe())
+        saved = self.steps_saved()
+        self.assertEqual(len(saved), 1, "one checkpoint, the stop's: %s\n%s" % (saved, proc.describe()))
+        self.assertGreaterEqual(saved[0], stopped_at, proc.describe())
+        self.assertIn("SIGTERM: stopping after a checkpoint at the next checkpoint_due()", proc.stderr(), proc.describe())
+        self.assertIn("stopping: the checkpoint of step %d is being written" % saved[0], proc.stderr(), proc.describe())
+
+        again = self.launch()
+        wait_for(lambda: len([n for n in os.listdir(self.marks) if n.startswith("start_")]) == 4 or
+                 again.poll() is not None, 120, "the second launch's workers to start")
+        starts = {}
+        for name in os.listdir(self.marks):
+            if name.startswith("start_"):
+                with open(os.path.join(self.marks, name)) as f:
+                    starts.setdefault(int(f.read()), []).append(name)
+        self.assertEqual(sorted(starts), [0, saved[0] + 1], "%s\n%s" % (starts, again.describe()))
+        again.kill()
+
+    def test_outside_ddplaunch_or_in_a_failed_round_sigterm_ends_the_worker_at_once(self):
+        board = os.path.join(self.tmp, "board")  # one progress slot whose round the agent abandoned
+        with open(board, "wb") as f:
+            f.write(bytes(56) + (1).to_bytes(8, "little") + bytes(64))
+        for env in ({}, {"DDPLAUNCH_PROGRESS_FILE": board, "DDPLAUNCH_PROGRESS_SLOT": "0"}):
+            with self.subTest(env=sorted(env)):
+                shutil.rmtree(self.marks)
+                os.mkdir(self.marks)
+                proc = self.child(STOP_LOOP, [self.dir, self.marks], env=env)
+                wait_for(lambda: self.at(0) >= 5 or proc.poll() is not None, 60, "5 steps")
+                proc.signal(signal.SIGTERM)
+                self.assertEqual(proc.wait(30), -signal.SIGTERM, proc.describe())
+                self.assertEqual(self.steps_saved(), [], proc.describe())
+                self.assertNotIn("stopping after a checkpoint", proc.stderr(), proc.describe())
 
 
 if __name__ == "__main__":
