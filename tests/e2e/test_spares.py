@@ -97,13 +97,16 @@ class SpareTest(TimedTrainTest, unittest.TestCase):
         return self.cluster.run("head", [RENDEZVOUS, "drain", job.job_id, node, "--endpoint", job.endpoint]
                                 + list(flags), timeout=30, env=self.client_env())
 
-    def status(self, job):
-        """The job's entry of `ddp-rendezvous status --json` (with the job's secret, if any)."""
+    def status(self, job, missing_ok=False):
+        """The job's entry of `ddp-rendezvous status --json` (with the job's secret, if any); with
+        `missing_ok`, None while no node of the job has reached the daemon yet."""
         secret = ["--token_file", job.token_file] if job.token_file else []
         r = self.cluster.run("head", [RENDEZVOUS, "status", "--json", "--endpoint", job.endpoint] + secret,
                              timeout=30, env=self.client_env())
         self.assertEqual(r.returncode, 0, r.describe())
         jobs = [j for j in json.loads(r.stdout)["jobs"] if j["job_id"] == job.job_id]
+        if missing_ok and not jobs:
+            return None
         self.assertEqual(len(jobs), 1, r.stdout)
         return jobs[0]
 
@@ -171,8 +174,8 @@ class SpareTest(TimedTrainTest, unittest.TestCase):
         while True:
             for node in (1, 2, 3):
                 self.assertIsNone(job.agent(node).poll(), "ddplaunch on node%d exited\n%s" % (node, job.describe()))
-            status = self.status(job)
-            if status["state"] == "running" and len(status["nodes"]) == 3:
+            status = self.status(job, missing_ok=True)  # the agents may not have joined yet
+            if status is not None and status["state"] == "running" and len(status["nodes"]) == 3:
                 break
             if time.monotonic() >= deadline:
                 self.fail("the job did not run with 3 nodes present within 60 s: %s\n%s" % (status, job.describe()))
