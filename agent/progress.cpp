@@ -84,6 +84,7 @@ ProgressSample ProgressBoard::read(int slot) const {
   out.checkpoint_step = static_cast<int64_t>(load_u64(p + contracts::kCheckpointOffset));
   out.checkpoint_interval_ms = static_cast<int64_t>(load_u64(p + contracts::kIntervalOffset));
   out.final = load_u64(p + contracts::kFinalOffset) != 0;
+  out.busy_us = load_u64(p + contracts::kBusyOffset);
   for (std::size_t i = 0; i < kPhaseSize; ++i) {
     const char c = static_cast<char>(p[kPhaseOffset + i]);
     if (c == '\0') break;
@@ -100,12 +101,14 @@ void ProgressBoard::write(int slot, const ProgressSample& sample) {
   store_u64(p + contracts::kCheckpointOffset, static_cast<uint64_t>(sample.checkpoint_step));
   store_u64(p + contracts::kIntervalOffset, static_cast<uint64_t>(sample.checkpoint_interval_ms));
   store_u64(p + contracts::kFinalOffset, sample.final ? 1 : 0);
+  store_u64(p + contracts::kBusyOffset, sample.busy_us);
   store_u64(p + contracts::kBeatsOffset, sample.beats);
 }
 
 std::optional<rdzv::NodeProgress> summarize(const std::vector<ProgressSample>& samples) {
   std::optional<rdzv::NodeProgress> out;
-  for (const ProgressSample& s : samples) {
+  for (std::size_t slot = 0; slot < samples.size(); ++slot) {
+    const ProgressSample& s = samples[slot];
     const bool stepped = s.beats != 0;
     if (!stepped && s.checkpoint_step < 0 && s.checkpoint_interval_ms <= 0) continue;
     if (!out) out.emplace();
@@ -114,6 +117,12 @@ std::optional<rdzv::NodeProgress> summarize(const std::vector<ProgressSample>& s
     // A worker's number, bounded as the wire bounds it (rdzv::kMaxTimeoutSeconds).
     const double interval = static_cast<double>(std::clamp<int64_t>(s.checkpoint_interval_ms, 0, int64_t{10'000'000'000})) / 1000.0;
     out->checkpoint_interval = std::max(out->checkpoint_interval, interval);
+    // A worker's number again: at most what the wire takes (rdzv::kMaxTimeoutSeconds).
+    const double busy = static_cast<double>(std::min<uint64_t>(s.busy_us, uint64_t{10'000'000'000'000})) / 1e6;
+    if (stepped && busy > 0 && busy > out->busy) {
+      out->busy = busy;
+      out->busy_local_rank = static_cast<int>(slot);
+    }
   }
   return out;
 }

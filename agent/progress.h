@@ -28,6 +28,7 @@ struct ProgressSample {
   std::string phase;  // printable ASCII only
   int64_t checkpoint_interval_ms = 0;  // the worker's automatic checkpoint interval; 0 = none said
   bool final = false;  // the worker asks that its failure end the job (a restart would repeat it)
+  uint64_t busy_us = 0;  // the worker's busy time per step (us, a moving average); 0 = not measured
 };
 
 class ProgressBoard {
@@ -67,8 +68,9 @@ class ProgressBoard {
 };
 
 // What a node's workers reported, as its heartbeats tell the rendezvous (status shows it): the
-// highest step and checkpoint, and the longest automatic checkpoint interval, of the samples
-// given. nullopt when none of them reported anything.
+// highest step and checkpoint, the longest automatic checkpoint interval, and the longest busy
+// time per step with its slot (the local rank), of the samples given. nullopt when none of them
+// reported anything.
 std::optional<rdzv::NodeProgress> summarize(const std::vector<ProgressSample>& samples);
 
 // --hang_timeout: a fixed number of seconds, or "auto".

@@ -17,7 +17,12 @@
 //   offset 72: uint64 final           nonzero: the worker's failure ends the job instead of a
 //                                      restart, which would fail the same way (a checkpoint
 //                                      refused under a strict environment check)
-//   offset 80: reserved, zero (room for what a worker will report next, without a new layout)
+//   offset 80: uint64 busy_us         the worker's busy time per step: the time of a step it did
+//                                      not spend waiting for its peers in the gradient all-reduce
+//                                      (microseconds, a moving average over its recent steps;
+//                                      0 = not measured). The daemon compares nodes by it to find a
+//                                      straggler (docs/maintenance.md, "Stragglers")
+//   offset 88: reserved, zero (room for what a worker will report next, without a new layout)
 // The 64-bit fields are aligned words, stored and loaded as atomics. contracts/fixtures/
 // progress_slot.bin is one slot both the C++ and the Python tests read and write.
 // Constants only.
@@ -37,6 +42,7 @@ constexpr std::size_t kPhaseSize = 32;  // the phase's bytes, its NUL included
 constexpr std::size_t kAbandonedOffset = 56;
 constexpr std::size_t kIntervalOffset = 64;
 constexpr std::size_t kFinalOffset = 72;
+constexpr std::size_t kBusyOffset = 80;
 
 // The word index of a 64-bit field, for a writer that sees the slot as an array of words.
 constexpr std::size_t word(std::size_t offset) { return offset / 8; }
@@ -47,10 +53,11 @@ constexpr std::uint64_t kDoneBeats = ~std::uint64_t{0};
 
 static_assert(kPhaseOffset == kCheckpointOffset + 8 && kAbandonedOffset == kPhaseOffset + kPhaseSize &&
                   kIntervalOffset == kAbandonedOffset + 8 && kFinalOffset == kIntervalOffset + 8 &&
-                  kFinalOffset + 8 <= kSlotSize,
+                  kBusyOffset == kFinalOffset + 8 && kBusyOffset + 8 <= kSlotSize,
               "the slot's fields follow each other without a gap");
 static_assert(kBeatsOffset % 8 == 0 && kStepOffset % 8 == 0 && kCheckpointOffset % 8 == 0 &&
-                  kAbandonedOffset % 8 == 0 && kIntervalOffset % 8 == 0 && kFinalOffset % 8 == 0,
+                  kAbandonedOffset % 8 == 0 && kIntervalOffset % 8 == 0 && kFinalOffset % 8 == 0 &&
+                  kBusyOffset % 8 == 0,
               "the 64-bit fields are aligned words");
 
 }  // namespace ddp::contracts

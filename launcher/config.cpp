@@ -286,6 +286,33 @@ void resolve_rendezvous(const RawValues& raw, LaunchConfig& config,
   if (auto g = raw.find("rdzv_conf")) parse_rdzv_conf(*g, config, shutdown_key, err);
 }
 
+// --straggler, --straggler_factor, --straggler_window (docs/maintenance.md, "Stragglers").
+void resolve_straggler(const RawValues& raw, LaunchConfig& config) {
+  if (auto g = raw.find("straggler")) {
+    const std::string mode = lower(trim(g->value));
+    if (mode != "off" && mode != "report" && mode != "replace") {
+      refuse(g->shown() + ": accepted: off, report (name the node: event, metric, status) or replace (drain it onto a spare)");
+    }
+    config.straggler.mode = mode;
+    config.straggler_given = true;
+  }
+  if (auto g = raw.find("straggler_factor")) {
+    auto v = to_number(g->value);
+    if (!v || !(*v >= rdzv::kMinStragglerFactor && *v <= rdzv::kMaxStragglerFactor)) {
+      refuse(g->shown() + ": accepted: a number from 1.05 to 100, the busy time over the other nodes' median that is slow, e.g. 1.5");
+    }
+    config.straggler.factor = *v;
+    config.straggler_given = true;
+  }
+  if (auto g = raw.find("straggler_window")) {
+    config.straggler.window = parse_seconds(*g);
+    if (config.straggler.window < 1 || config.straggler.window > 1e7) {
+      refuse(g->shown() + ": accepted: seconds from 1 to 10000000, how long a node stays slow before it is named, e.g. 60");
+    }
+    config.straggler_given = true;
+  }
+}
+
 // --max_restarts, --monitor_interval, --shutdown_timeout, --signals_to_handle.
 void resolve_fault_tolerance(const RawValues& raw, LaunchConfig& config,
                              const std::optional<double>& shutdown_key) {
@@ -301,6 +328,7 @@ void resolve_fault_tolerance(const RawValues& raw, LaunchConfig& config,
       if (config.hang.timeout <= 0) refuse(g->shown() + ": must be greater than 0 seconds, or 'auto'");
     }
   }
+  resolve_straggler(raw, config);
   if (auto g = raw.find("crash_loop_limit")) {
     config.max_restarts_without_progress = parse_non_negative(*g, "an integer >= 0 (0: off)");
   }

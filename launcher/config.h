@@ -87,6 +87,8 @@ struct LaunchConfig {
   double monitor_interval = 0.1;       // accepted; we watch child exits as events, not by polling
   agent::HangPolicy hang;              // --hang_timeout; default off
   int max_restarts_without_progress = 0;   // --crash_loop_limit; 0 = off
+  rdzv::StragglerPolicy straggler;         // --straggler, --straggler_factor, --straggler_window
+  bool straggler_given = false;            // one of them was given (a line when it cannot act)
   std::vector<int> no_restart_exit_codes;  // --no_restart_exit_codes; default none
   std::string health_check;                // --check_health; empty = none
   double health_check_interval = 30;       // --check_health_interval, seconds > 0

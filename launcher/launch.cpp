@@ -393,6 +393,27 @@ void say_if_log_dedup_has_nothing_to_collapse(const agent::AgentOptions& o) {
                on_console == 0 ? "none" : "only one", on_console == 0 ? "" : "es");
 }
 
+// --straggler compares the busy time per step of a job's nodes. Said at start-up when a
+// --straggler flag was given and there is nothing to compare: one node, or the static backend
+// (no rendezvous sees several); or a program that reports no busy time (neither run by Python nor
+// marked as a worker SDK program), whose node is then never compared.
+void say_what_straggler_detection_compares(const LaunchConfig& config, const agent::AgentOptions& o) {
+  if (!config.straggler_given || config.straggler.mode == "off") return;
+  const bool one_node = config.max_nodes == 1 && !config.spare;
+  if (one_node || config.rdzv_backend == RendezvousBackend::kStatic) {
+    std::fprintf(stderr,
+                 "ddplaunch: --straggler: %s, so there is no node to compare this one with; it compares the busy "
+                 "time of a job's nodes: give --nnodes above 1 and a rendezvous (--rdzv_backend=c10d or etcd)\n",
+                 one_node ? "this job has one node (--nnodes=1)" : "the static rendezvous backend compares nothing");
+  } else if (o.command.no_python && !has_elf_section(o.command.program, kStandbyMarkSection)) {
+    std::fprintf(stderr,
+                 "ddplaunch: --straggler: %s is not run by Python, so its busy time per step is known only if it "
+                 "reports it through the worker SDK (ddp::Trainer, or ddp::Progress::busy); a node whose workers "
+                 "report none is not compared\n",
+                 o.command.program.c_str());
+  }
+}
+
 // --standby: on for Python programs and for programs that link the worker SDK (the
 // ELF mark of launcher/program.h) when asked ('on') or by 'auto', the default; everything else
 // starts cold, with a line when 'on' was asked for. 'auto' starts the first round cold and keeps
@@ -478,6 +499,7 @@ agent::AgentOptions make_agent_options(const LaunchConfig& config, const Resolve
   o.node.max_restarts = config.max_restarts;
   o.node.env_check = env_check_name(config.env_check);
   o.node.timeouts = config.timeouts;
+  o.node.straggler = config.straggler;
   o.command.python = config.python;
   o.command.no_python = program.run_as == RunAs::kExecutable;
   o.command.module = program.run_as == RunAs::kModule;
@@ -512,6 +534,7 @@ agent::AgentOptions make_agent_options(const LaunchConfig& config, const Resolve
   }
   resolve_in_memory_restart(config, o);
   say_what_hang_detection_watches(o);
+  say_what_straggler_detection_compares(config, o);
   o.health_check = config.health_check;
   o.health_check_interval = config.health_check_interval;
   o.file_timer_path = file_timer_path(log_dir);

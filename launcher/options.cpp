@@ -111,6 +111,17 @@ const std::vector<OptionSpec> kOptions = {
    "worker, or ddplaunch.step(); every step of the worker SDK) and then reports none for SECONDS "
    "hangs: its stacks are dumped and the group restarts. 'auto': 5 x the slowest step seen, at "
    "least 60 s (docs/agent.md)."},
+  {"straggler", 0, false, "off|report|replace", "report",
+   Group::kFaultTolerance, "What the rendezvous does about a straggler: a node whose busy time per "
+   "step (the time its ranks do not wait for the others) stays at --straggler_factor x the other "
+   "nodes' median or more for --straggler_window: 'report' names it (event, metric, a status "
+   "line), 'replace' also drains it onto a waiting --spare node (docs/maintenance.md). The job's "
+   "policy: every node gives the same."},
+  {"straggler_factor", 0, false, "X", "1.5",
+   Group::kFaultTolerance, "Busy time over the other nodes' median that makes a node slow (1.05 to 100)."},
+  {"straggler_window", 0, false, "SECONDS", "60",
+   Group::kFaultTolerance, "How long a node stays slow before it is named a straggler, and below half "
+   "the excess before it is cleared."},
   {"crash_loop_limit", 0, false, "N", "0 (off)",
    Group::kFaultTolerance, "Fail the job after N restarts in a row in which no rank reported a "
    "step or checkpoint beyond the best seen so far."},

@@ -7,6 +7,11 @@ before it imports torch.
   (torch's global optimizer step hook, torch 2.0 and later), so --hang_timeout, --standby and the
   progress metrics see the steps of a script that never imports ddplaunch. An explicit
   ddplaunch.step() wins: from the first one on, the optimizer no longer counts.
+- Busy time per step, for --straggler: the time from the end of one optimizer step to the end of
+  the next forward of a DistributedDataParallel model (a forward hook on each DDP model). It
+  holds data loading, the forward and any no_sync() micro-batches, and none of the wait for
+  slower peers in the gradient all-reduce, which happens in the backward after it. A rank
+  whose busy time stays above the others' is the straggler the daemon names.
 - A clean exit with Gloo: see _wait_for_idle_gloo_threads.
 
 Nothing here imports torch or the ddplaunch package: the package reads the worker's progress
@@ -15,12 +20,17 @@ assignment; this module imports it at the first optimizer step.
 """
 
 import atexit
+import functools
 import os
 import sys
 import time
 
 _installed = False
 _progress = None  # the ddplaunch package, imported at the first optimizer step
+_BUSY_WEIGHT = 0.1      # the moving average's weight of a new step: about the last 10 steps count
+_busy = 0.0             # busy time per step (s), the moving average; 0.0 until measured
+_step_end = None        # time.perf_counter() when the last optimizer step ended
+_forward_end = None     # when the last forward of a DDP model ended
 
 
 def install():
@@ -33,6 +43,10 @@ def install():
         _register_step_hook(sys.modules["torch.optim.optimizer"])
     else:
         sys.meta_path.insert(0, _AfterImport("torch.optim.optimizer", _register_step_hook))
+    if "torch.nn.parallel.distributed" in sys.modules:
+        _time_ddp_forwards(sys.modules["torch.nn.parallel.distributed"])
+    else:
+        sys.meta_path.insert(0, _AfterImport("torch.nn.parallel.distributed", _time_ddp_forwards))
     # Registered before anything of the user's: atexit runs it last, after the user's handlers.
     atexit.register(_wait_for_idle_gloo_threads)
 
@@ -92,6 +106,40 @@ def _on_optimizer_step(optimizer, args, kwargs):
         import ddplaunch
         _progress = ddplaunch
     _progress._optimizer_step()
+    _measure_busy(time.perf_counter())
+
+
+def _measure_busy(now):
+    """At the end of an optimizer step: the busy time of the step, when a DDP forward ended since
+    the last one (a second optimizer of the same iteration has none of its own and is skipped)."""
+    global _busy, _step_end
+    if _step_end is not None and _forward_end is not None and _forward_end > _step_end:
+        sample = _forward_end - _step_end
+        _busy = sample if _busy == 0.0 else _busy + _BUSY_WEIGHT * (sample - _busy)
+        _progress._set_busy(_busy)
+    _step_end = now
+
+
+def _time_ddp_forwards(distributed_module):
+    """Every DistributedDataParallel made from now on notes when its forward ends: its
+    constructor is wrapped to register a forward hook as it returns (forward itself, and the
+    gradient all-reduce, are left as they are)."""
+    ddp_class = getattr(distributed_module, "DistributedDataParallel", None)
+    if ddp_class is None:
+        return
+    plain_init = ddp_class.__init__
+
+    @functools.wraps(plain_init)
+    def init(self, *args, **kwargs):
+        plain_init(self, *args, **kwargs)
+        self.register_forward_hook(_on_ddp_forward)
+
+    ddp_class.__init__ = init
+
+
+def _on_ddp_forward(module, args, output):
+    global _forward_end
+    _forward_end = time.perf_counter()
 
 
 # The Gloo backend of torch 2.x frees a finished collective's work on its own worker thread, a

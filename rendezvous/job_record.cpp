@@ -109,6 +109,7 @@ std::string encode_record(const JobRecord& r) {
             {"max_nodes", r.max_nodes},
             {"max_restarts", r.max_restarts},
             {"timeouts", r.timeouts},
+            {"straggler", r.straggler},
             {"generation", r.generation},
             {"restarts_used", r.restarts_used},
             {"failing", r.failing},
@@ -165,6 +166,9 @@ std::variant<JobRecord, std::string> decode_record(std::string_view input) {
     if (auto err = decode_timeouts(t, r.timeouts)) throw Bad{*err};
     if (r.timeouts.heartbeat_timeout <= 0 || r.timeouts.join_timeout <= 0) {
       throw Bad{"\"timeouts\": join_timeout and heartbeat_timeout must be positive"};
+    }
+    if (auto st = j.find("straggler"); st != j.end()) {  // absent from a record that predates it
+      if (auto err = decode_straggler(*st, r.straggler)) throw Bad{*err};
     }
     r.generation = static_cast<std::uint64_t>(integer(j, "generation", 0, 1LL << 53));
     r.restarts_used = static_cast<int>(integer(j, "restarts_used", 0, r.max_restarts));

@@ -41,6 +41,7 @@ struct JobRecord {
   int max_nodes = 1;
   int max_restarts = 0;
   Timeouts timeouts;
+  StragglerPolicy straggler;
   std::uint64_t generation = 0;  // the last round formed; 0 = none yet
   int restarts_used = 0;
   bool failing = false;                 // the budget is spent: the job fails once its nodes stopped

@@ -19,7 +19,7 @@ DaemonMetrics::DaemonMetrics()
                   .Register(registry_)),
       restarts_(prometheus::BuildCounter()
                     .Name("ddp_rendezvous_restarts_total")
-                    .Help("Rounds ended for a restart, by cause (worker_failure, node_lost, node_left, drain, "
+                    .Help("Rounds ended for a restart, by cause (worker_failure, node_lost, node_left, drain, straggler, "
                           "node_joined, job_failing, membership) and whether the restart counted against --max_restarts")
                     .Register(registry_)),
       failures_(prometheus::BuildCounter()
@@ -91,6 +91,12 @@ std::string DaemonMetrics::render(const Gauges& g, std::size_t connections) cons
                      .Help("Per job: nodes waiting beside its running round to take a failed or drained node's place")
                      .Register(now);
   for (const auto& [job, n] : g.spares) spares.Add({{"job", job}}).Set(static_cast<double>(n));
+  auto& stragglers = prometheus::BuildGauge()
+                         .Name("ddp_rendezvous_straggler_nodes")
+                         .Help("Per job: nodes named stragglers (busy time per step above --straggler_factor x the "
+                               "others' median for --straggler_window)")
+                         .Register(now);
+  for (const auto& [job, n] : g.stragglers) stragglers.Add({{"job", job}}).Set(static_cast<double>(n));
   auto& conns = prometheus::BuildGauge()
                     .Name("ddp_rendezvous_connections")
                     .Help("Open client connections (agents and status queries)")

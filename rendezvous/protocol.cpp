@@ -173,6 +173,17 @@ std::optional<std::string> read_timeouts(const json& j, Timeouts& t) {
   return f.error();
 }
 
+std::optional<std::string> read_straggler(const json& j, StragglerPolicy& p) {
+  Fields f(j, "straggler");
+  f.string("mode", p.mode, 16);
+  f.number("factor", p.factor, kMinStragglerFactor, kMaxStragglerFactor);
+  f.number("window", p.window, 1, kMaxTimeoutSeconds);
+  if (!f.error() && p.mode != "off" && p.mode != "report" && p.mode != "replace") {
+    f.fail("field \"mode\" must be off, report or replace");
+  }
+  return f.error();
+}
+
 // Counts the fingerprint's entries and checks its shape; false with `why` when it breaks a limit.
 bool check_fingerprint_value(const json& v, int depth, std::size_t& entries, std::string& why) {
   if (++entries > kMaxFingerprintEntries) {
@@ -239,6 +250,9 @@ std::optional<std::string> read_node_spec(const json& j, NodeSpec& s) {
   }
   if (const json* t = f.object("timeouts")) {
     if (auto err = read_timeouts(*t, s.timeouts)) f.fail(*err);
+  }
+  if (const json* t = f.object("straggler")) {
+    if (auto err = read_straggler(*t, s.straggler)) f.fail(*err);
   }
   return f.error();
 }
@@ -334,11 +348,16 @@ std::optional<std::string> decode_connection_body(MessageType type, const json& 
     case MessageType::heartbeat: {
       Fields f(j, "heartbeat");
       Heartbeat h;
-      if (j.contains("step") || j.contains("checkpoint_step") || j.contains("checkpoint_interval")) {
+      if (j.contains("step") || j.contains("checkpoint_step") || j.contains("checkpoint_interval") ||
+          j.contains("busy")) {
         NodeProgress p;
         f.integer("step", p.step, -1, kMaxReportedStep);
         f.integer("checkpoint_step", p.checkpoint_step, -1, kMaxReportedStep);
         f.number("checkpoint_interval", p.checkpoint_interval, 0, kMaxTimeoutSeconds);
+        if (j.contains("busy") && f.require("busy_rank")) {
+          f.number("busy", p.busy, 0, kMaxTimeoutSeconds);
+          f.integer("busy_rank", p.busy_local_rank, 0, kMaxLocalWorldSize - 1);
+        }
         h.progress = p;
       }
       m.body = std::move(h);
@@ -558,6 +577,7 @@ std::optional<std::string> decode_body(MessageType type, const json& j, Message&
 
 // Job records in etcd (rendezvous/job_record.cpp) reuse the message field checks.
 std::optional<std::string> decode_timeouts(const json& j, Timeouts& t) { return read_timeouts(j, t); }
+std::optional<std::string> decode_straggler(const json& j, StragglerPolicy& p) { return read_straggler(j, p); }
 std::optional<std::string> decode_failure(const json& j, WorkerFailure& w) { return read_failure(j, w); }
 
 const char* to_string(MessageType type) {
@@ -603,159 +623,6 @@ Decoded decode(std::string_view payload) {
   return out;
 }
 
-// ---- encoding ----
-
-namespace {
-
-// The proof of a hello, a status or a drain request; only a hello must name its job.
-void add_hello_fields(const Hello& h, bool job_id_always, json& j) {
-  j["protocol_version"] = h.protocol_version;
-  if (!h.job_id.empty() || job_id_always) j["job_id"] = h.job_id;
-  j["client_nonce"] = h.client_nonce;
-  j["proof"] = h.proof;
-}
-
-// The fields of the messages of a connection itself (the handshake, errors), stall reports and
-// the operator's drain; none for the others.
-void add_connection_fields(const Message& m, json& j) {
-  switch (m.type) {
-    case MessageType::greeting: {
-      const auto& g = std::get<Greeting>(m.body);
-      j["protocol_version"] = g.protocol_version;
-      j["magic"] = g.magic;
-      break;
-    }
-    case MessageType::hello:
-    case MessageType::status:
-      add_hello_fields(std::get<Hello>(m.body), m.type == MessageType::hello, j);
-      break;
-    case MessageType::challenge: {
-      const auto& c = std::get<Challenge>(m.body);
-      j["protocol_version"] = c.protocol_version;
-      j["nonce"] = c.nonce;
-      j["magic"] = c.magic;
-      break;
-    }
-    case MessageType::welcome: {
-      const auto& w = std::get<Welcome>(m.body);
-      j["protocol_version"] = w.protocol_version;
-      j["proof"] = w.proof;
-      break;
-    }
-    case MessageType::error: {
-      const auto& e = std::get<ErrorMessage>(m.body);
-      j["code"] = e.code;
-      j["message"] = e.message;
-      break;
-    }
-    case MessageType::stall:
-      j["stalled_for"] = std::get<Stall>(m.body).stalled_for;
-      break;
-    case MessageType::drain: {
-      const auto& d = std::get<Drain>(m.body);
-      add_hello_fields(d.hello, false, j);
-      j["job"] = d.job;
-      j["node"] = d.node;
-      j["force"] = d.force;
-      break;
-    }
-    case MessageType::drained: {
-      const auto& d = std::get<Drained>(m.body);
-      j["job_id"] = d.job_id;
-      j["node"] = d.node;
-      j["message"] = d.message;
-      break;
-    }
-    default:
-      break;
-  }
-}
-
-}  // namespace
-
-json to_json(const Message& m) {
-  json j = {{"type", to_string(m.type)}};
-  switch (m.type) {
-    case MessageType::join:
-      j["node"] = std::get<NodeSpec>(m.body);
-      break;
-    case MessageType::failure:
-      j["failure"] = std::get<WorkerFailure>(m.body);
-      break;
-    case MessageType::greeting:
-    case MessageType::hello:
-    case MessageType::status:
-    case MessageType::challenge:
-    case MessageType::welcome:
-    case MessageType::error:
-    case MessageType::stall:
-    case MessageType::drain:
-    case MessageType::drained:
-      add_connection_fields(m, j);
-      break;
-    case MessageType::heartbeat:
-      if (const auto& p = std::get<Heartbeat>(m.body).progress) {
-        j["step"] = p->step;
-        j["checkpoint_step"] = p->checkpoint_step;
-        j["checkpoint_interval"] = p->checkpoint_interval;
-      }
-      break;
-    case MessageType::success:
-    case MessageType::leave:
-    case MessageType::heartbeat_ack:
-    case MessageType::probe:
-      break;
-    case MessageType::round:
-      j["assignment"] = std::get<Assignment>(m.body);
-      break;
-    case MessageType::restart: {
-      const auto& r = std::get<Restart>(m.body);
-      j["reason"] = r.reason;
-      j["counted"] = r.counted;
-      if (r.failing) j["failing"] = true;  // absent: false (older agents ignore it)
-      if (r.failure) j["failure"] = true;  // the same
-      j["restart_count"] = r.restart_count;
-      j["max_restarts"] = r.max_restarts;
-      break;
-    }
-    case MessageType::job_succeeded:
-      j["job_id"] = std::get<JobSucceeded>(m.body).job_id;
-      break;
-    case MessageType::job_failed: {
-      const auto& f = std::get<JobFailed>(m.body);
-      j["failure"] = f.failure;
-      j["summary"] = f.summary;
-      break;
-    }
-    case MessageType::status_reply:
-      j["status"] = std::get<StatusReply>(m.body).status;
-      break;
-    case MessageType::resume:
-      return make_resume(std::get<ResumeRequest>(m.body));
-    case MessageType::resumed: {
-      const auto& r = std::get<Resumed>(m.body);
-      return make_resumed(r.generation, r.restart_count, r.rebuilt);
-    }
-    case MessageType::waiting: {
-      const auto& w = std::get<Waiting>(m.body);
-      j["job_id"] = w.job_id;
-      j["waiting"] = w.waiting;
-      j["rejoining"] = w.rejoining;
-      j["min_nodes"] = w.min_nodes;
-      j["max_nodes"] = w.max_nodes;
-      if (w.join_left) j["join_left"] = *w.join_left;
-      if (w.last_call_left) j["last_call_left"] = *w.last_call_left;
-      break;
-    }
-    case MessageType::not_leader:
-      j["leader"] = std::get<NotLeader>(m.body).leader;
-      break;
-  }
-  return j;
-}
-
-Frame encode(const Message& message) { return encode_frame(to_json(message)); }
-
 std::optional<std::string> validate_node_spec(const NodeSpec& s) {
   // The decoder's range checks, on the struct (specs built in-process: local rendezvous, tests;
   // cheap enough to run again on every join the server decoded).
@@ -783,6 +650,8 @@ std::optional<std::string> validate_node_spec(const NodeSpec& s) {
       return "timeouts must be between 0 and " + json(kMaxTimeoutSeconds).dump() + " s";
     }
   }
+  StragglerPolicy straggler;
+  if (auto err = read_straggler(json(s.straggler), straggler)) return err;
   if (!s.fingerprint.is_object()) return std::string("fingerprint must be a JSON object");
   std::size_t entries = 0;
   std::string why;

@@ -258,6 +258,7 @@ Decoded decode(std::string_view payload);
 // The field checks of messages, for other input of the same shape (job records in etcd): the
 // timeouts object and a failure report. nullopt = valid; else what is wrong. Never throw.
 std::optional<std::string> decode_timeouts(const nlohmann::json& j, Timeouts& t);
+std::optional<std::string> decode_straggler(const nlohmann::json& j, StragglerPolicy& p);
 std::optional<std::string> decode_failure(const nlohmann::json& j, WorkerFailure& w);
 
 nlohmann::json to_json(const Message& message);

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "rendezvous/json_fields.h"
+#include "rendezvous/protocol.h"
 
 namespace ddp::rdzv {
 
@@ -59,6 +60,9 @@ NodeSpec decode_node(const json& j) {
   s.timeouts.heartbeat_timeout = seconds(t, "heartbeat_timeout", false);
   if (t.contains("probe_timeout")) s.timeouts.probe_timeout = seconds(t, "probe_timeout", true);
   s.timeouts.shutdown_timeout = seconds(t, "shutdown_timeout", true);
+  if (auto st = j.find("straggler"); st != j.end()) {  // absent from an agent that predates it
+    if (auto err = decode_straggler(*st, s.straggler)) throw Bad{*err};
+  }
   return s;
 }
 

@@ -329,10 +329,10 @@ void Server::handle(Session& session, Message& message) {
   switch (message.type) {
     case MessageType::heartbeat:
       if (!session.member) session.set_deadline(options_.idle_timeout);
+      session.send(heartbeat_ack_);  // first: the progress may take this very node out (a straggler replaced)
       if (const auto& progress = std::get<Heartbeat>(message.body).progress; progress && session.member) {
         state_->progress(session.id(), *progress);
       }
-      session.send(heartbeat_ack_);
       return;
     case MessageType::join: {
       NodeSpec& spec = std::get<NodeSpec>(message.body);

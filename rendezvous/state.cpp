@@ -71,13 +71,6 @@ int StateMachine::group_rank_of(const Job& job, int rank) {
   return -1;
 }
 
-std::string StateMachine::describe(const Node& node) {
-  std::string s = node.spec.host.empty() ? node.spec.addr : node.spec.host;
-  if (!node.spec.addr.empty() && node.spec.addr != s) s += " (" + node.spec.addr + ")";
-  if (node.group_rank >= 0) s += " [group rank " + std::to_string(node.group_rank) + "]";
-  return s;
-}
-
 StateMachine::Job* StateMachine::job_of(ConnId conn) {
   auto it = conn_job_.find(conn);
   if (it == conn_job_.end()) return nullptr;
@@ -193,6 +186,14 @@ std::optional<std::string> StateMachine::policy_mismatch(const Job& job, const N
                      seconds_text(job.timeouts.*field));
     }
   }
+  if (spec.straggler.mode != job.straggler.mode) return differs("--straggler", spec.straggler.mode, job.straggler.mode);
+  if (spec.straggler.factor != job.straggler.factor) {
+    return differs("--straggler_factor", nlohmann::json(spec.straggler.factor).dump(),
+                   nlohmann::json(job.straggler.factor).dump());
+  }
+  if (spec.straggler.window != job.straggler.window) {
+    return differs("--straggler_window", seconds_text(spec.straggler.window), seconds_text(job.straggler.window));
+  }
   return std::nullopt;
 }
 
@@ -239,7 +240,7 @@ void StateMachine::join(ConnId conn, NodeSpec spec) {
       // or is drained (docs/maintenance.md). It never ends the round by arriving.
       out_.log("job " + job.id + ": " + describe(node) + " is a spare: " +
                (node.spec.spare ? "--spare" : "the round runs at MAX nodes"));
-      emit(job, "node_spare", "max_nodes", describe(node), {}, {{"spares", count(job, NodeState::Waiting)}});
+      emit(job, "node_spare", node.spec.spare ? "spare" : "max_nodes", describe(node), {}, {{"spares", count(job, NodeState::Waiting)}});
     }
   }
   const std::string id = job.id;
@@ -260,6 +261,7 @@ StateMachine::Job& StateMachine::job_for(const NodeSpec& spec, double now) {
   job.max_nodes = spec.max_nodes;
   job.max_restarts = spec.max_restarts;
   job.timeouts = spec.timeouts;
+  job.straggler = spec.straggler;
   job.gather_since = now;
   out_.log("job " + job.id + ": created (nnodes " + std::to_string(job.min_nodes) + ":" +
            std::to_string(job.max_nodes) + ", max_restarts " + std::to_string(job.max_restarts) + ")");
@@ -477,10 +479,13 @@ Assignment StateMachine::send_round(Job& job, const std::vector<std::pair<ConnId
   a.master_port = by_rank[0].second->spec.master_port;
   a.restart_count = job.restarts_used;
   a.max_restarts = job.max_restarts;
+  job.straggler_unreplaced_said = false;
   int offset = 0;
   for (std::size_t r = 0; r < by_rank.size(); ++r) {
     Node* node = by_rank[r].second;
     node->group_rank = static_cast<int>(r);
+    node->slow_since = node->fast_since = -1;  // a new round is judged afresh
+    node->straggler = false;
     a.group_rank = static_cast<int>(r);
     a.rank_offset = offset;
     offset += node->spec.local_world_size;

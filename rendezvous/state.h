@@ -101,6 +101,7 @@ struct Gauges {
   std::map<std::string, std::size_t> nodes_by_state;  // every node state name
   std::map<std::string, double> oldest_heartbeat_age;  // per live job: the silence of its most silent node (s)
   std::map<std::string, std::size_t> spares;  // per live job: nodes waiting beside its running round
+  std::map<std::string, std::size_t> stragglers;  // per live job: nodes named stragglers
   std::size_t finished_jobs_kept = 0;
 };
 
@@ -233,6 +234,14 @@ class StateMachine {
     std::uint64_t resumed_generation = 0;  // while restoring: the generation it resumed
     bool success_pending = false;        // while restoring: reported success, applied after
     std::optional<NodeProgress> progress;  // the last its heartbeats carried
+    // Stragglers (state_straggler.cpp): since when its busy time stands at --straggler_factor x
+    // the median of the others' or more (-1: it does not), whether it is named a straggler, and
+    // since when a named one stands below the line that clears it; the last comparison.
+    double slow_since = -1;
+    double fast_since = -1;
+    bool straggler = false;
+    double busy_ratio = 0;
+    double busy_median = 0;
   };
 
   struct Job {
@@ -241,6 +250,10 @@ class StateMachine {
     int max_nodes = 1;
     int max_restarts = 0;
     Timeouts timeouts;
+    StragglerPolicy straggler;
+    double straggler_quiet_until = 0;  // --straggler=replace: no second replacement before this
+    double next_straggler_judgement = 0;  // the busy times are compared again from then
+    bool straggler_unreplaced_said = false;  // "no spare to replace it" was said for this round
     JobState state = JobState::Gathering;
     std::uint64_t generation = 0;
     int restarts_used = 0;
@@ -362,6 +375,19 @@ class StateMachine {
             std::vector<int> ranks = {}, nlohmann::json fields = nlohmann::json::object(),
             const std::string& message = "");
   void prune_finished(double now);
+  // Takes a node out of its job for good (drain and straggler replacement): its agent hears
+  // `drained` with `why` and exits 0; a running round restarts without it (not counted), with a
+  // waiting spare in its place when there is one. Returns what follows, in words.
+  std::string take_out(Job& job, ConnId conn, const std::string& cause, const std::string& why, bool force);
+  // Compares the busy times of a running job's nodes and names, clears or replaces stragglers
+  // (state_straggler.cpp). `job` may be gone when it returns.
+  void judge_stragglers(Job& job, double now);
+  // The global rank of each running group rank's local rank 0, by group rank; one node's.
+  static std::vector<int> first_ranks(const Job& job);
+  static int first_rank_of(const std::vector<int>& first_ranks, const Node& node);
+  // "node B: 1.8x the median busy time for 60 s (rank 5: 412 ms vs 230 ms)"
+  static std::string straggler_line(const Node& node, int first_rank, double now);
+  static constexpr double kStragglerJudgementEvery = 1.0;  // s
   // The probe round's verdict once its answers are due: a probed node not heard from since is
   // lost (state_probe.cpp).
   void conclude_probes(Job& job, double now);

@@ -68,8 +68,7 @@ DrainResult StateMachine::drain(const std::string& job_id, const std::string& no
                                 ": give the group rank that ddp-rendezvous status shows instead");
   }
   const ConnId conn = matches.front();
-  Node& node = job.nodes.at(conn);
-  const bool running = node.state == NodeState::Running && job.state == JobState::Running;
+  const Node& node = job.nodes.at(conn);
   // The nodes the next round can have without it: the round's others and those waiting.
   const std::size_t left = count(job, NodeState::Running) + count(job, NodeState::Waiting) +
                            count(job, NodeState::Rejoining) - 1;
@@ -79,26 +78,32 @@ DrainResult StateMachine::drain(const std::string& job_id, const std::string& no
                                  ": start a spare node first, or pass --force (the job then waits join_timeout for one)");
   }
   const std::string who = describe(node);
-  const std::size_t spares = count(job, NodeState::Waiting) - (node.state == NodeState::Waiting ? 1 : 0);
-  remove_node(job, conn);
-  out_.drop(conn, "drained", "ddp-rendezvous drain took this node out of job " + job_id);
-  job.waiting_changed = true;
-  out_.log("job " + job.id + ": drained: " + who);
-  emit(job, "node_drained", "drain", who, {}, {{"force", force}, {"spares", spares}});
-  std::string message = "drained " + who + " from job " + job_id;
-  if (running) {
-    end_round(job, "node " + who + " was drained", false, "drain");
-    if (left < static_cast<std::size_t>(job.min_nodes)) {
-      message += "; the job waits join_timeout for " + std::to_string(job.min_nodes - left) + " more node(s)";
-    } else if (spares > 0) {
-      message += "; the job restarts with a waiting node in its place";
-    } else {
-      message += "; the job restarts with " + std::to_string(left) + " node(s)";
-    }
-  }
+  std::string message = "drained " + who + " from job " + job_id +
+                        take_out(job, conn, "drain", "ddp-rendezvous drain took this node out of job " + job_id, force);
   maybe_complete(job);
   erase_if_empty(job_id);
   return {"", message, who};
+}
+
+std::string StateMachine::take_out(Job& job, ConnId conn, const std::string& cause, const std::string& why, bool force) {
+  Node& node = job.nodes.at(conn);
+  const bool running = node.state == NodeState::Running && job.state == JobState::Running;
+  const std::size_t left = count(job, NodeState::Running) + count(job, NodeState::Waiting) +
+                           count(job, NodeState::Rejoining) - 1;
+  const std::string who = describe(node);
+  const std::size_t spares = count(job, NodeState::Waiting) - (node.state == NodeState::Waiting ? 1 : 0);
+  remove_node(job, conn);
+  out_.drop(conn, "drained", why);
+  job.waiting_changed = true;
+  out_.log("job " + job.id + (cause == "drain" ? ": drained: " : ": replaced a straggler: ") + who);
+  emit(job, "node_drained", cause, who, {}, {{"force", force}, {"spares", spares}});
+  if (!running) return "";
+  end_round(job, "node " + who + (cause == "drain" ? " was drained" : " was replaced as a straggler"), false, cause);
+  if (left < static_cast<std::size_t>(job.min_nodes)) {
+    return "; the job waits join_timeout for " + std::to_string(job.min_nodes - left) + " more node(s)";
+  }
+  if (spares > 0) return "; the job restarts with a waiting node in its place";
+  return "; the job restarts with " + std::to_string(left) + " node(s)";
 }
 
 }  // namespace ddp::rdzv

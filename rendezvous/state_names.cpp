@@ -1,5 +1,5 @@
-// What the state machine shows of itself: its states' names, durations as text, and the
-// natural order of host names in which new nodes take group ranks.
+// What the state machine shows of itself: its states' names, a node as its messages name it,
+// durations as text, and the natural order of host names in which new nodes take group ranks.
 #include "rendezvous/state.h"
 
 #include <sstream>
@@ -10,6 +10,13 @@ std::string seconds_text(double s) {
   std::ostringstream os;
   os << s << " s";
   return os.str();
+}
+
+std::string StateMachine::describe(const Node& node) {
+  std::string s = node.spec.host.empty() ? node.spec.addr : node.spec.host;
+  if (!node.spec.addr.empty() && node.spec.addr != s) s += " (" + node.spec.addr + ")";
+  if (node.group_rank >= 0) s += " [group rank " + std::to_string(node.group_rank) + "]";
+  return s;
 }
 
 bool natural_less(std::string_view a, std::string_view b) {

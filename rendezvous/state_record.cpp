@@ -52,6 +52,7 @@ std::optional<JobRecord> StateMachine::record(const std::string& job_id) const {
   r.max_nodes = job.max_nodes;
   r.max_restarts = job.max_restarts;
   r.timeouts = job.timeouts;
+  r.straggler = job.straggler;
   r.generation = job.generation;
   r.restarts_used = job.restarts_used;
   r.failing = job.failing;
@@ -96,6 +97,7 @@ bool StateMachine::load(const JobRecord& r) {
   job.max_nodes = r.max_nodes;
   job.max_restarts = r.max_restarts;
   job.timeouts = r.timeouts;
+  job.straggler = r.straggler;
   job.generation = r.generation;
   job.restarts_used = r.restarts_used;
   job.failing = r.failing;

@@ -68,6 +68,7 @@ void StateMachine::restore_job(ConnId conn, const ResumeRequest& r) {
   job.max_nodes = r.node.max_nodes;
   job.max_restarts = r.node.max_restarts;
   job.timeouts = r.node.timeouts;
+  job.straggler = r.node.straggler;
   job.state = JobState::Restoring;
   job.generation = r.assignment.generation;
   job.restarts_used = r.assignment.restart_count;

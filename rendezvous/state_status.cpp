@@ -118,7 +118,10 @@ void StateMachine::progress(ConnId conn, const NodeProgress& progress) {
   Job* job = job_of(conn);
   if (!job) return;
   auto it = job->nodes.find(conn);
-  if (it != job->nodes.end()) it->second.progress = progress;
+  if (it == job->nodes.end()) return;
+  it->second.progress = progress;
+  if (progress.busy_local_rank >= it->second.spec.local_world_size) it->second.progress->busy_local_rank = -1;
+  judge_stragglers(*job, clock_.now());
 }
 
 nlohmann::json StateMachine::job_status(const Job& job, double now) const {
@@ -126,6 +129,8 @@ nlohmann::json StateMachine::job_status(const Job& job, double now) const {
   {
     nlohmann::json nodes = nlohmann::json::array();
     double checkpoint_interval = 0;  // the job's: the longest any node's workers chose
+    nlohmann::json stragglers = nlohmann::json::array();  // a line for each named straggler
+    const std::vector<int> first = first_ranks(job);
     for (const auto& [conn, node] : job.nodes) {
       // A finished node keeps the rank of its last round (finished jobs stay listed).
       nodes.push_back({{"group_rank", node.state == NodeState::Running || node.state == NodeState::Succeeded ||
@@ -144,6 +149,14 @@ nlohmann::json StateMachine::job_status(const Job& job, double now) const {
         if (node.progress->checkpoint_step >= 0) row["last_checkpoint"] = node.progress->checkpoint_step;
         if (node.progress->checkpoint_interval > 0) row["checkpoint_interval"] = node.progress->checkpoint_interval;
         checkpoint_interval = std::max(checkpoint_interval, node.progress->checkpoint_interval);
+        if (node.progress->busy_local_rank >= 0 && node.state == NodeState::Running) {
+          row["busy"] = node.progress->busy;
+          row["busy_rank"] = first_rank_of(first, node) + node.progress->busy_local_rank;
+        }
+      }
+      if (node.straggler) {
+        nodes.back()["straggler"] = true;
+        stragglers.push_back(straggler_line(node, first_rank_of(first, node), now));
       }
       if (job.nodes.size() <= kStatusFingerprintNodes && !node.spec.fingerprint.empty()) {
         nodes.back()["fingerprint"] = node.spec.fingerprint;
@@ -182,6 +195,8 @@ nlohmann::json StateMachine::job_status(const Job& job, double now) const {
                     {"max_nodes", job.max_nodes},
                     {"restarts_used", job.restarts_used},
                     {"max_restarts", job.max_restarts},
+                    {"straggler_policy", job.straggler},
+                    {"stragglers", std::move(stragglers)},
                     {"rebuilt_from_resumes", job.rebuilt_at.has_value()},
                     {"rebuilt_seconds_ago", job.rebuilt_at ? nlohmann::json(now - *job.rebuilt_at) : nlohmann::json()},
                     {"nodes", std::move(nodes)}};
@@ -222,13 +237,15 @@ Gauges StateMachine::gauges() const {
       g.nodes_by_state[state_name(static_cast<NodeState>(s))] += job.counts[s];
     }
     double oldest = 0;
-    std::size_t spares = 0;
+    std::size_t spares = 0, stragglers = 0;
     for (const auto& [conn, node] : job.nodes) {
       oldest = std::max(oldest, now - node.last_seen);
       spares += is_spare(job, node);
+      stragglers += node.straggler;
     }
     g.oldest_heartbeat_age[id] = oldest;
     g.spares[id] = spares;
+    g.stragglers[id] = stragglers;
   }
   for (const auto& f : finished_) {
     if (f.forgotten_at > now) ++g.finished_jobs_kept;

@@ -273,6 +273,16 @@ std::string text_of(const nlohmann::json& j, const char* key, const char* missin
   return it->dump();
 }
 
+// "straggler: node B: 1.8x the median busy time for 60 s (rank 5: 412 ms vs 230 ms)", one line
+// for each node the server named a straggler (docs/maintenance.md, "Stragglers").
+void write_stragglers(std::ostream& os, const nlohmann::json& job, const char* indent) {
+  auto lines = job.find("stragglers");
+  if (lines == job.end() || !lines->is_array()) return;
+  for (const auto& line : *lines) {
+    if (line.is_string()) os << indent << "straggler: " << line.get<std::string>() << "\n";
+  }
+}
+
 // A node's state as the tables show it: a node waiting beside a running round is a spare.
 std::string node_state(const nlohmann::json& n) {
   auto spare = n.find("spare");
@@ -336,6 +346,7 @@ std::string format_watch(const nlohmann::json& status, const std::string& header
       os << "    checkpoints every " << interval_text(job.at("checkpoint_interval").get<double>())
          << " (the workers' automatic cadence)\n";
     }
+    write_stragglers(os, job, "    ");
     std::snprintf(line, sizeof line, "    %-5s %-24s %-10s %-11s %-10s %s\n", "RANK", "HOST", "STATE", "HEARTBEAT",
                   "LAST STEP", "CHECKPOINT");
     os << line;
@@ -449,6 +460,7 @@ std::string format_status(const nlohmann::json& status) {
       os << "  checkpoints every " << interval_text(job.at("checkpoint_interval").get<double>())
          << " (the workers' automatic cadence)\n";
     }
+    write_stragglers(os, job, "  ");
     std::snprintf(line, sizeof line, "  %-10s %-24s %-40s %-7s %-10s %-14s %-10s %s\n", "group_rank", "host", "address",
                   "workers", "state", "last_heartbeat", "last_step", "checkpoint");
     os << line;

@@ -30,6 +30,16 @@ void from_json(const nlohmann::json& j, Timeouts& v) {
   read_opt(j, "shutdown_timeout", v.shutdown_timeout);
 }
 
+void to_json(nlohmann::json& j, const StragglerPolicy& v) {
+  j = {{"mode", v.mode}, {"factor", v.factor}, {"window", v.window}};
+}
+
+void from_json(const nlohmann::json& j, StragglerPolicy& v) {
+  read_opt(j, "mode", v.mode);
+  read_opt(j, "factor", v.factor);
+  read_opt(j, "window", v.window);
+}
+
 void to_json(nlohmann::json& j, const NodeSpec& v) {
   j = {{"job_id", v.job_id},
        {"host", v.host},
@@ -42,7 +52,8 @@ void to_json(nlohmann::json& j, const NodeSpec& v) {
        {"master_port", v.master_port},
        {"env_check", v.env_check},
        {"fingerprint", v.fingerprint},
-       {"timeouts", v.timeouts}};
+       {"timeouts", v.timeouts},
+       {"straggler", v.straggler}};
   if (v.progress) j["progress"] = true;  // absent otherwise: the join of an older agent
   if (v.spare) j["spare"] = true;
 }
@@ -60,6 +71,7 @@ void from_json(const nlohmann::json& j, NodeSpec& v) {
   read_opt(j, "env_check", v.env_check);
   read_opt(j, "fingerprint", v.fingerprint);
   read_opt(j, "timeouts", v.timeouts);
+  read_opt(j, "straggler", v.straggler);
   read_opt(j, "progress", v.progress);
   read_opt(j, "spare", v.spare);
 }

@@ -22,6 +22,20 @@ struct Timeouts {
   double shutdown_timeout = 30.0;    // SIGTERM -> SIGKILL grace for workers
 };
 
+// --straggler, --straggler_factor, --straggler_window: what the server does about a node whose
+// busy time per step stays above the other nodes' (docs/maintenance.md, "Stragglers"). The job's
+// policy, set by its first node like --max_restarts.
+struct StragglerPolicy {
+  std::string mode = "report";  // off | report (event, metric, status) | replace (drain onto a spare)
+  double factor = 1.5;          // slow: busy time >= factor x the median of the other nodes'
+  double window = 60.0;         // s a node stays slow before it is named, and fast before it is cleared
+  bool operator==(const StragglerPolicy& o) const {
+    return mode == o.mode && factor == o.factor && window == o.window;
+  }
+};
+inline constexpr double kMinStragglerFactor = 1.05;
+inline constexpr double kMaxStragglerFactor = 100.0;
+
 // What an agent says about itself when it joins (or rejoins) a job's rendezvous.
 struct NodeSpec {
   std::string job_id;            // --rdzv_id
@@ -37,6 +51,7 @@ struct NodeSpec {
   std::string env_check = "strict";  // strict | warn | off
   nlohmann::json fingerprint = nlohmann::json::object();  // this node's software fingerprint
   Timeouts timeouts;
+  StragglerPolicy straggler;
   // This agent understands `waiting` (the counts of a gathering job); the server sends
   // it to such nodes only, so agents that predate it never see it. Default false.
   bool progress = false;
@@ -86,6 +101,8 @@ bool explains(const WorkerFailure& a, const WorkerFailure& b);
 
 void to_json(nlohmann::json& j, const Timeouts& v);
 void from_json(const nlohmann::json& j, Timeouts& v);
+void to_json(nlohmann::json& j, const StragglerPolicy& v);
+void from_json(const nlohmann::json& j, StragglerPolicy& v);
 void to_json(nlohmann::json& j, const NodeSpec& v);
 void from_json(const nlohmann::json& j, NodeSpec& v);
 void to_json(nlohmann::json& j, const Assignment& v);
@@ -95,14 +112,20 @@ void from_json(const nlohmann::json& j, WorkerFailure& v);
 
 // What a node's workers reported on their progress slots (contracts/progress_slot.h), carried by
 // its agent's heartbeats for `status` to show. Optional fields on the wire: "step",
-// "checkpoint_step" (integers, -1 = none) and "checkpoint_interval" (seconds, 0 = none).
+// "checkpoint_step" (integers, -1 = none), "checkpoint_interval" (seconds, 0 = none), "busy"
+// (seconds) and "busy_rank" (a local rank; both absent when no worker measured its busy time).
 inline constexpr std::int64_t kMaxReportedStep = std::int64_t{1} << 62;  // a step or checkpoint on the wire
 struct NodeProgress {
   std::int64_t step = -1;             // the highest step a local worker reported this round
   std::int64_t checkpoint_step = -1;  // the highest checkpoint step a local worker reported
   double checkpoint_interval = 0;     // the workers' automatic checkpoint interval (s)
+  // The busy time per step of its slowest local rank (s; contracts/progress_slot.h, busy_us), and
+  // that rank's local rank; -1 = no worker measured it.
+  double busy = 0;
+  int busy_local_rank = -1;
   bool operator==(const NodeProgress& o) const {
-    return step == o.step && checkpoint_step == o.checkpoint_step && checkpoint_interval == o.checkpoint_interval;
+    return step == o.step && checkpoint_step == o.checkpoint_step && checkpoint_interval == o.checkpoint_interval &&
+           busy == o.busy && busy_local_rank == o.busy_local_rank;
   }
 };
 

@@ -137,8 +137,9 @@ def main():
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-every", type=int, default=20, help="steps between progress lines (default 20)")
-    p.add_argument("--step-delay", type=float, default=0.0,
-                   help="seconds to sleep in each step (stands in for a bigger model; default 0)")
+    p.add_argument("--step-delay", type=float, default=float(os.environ.get("ELASTIC_DDP_STEP_DELAY", "0")),
+                   help="seconds to sleep in each step (stands in for a bigger model; default "
+                        "$ELASTIC_DDP_STEP_DELAY or 0: a test makes one node slow with it)")
     args = p.parse_args()
     for name in ("checkpoint_every", "keep", "epochs", "batch_size", "samples"):
         if getattr(args, name) <= 0:

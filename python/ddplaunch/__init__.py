@@ -51,6 +51,7 @@ _PHASE_SIZE = 32
 _ABANDONED_OFFSET = 56
 _INTERVAL_OFFSET = 64  # checkpoint_interval_ms
 _FINAL_OFFSET = 72
+_BUSY_OFFSET = 80      # busy_us: busy time per step (python/ddplaunch_autostart.py measures it)
 _DONE_BEATS = 0xFFFFFFFFFFFFFFFF  # the worker finished its steps: not watched
 _BEATS_WORD, _STEP_WORD, _CHECKPOINT_WORD = _BEATS_OFFSET // 8, _STEP_OFFSET // 8, _CHECKPOINT_OFFSET // 8
 
@@ -186,6 +187,22 @@ def _set_final():
 
 def _final():
     return _bytes is not None and _bytes[_FINAL_OFFSET:_FINAL_OFFSET + 8].cast("Q")[0] != 0
+
+
+def _set_busy(seconds):
+    """Reports this worker's busy time per step (the time it does not wait for its peers), which
+    the daemon compares across nodes to find a straggler. Nothing without an agent."""
+    if _bytes is None:
+        return
+    micros = max(0, min(int(round(float(seconds) * 1e6)), 0x7FFFFFFFFFFFFFFF))
+    _bytes[_BUSY_OFFSET:_BUSY_OFFSET + 8].cast("Q")[0] = micros
+
+
+def _get_busy():
+    """The reported busy time per step in seconds; 0.0 when none was reported or without an agent."""
+    if _bytes is None:
+        return 0.0
+    return _bytes[_BUSY_OFFSET:_BUSY_OFFSET + 8].cast("Q")[0] / 1e6
 
 
 @contextlib.contextmanager

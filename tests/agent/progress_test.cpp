@@ -85,6 +85,7 @@ TEST_SUITE("progress heartbeats decide when a rank hangs") {
     CHECK(s.phase == "forward/backward");
     CHECK(s.checkpoint_interval_ms == 90500);
     CHECK(s.final);
+    CHECK(s.busy_us == 412000);
     CHECK(board.abandoned(1));
 
     board.reset();
@@ -93,6 +94,7 @@ TEST_SUITE("progress heartbeats decide when a rank hangs") {
     auto written = beat(7, 1234, "forward/backward", 1200);
     written.checkpoint_interval_ms = 90500;
     written.final = true;
+    written.busy_us = 412000;
     board.write(1, written);
     board.abandon_slot(1);
     CHECK(slot_bytes(board, 1) == golden);
@@ -134,6 +136,27 @@ TEST_SUITE("progress heartbeats decide when a rank hangs") {
       CHECK(got->checkpoint_step == row.checkpoint);
       CHECK(got->checkpoint_interval == doctest::Approx(row.interval));
     }
+  }
+
+  TEST_CASE("a node's busy time for the rendezvous: its slowest stepping rank's, with that local rank") {
+    auto sample = [](uint64_t beats, uint64_t busy_us) {
+      ProgressSample s;
+      s.beats = beats;
+      s.step = 10;
+      s.busy_us = busy_us;
+      return s;
+    };
+    auto got = summarize({sample(5, 200000), sample(5, 412000), sample(5, 230000)});
+    REQUIRE(got);
+    CHECK(got->busy == doctest::Approx(0.412));
+    CHECK(got->busy_local_rank == 1);
+    got = summarize({sample(5, 0), sample(5, 0)});  // measured by nobody: not said
+    REQUIRE(got);
+    CHECK(got->busy_local_rank == -1);
+    got = summarize({sample(0, 999000), sample(5, 100000)});  // a rank that never stepped: stale
+    CHECK(got->busy_local_rank == 1);
+    got = summarize({sample(5, std::numeric_limits<uint64_t>::max())});  // bounded as the wire bounds it
+    CHECK(got->busy == doctest::Approx(1e7));
   }
 
   TEST_CASE("an abandoned round is seen in every slot, survives the workers' writes, and ends with the round") {

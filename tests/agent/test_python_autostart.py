@@ -1,7 +1,7 @@
 """What ddplaunch does in a Python worker with no change to the script (python/ddplaunch_autostart.py):
 every optimizer.step() is a heartbeat, an explicit ddplaunch.step() wins without double counting,
 an unmodified DDP script that hangs is found and restarted, a sitecustomize of the user's still
-runs, and a Gloo worker never aborts at exit because a Gloo thread frees a collective's work
+runs, the busy time per step of a slow rank shows in its progress slot, and a Gloo worker never aborts at exit because a Gloo thread frees a collective's work
 while the interpreter finalizes. Real processes, Gloo on loopback, deadlines on every wait."""
 
 import json
@@ -120,6 +120,35 @@ with open(os.path.join(out, "gloo_%d.json" % rank), "w") as f:
 dist.destroy_process_group()
 """
 
+# The canonical Gloo DDP loop again, untouched: rank 1's data loading takes 40 ms a step. At the
+# end each rank reads the busy time per step its slot holds (busy_us, offset 80).
+UNMODIFIED_SLOW_RANK = """
+import json, mmap, os, struct, time
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+rank = int(os.environ["RANK"])
+dist.init_process_group("gloo", init_method="env://")
+model = DDP(torch.nn.Linear(16, 4))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+for step in range(30):
+    if rank == 1:
+        time.sleep(0.04)
+    batch = torch.rand(8, 16)
+    loss = model(batch).pow(2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+fd = os.open(os.environ["DDPLAUNCH_PROGRESS_FILE"], os.O_RDONLY)
+region = mmap.mmap(fd, 0, mmap.MAP_SHARED, mmap.PROT_READ)
+os.close(fd)
+busy_us = struct.unpack_from("<Q", region, int(os.environ["DDPLAUNCH_PROGRESS_SLOT"]) * 128 + 80)[0]
+with open(os.path.join(os.environ["OUT_DIR"], "busy_%d.json" % rank), "w") as f:
+    json.dump({"busy": busy_us / 1e6}, f)
+dist.destroy_process_group()
+"""
+
 # A standby runs it too, before it knows its rank: the file is named by the process.
 THEIR_SITECUSTOMIZE = """
 import os
@@ -177,6 +206,20 @@ class UnmodifiedScriptHang(LaunchTestCase):
         self.assertIn("restarting the workers", r.stderr, r.describe())
         for rank in (0, 1):
             self.assertTrue(os.path.exists(os.path.join(self.out, "finished_1_%d" % rank)), r.describe())
+
+
+class BusyTime(LaunchTestCase):
+    def test_an_unmodified_ddp_script_reports_the_slow_ranks_longer_busy_time(self):
+        script = self.script("slow_rank.py", UNMODIFIED_SLOW_RANK)
+        r = self.launch(["--nproc_per_node=2", "--python", PYTHON, script], timeout=240, env={"OUT_DIR": self.out})
+        self.assertEqual(r.returncode, 0, r.describe())
+        records = self.records("busy_")
+        fast, slow = records["busy_0.json"]["busy"], records["busy_1.json"]["busy"]
+        print("busy time per step: rank 0 %.1f ms, rank 1 (40 ms of data loading) %.1f ms" % (fast * 1e3, slow * 1e3))
+        # Rank 0 waits for rank 1 in the backward's all-reduce, which is not busy time.
+        self.assertGreaterEqual(slow, 0.040, r.describe())
+        self.assertGreater(fast, 0, r.describe())
+        self.assertLess(fast * 1.5, slow, "the slow rank's busy time is not above the default factor")
 
 
 class GlooExit(LaunchTestCase):

@@ -107,6 +107,7 @@ TEST_SUITE("the golden fixtures are what both sides read and write") {
     CHECK(u64_at(bytes, kAbandonedOffset) == 1);
     CHECK(static_cast<std::int64_t>(u64_at(bytes, kIntervalOffset)) == 90500);
     CHECK(u64_at(bytes, kFinalOffset) == 1);
+    CHECK(u64_at(bytes, kBusyOffset) == 412000);
 
     std::string slot(kSlotSize, '\0');
     put_u64_at(slot, kBeatsOffset, 7);
@@ -116,6 +117,7 @@ TEST_SUITE("the golden fixtures are what both sides read and write") {
     put_u64_at(slot, kAbandonedOffset, 1);
     put_u64_at(slot, kIntervalOffset, 90500);
     put_u64_at(slot, kFinalOffset, 1);
+    put_u64_at(slot, kBusyOffset, 412000);
     CHECK(slot == bytes);
   }
 }

@@ -106,6 +106,7 @@ class ProgressSlot(unittest.TestCase):
         self.assertTrue(ddplaunch.abandoned())
         self.assertEqual(ddplaunch._get_checkpoint_interval(), 90.5)
         self.assertTrue(ddplaunch._final())
+        self.assertEqual(ddplaunch._get_busy(), 0.412)
 
     def test_the_package_writes_the_golden_slot(self):
         path = self.slot_file(bytes(len(self.golden)))
@@ -116,6 +117,7 @@ class ProgressSlot(unittest.TestCase):
         ddplaunch._set_phase("forward/backward")
         ddplaunch._set_checkpoint_interval(90.5)
         ddplaunch._set_final()
+        ddplaunch._set_busy(0.412)
         with open(path, "rb") as f:
             written = f.read()
         # The abandoned word is the agent's to write (agent/progress.h): all but it is the worker's.

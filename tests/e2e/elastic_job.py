@@ -97,23 +97,32 @@ class TimedTrainTest:
     def assert_round_goes_on(self, job, before, steps, agents=(), banned=()):
         """Round `before` makes `steps` more steps than it had (within 60 s) and no round forms
         after it, while the ddplaunch of every node in `agents` keeps running and the daemon logs
-        no line that contains one of `banned`."""
+        no line that contains one of `banned`. The steps are the SDK's sample records."""
         target = len(before.steps) + steps
+
+        def stepped():
+            rounds = job.rounds()
+            self.assertEqual([r for r in rounds if r.generation > before.generation], [],
+                             "a new round formed\n" + job.describe())
+            made = len(next(r for r in rounds if r.generation == before.generation).steps)
+            return made >= target, "round %d made %d steps, not %d" % (before.generation, made, target)
+        self.wait_untouched(job, stepped, agents, banned)
+
+    def wait_untouched(self, job, stepped, agents, banned):
+        """Polls `stepped()` (done, what it saw) until done, 60 s at most, while the ddplaunch of
+        every node in `agents` keeps running and the daemon logs no line that contains one of
+        `banned`."""
         deadline = time.monotonic() + 60
         while True:
             for node in agents:
                 self.assertIsNone(job.agent(node).poll(), "ddplaunch on node%d exited\n%s" % (node, job.describe()))
             self.assertEqual([line for line in self.server_lines(job) if any(b in line for b in banned)], [],
                              job.describe())
-            rounds = job.rounds()
-            self.assertEqual([r for r in rounds if r.generation > before.generation], [],
-                             "a new round formed\n" + job.describe())
-            current = next(r for r in rounds if r.generation == before.generation)
-            if len(current.steps) >= target:
+            done, saw = stepped()
+            if done:
                 return
             if time.monotonic() > deadline:
-                self.fail("round %d made %d steps, not %d, within 60 s\n%s"
-                          % (before.generation, len(current.steps), target, job.describe()))
+                self.fail("%s within 60 s\n%s" % (saw, job.describe()))
             time.sleep(0.2)
 
     def assert_trained_well(self, job, samples, epochs, accuracy):
@@ -250,8 +259,10 @@ class ElasticJob:
         return cmd + ["--no_python", TRAIN, "--checkpoint-dir", self.checkpoint_dir] + self.program_args + \
             ["--sample-log", os.path.join(self.sample_dir, "g{generation}-r{rank}.log")]
 
-    def start_node(self, node):
-        env = dict(os.environ)
+    def start_node(self, node, env=None):
+        """Starts ddplaunch on `node`, with `env` added to the test's environment (its workers
+        inherit it)."""
+        env = dict(os.environ, **(env or {}))
         env.pop("TORCHELASTIC_RESTART_COUNT", None)
         # Every namespace's hostname resolves to 127.0.0.1 (/etc/hosts). GLOO_SOCKET_IFNAME is
         # deliberately not set: ddplaunch gives the workers the interface that reaches

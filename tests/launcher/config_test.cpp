@@ -748,6 +748,23 @@ TEST_SUITE("torchrun 2.x command lines are accepted") {
                    "a spare takes the group rank of the node it replaces"));
   }
 
+  TEST_CASE("--straggler, --straggler_factor and --straggler_window: defaults, values, and bad ones named") {
+    const LaunchConfig d = parse({"t.py"}).config;
+    CHECK(d.straggler == ddp::rdzv::StragglerPolicy{"report", 1.5, 60});
+    CHECK_FALSE(d.straggler_given);
+    const LaunchConfig c = parse({"--straggler=REPLACE", "--straggler_factor=1.8", "--straggler-window", "120", "t.py"}).config;
+    CHECK(c.straggler == ddp::rdzv::StragglerPolicy{"replace", 1.8, 120});
+    CHECK(c.straggler_given);
+    CHECK(parse({"--straggler=off", "t.py"}).config.straggler.mode == "off");
+    CHECK(contains(refusal({"--straggler=evict", "t.py"}).what(), "--straggler=evict: accepted: off, report"));
+    for (const char* bad : {"--straggler_factor=1", "--straggler_factor=x", "--straggler_factor=101"}) {
+      CHECK(contains(refusal({bad, "t.py"}).what(), "accepted: a number from 1.05 to 100"));
+    }
+    for (const char* bad : {"--straggler_window=0.5", "--straggler_window=-1", "--straggler_window=soon"}) {
+      CHECK(contains(refusal({bad, "t.py"}).what(), "--straggler_window"));
+    }
+  }
+
   TEST_CASE("--virtual_local_rank needs a device per local rank in CUDA_VISIBLE_DEVICES") {
     ScopedEnv env;
     env.set("CUDA_VISIBLE_DEVICES", "3,5");

@@ -42,6 +42,8 @@ class CommandLineTest(unittest.TestCase):
             (["--rdzv_conf=join_timeout"], "'join_timeout' has no value"),
             (["--max_restarts=-1"], "--max_restarts=-1"),
             (["--env_check=maybe"], "--env_check=maybe"),
+            (["--straggler=evict"], "--straggler=evict"),
+            (["--straggler_factor=0.9"], "--straggler_factor=0.9"),
             (["--nnodes=2"], "--node_rank"),
             (["--bogus"], "unknown option '--bogus'"),
         ]
@@ -54,6 +56,17 @@ class CommandLineTest(unittest.TestCase):
                 self.assertIn("ddplaunch --help", r.stderr, r.describe())
                 self.assertEqual(r.stdout, "", r.describe())
                 self.assertFalse(os.path.exists(self.marker), "a worker was started: " + r.describe())
+
+    def test_a_straggler_flag_with_nothing_to_compare_is_said_once_at_start(self):
+        # One node: no node to compare with. The job itself runs as without the flag.
+        r = self.ddplaunch("--straggler=report", "--no_python", "/usr/bin/touch", self.marker)
+        self.assertEqual(r.returncode, 0, r.describe())
+        self.assertEqual(r.stderr.count("--straggler: this job has one node (--nnodes=1), so there is no node to "
+                                        "compare this one with"), 1, r.describe())
+        self.assertTrue(os.path.exists(self.marker), r.describe())
+        # Without the flag (report is the default) nothing is said.
+        r = self.ddplaunch("--no_python", "/usr/bin/touch", self.marker)
+        self.assertNotIn("--straggler", r.stderr, r.describe())
 
     def test_missing_program_exits_2_with_the_synopsis(self):
         r = self.ddplaunch("--nproc_per_node=2")

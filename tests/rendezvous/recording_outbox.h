@@ -51,4 +51,18 @@ struct RecordingOutbox : Outbox {
   }
 };
 
+// Also records the events the state machine emits.
+struct EventOutbox : RecordingOutbox {
+  using RecordingOutbox::of;  // of(conn, type): messages sent
+  std::vector<ddp::metrics::Event> events;
+  void event(const ddp::metrics::Event& e) override { events.push_back(e); }
+  std::vector<const ddp::metrics::Event*> of(const std::string& type) const {
+    std::vector<const ddp::metrics::Event*> out;
+    for (const auto& e : events) {
+      if (e.type == type) out.push_back(&e);
+    }
+    return out;
+  }
+};
+
 }  // namespace ddp::rdzv::test

@@ -108,6 +108,31 @@ TEST_CASE("a join's fingerprint must be an object of bounded shape and size") {
   CHECK(decode_json(join).error->code == "bad_join");
 }
 
+TEST_CASE("a join's straggler policy travels whole, and its mode and ranges are checked") {
+  NodeSpec spec;
+  spec.job_id = "j";
+  spec.straggler = StragglerPolicy{"replace", 1.8, 120};
+  auto d = decode(payload_of(encode(make_join(spec))));
+  REQUIRE_FALSE(d.error);
+  CHECK(std::get<NodeSpec>(d.message->body).straggler == spec.straggler);
+  json join = to_json(make_join(spec));
+  join["node"].erase("straggler");  // an agent that predates it: the defaults
+  d = decode_json(join);
+  REQUIRE_FALSE(d.error);
+  CHECK(std::get<NodeSpec>(d.message->body).straggler == StragglerPolicy{});
+  for (json bad : {json{{"mode", "evict"}}, json{{"mode", 3}}, json{{"factor", 1.0}}, json{{"factor", 1e9}},
+                   json{{"window", 0.5}}, json{{"window", "60"}}, json::array({1})}) {
+    CAPTURE(bad.dump());
+    json j = join;
+    j["node"]["straggler"] = bad;
+    auto r = decode_json(j);
+    REQUIRE(r.error);
+    CHECK(r.error->code == "bad_join");
+  }
+  spec.straggler.mode = "sometimes";  // a spec built in-process is checked the same way
+  CHECK(validate_node_spec(spec));
+}
+
 TEST_CASE("a join's sizes and ranks are range-checked so no sum can overflow") {
   NodeSpec spec;
   spec.job_id = "j";
@@ -272,6 +297,8 @@ TEST_CASE("a heartbeat carries its node's progress when there is some, and its r
   p.step = 1234;
   p.checkpoint_step = 1200;
   p.checkpoint_interval = 90.5;
+  p.busy = 0.412;
+  p.busy_local_rank = 3;
   auto d = decode(payload_of(encode(make_heartbeat(p))));
   REQUIRE_FALSE(d.error);
   CHECK(is_client_message(MessageType::heartbeat));
@@ -293,7 +320,11 @@ TEST_CASE("a heartbeat carries its node's progress when there is some, and its r
                    json{{"type", "heartbeat"}, {"checkpoint_step", json::array({1})}},
                    json{{"type", "heartbeat"}, {"checkpoint_interval", -1}},
                    json{{"type", "heartbeat"}, {"checkpoint_interval", 1e300}},
-                   json{{"type", "heartbeat"}, {"checkpoint_interval", "90"}}}) {
+                   json{{"type", "heartbeat"}, {"checkpoint_interval", "90"}},
+                   json{{"type", "heartbeat"}, {"busy", 0.2}},
+                   json{{"type", "heartbeat"}, {"busy", 0.2}, {"busy_rank", kMaxLocalWorldSize}},
+                   json{{"type", "heartbeat"}, {"busy", -1}, {"busy_rank", 0}},
+                   json{{"type", "heartbeat"}, {"busy", true}, {"busy_rank", 0}}}) {
     CAPTURE(bad.dump());
     auto r = decode_json(bad);
     REQUIRE(r.error);

@@ -139,7 +139,13 @@ TEST_CASE("a member's heartbeat with bad progress is refused and closes only its
                                     nlohmann::json{{"type", "heartbeat"}, {"step", -5}},
                                     nlohmann::json{{"type", "heartbeat"}, {"checkpoint_step", 1e30}},
                                     nlohmann::json{{"type", "heartbeat"}, {"checkpoint_interval", -1}},
-                                    nlohmann::json{{"type", "heartbeat"}, {"checkpoint_interval", {{"s", 1}}}}}) {
+                                    nlohmann::json{{"type", "heartbeat"}, {"checkpoint_interval", {{"s", 1}}}},
+                                    nlohmann::json{{"type", "heartbeat"}, {"busy", 0.2}},  // without its rank
+                                    nlohmann::json{{"type", "heartbeat"}, {"busy", -0.2}, {"busy_rank", 0}},
+                                    nlohmann::json{{"type", "heartbeat"}, {"busy", 1e300}, {"busy_rank", 0}},
+                                    nlohmann::json{{"type", "heartbeat"}, {"busy", 0.2}, {"busy_rank", -1}},
+                                    nlohmann::json{{"type", "heartbeat"}, {"busy", 0.2}, {"busy_rank", 1 << 30}},
+                                    nlohmann::json{{"type", "heartbeat"}, {"busy", "slow"}, {"busy_rank", 0}}}) {
     CAPTURE(bad.dump());
     RawConn member(st.port());
     member.say_hello("progress-job", "");
@@ -157,6 +163,8 @@ TEST_CASE("a member's heartbeat with bad progress is refused and closes only its
   p.step = 77;
   p.checkpoint_step = 70;
   p.checkpoint_interval = 42;
+  p.busy = 0.25;
+  p.busy_local_rank = 0;
   healthy.conn.send(make_heartbeat(p));
   REQUIRE(healthy.conn.recv_type("heartbeat_ack"));
   const nlohmann::json status = st.on_server([&] { return st.server->state().status(); });
@@ -167,8 +175,44 @@ TEST_CASE("a member's heartbeat with bad progress is refused and closes only its
     CHECK(job["checkpoint_interval"] == 42.0);
     CHECK(job["nodes"][0]["last_step"] == 77);
     CHECK(job["nodes"][0]["last_checkpoint"] == 70);
+    CHECK(job["nodes"][0]["busy"] == 0.25);
+    CHECK(job["nodes"][0]["busy_rank"] == 0);
   }
   CHECK(seen);
+  healthy.check_server_still_serves(st.port());
+}
+
+TEST_CASE("a join with a malformed straggler policy is refused and joins nothing; a member's absurd busy rank is ignored") {
+  ServerThread st({});
+  Healthy healthy(st.port());
+  for (const nlohmann::json& bad : {nlohmann::json{{"mode", "evict"}}, nlohmann::json{{"factor", -1}},
+                                    nlohmann::json{{"window", 1e300}}, nlohmann::json{{"mode", {{"a", 1}}}},
+                                    nlohmann::json::array({1, 2})}) {
+    CAPTURE(bad.dump());
+    RawConn joiner(st.port());
+    joiner.say_hello("straggler-job", "");
+    REQUIRE(joiner.recv_type("welcome"));
+    nlohmann::json join = to_json(make_join(one_node("straggler-job")));
+    join["node"]["straggler"] = bad;
+    joiner.send(join);
+    auto err = joiner.recv_type("error");
+    REQUIRE(err);
+    CHECK((*err)["code"] == "bad_join");
+    CHECK(joiner.wait_closed());
+  }
+  // A busy rank beyond the member's workers (one here) is well-formed on the wire, but the
+  // server does not believe it: status shows no busy time for the node.
+  NodeProgress p;
+  p.step = 5;
+  p.busy = 0.5;
+  p.busy_local_rank = 3;
+  healthy.conn.send(make_heartbeat(p));
+  REQUIRE(healthy.conn.recv_type("heartbeat_ack"));
+  const nlohmann::json status = st.on_server([&] { return st.server->state().status(); });
+  for (const auto& job : status["jobs"]) {
+    if (job["job_id"] == "healthy-job") CHECK_FALSE(job["nodes"][0].contains("busy"));
+    CHECK(job["job_id"] != "straggler-job");  // no refused join made a job
+  }
   healthy.check_server_still_serves(st.port());
 }
 

@@ -7,6 +7,7 @@
 #include "tests/rendezvous/recording_outbox.h"
 
 using namespace ddp::rdzv;
+using ddp::rdzv::test::EventOutbox;
 using ddp::rdzv::test::RecordingOutbox;
 
 namespace {
@@ -1049,19 +1050,6 @@ TEST_CASE("specs the codec would refuse are refused by the state machine too") {
 
 namespace {
 
-struct EventOutbox : RecordingOutbox {
-  using RecordingOutbox::of;  // of(conn, type): messages sent
-  std::vector<ddp::metrics::Event> events;
-  void event(const ddp::metrics::Event& e) override { events.push_back(e); }
-  std::vector<const ddp::metrics::Event*> of(const std::string& type) const {
-    std::vector<const ddp::metrics::Event*> out;
-    for (const auto& e : events) {
-      if (e.type == type) out.push_back(&e);
-    }
-    return out;
-  }
-};
-
 struct EventFixture {
   ManualClock clock;
   EventOutbox out;
@@ -1471,6 +1459,7 @@ TEST_CASE("a node beyond MAX is a spare: status, gauges and events say so") {
   CHECK(f.out.of(1, "restart").empty());  // a spare never ends the round by arriving
   REQUIRE(f.out.of("node_spare").size() == 1);
   CHECK(f.out.of("node_spare")[0]->fields["spares"] == 1);
+  CHECK(f.out.of("node_spare")[0]->cause == "max_nodes");
   const auto nodes = f.sm.status()["jobs"][0]["nodes"];
   REQUIRE(nodes.size() == 3);
   CHECK(nodes[0]["spare"] == false);

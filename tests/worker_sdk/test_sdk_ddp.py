@@ -1,6 +1,7 @@
 """DDP across real processes over real Gloo: equivalence with one big batch, accuracy, and
 the error when ranks build different models."""
 import os
+import struct
 import subprocess
 import tempfile
 import time
@@ -54,6 +55,29 @@ class DdpTest(unittest.TestCase):
         self.assertLess(elapsed, 60)
         self.assertIn("rank 0/2", results[0].stdout)
         self.assertEqual(results[1].stdout.count("[ddp]"), 0, "only rank 0 logs")
+
+    def test_a_rank_that_computes_slower_reports_the_longer_busy_time(self):
+        # The agent's progress board stood in for by a file of two zeroed 128-byte slots
+        # (contracts/progress_slot.h): busy_us at offset 80 of each. Rank 1 sleeps 40 ms inside
+        # each step before its all-reduces (DDP_TRAIN_SLOW_MS); rank 0 waits for it there, which
+        # is not busy time.
+        with tempfile.TemporaryDirectory() as d:
+            board = os.path.join(d, "board")
+            with open(board, "wb") as f:
+                f.write(bytes(256))
+            results = h.run(2, ["--samples", "512", "--epochs", "1", "--max-steps", "30", "--log-every", "0"],
+                            extra_env={"DDPLAUNCH_PROGRESS_FILE": board},
+                            rank_env={0: {"DDPLAUNCH_PROGRESS_SLOT": "0"},
+                                      1: {"DDPLAUNCH_PROGRESS_SLOT": "1", "DDP_TRAIN_SLOW_MS": "40"}})
+            for r in results:
+                self.assertEqual(r.returncode, 0, r)
+            with open(board, "rb") as f:
+                data = f.read()
+            fast, slow = (struct.unpack_from("<Q", data, 128 * rank + 80)[0] / 1e6 for rank in (0, 1))
+            print("busy time per step: rank 0 %.1f ms, rank 1 (slowed by 40 ms) %.1f ms" % (fast * 1e3, slow * 1e3))
+            self.assertGreaterEqual(slow, 0.040)
+            self.assertGreater(fast, 0)
+            self.assertLess(fast * 1.5, slow, "the slow rank's busy time is not above the default factor")
 
     def test_ranks_with_different_parameter_sets_fail_with_a_clear_error(self):
         # rank 1 builds a narrower model, so the workers are started with their own arguments

@@ -38,6 +38,7 @@ struct Flags {
   int64_t crash_at_step = -1;
   int crash_rank = -1;
   double step_sleep = 0;
+  double slow_ms = 0;
   int64_t hang_at_step = -1;
   int hang_rank = 0;
   std::string data;
@@ -174,7 +175,8 @@ ddp::TrainerOptions trainer_options(const Flags& flags) {
   return options;
 }
 
-// --crash-at-step, --hang-at-step and --step-sleep: the faults and pacing the tests inject.
+// --crash-at-step, --hang-at-step, --step-sleep and --slow-ms: the faults and pacing the tests
+// inject.
 // `flags` and `env` outlive the trainer.
 void add_test_hooks(ddp::Trainer& trainer, const Flags& flags, const ddp::WorkerEnv& env) {
   if (flags.crash_at_step >= 0) {
@@ -197,6 +199,14 @@ void add_test_hooks(ddp::Trainer& trainer, const Flags& flags, const ddp::Worker
                 << " on the first attempt: blocking forever" << std::endl;
       ddp::Progress::instance().set_phase("--hang-at-step");
       for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+    };
+  }
+  if (flags.slow_ms > 0) {
+    // Inside the step, before its all-reduces: the worker computes slower than its peers.
+    auto previous = trainer.on_step_begin;
+    trainer.on_step_begin = [&flags, previous](const ddp::StepInfo& info) {
+      if (previous) previous(info);
+      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(flags.slow_ms));
     };
   }
   if (flags.step_sleep > 0) {
@@ -355,6 +365,9 @@ int main(int argc, char** argv) {
   app.add_option("--crash-at-step", flags.crash_at_step, "exit with code 13 before step N, on the first attempt only (TORCHELASTIC_RESTART_COUNT=0); every rank, or --crash-rank");
   app.add_option("--crash-rank", flags.crash_rank, "the rank --crash-at-step exits (default: every rank)");
   app.add_option("--step-sleep", flags.step_sleep, "seconds each worker sleeps after each step (tests pace a job with it)")->check(CLI::NonNegativeNumber);
+  app.add_option("--slow-ms", flags.slow_ms, "milliseconds each worker sleeps inside each step, before its all-reduces, as a slow GPU would (tests make one node a straggler with DDP_TRAIN_SLOW_MS in that node's environment)")
+      ->envname("DDP_TRAIN_SLOW_MS")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--hang-at-step", flags.hang_at_step, "rank --hang-rank blocks forever before step N, on the first attempt only (TORCHELASTIC_RESTART_COUNT=0)");
   app.add_option("--hang-rank", flags.hang_rank, "the rank --hang-at-step blocks")->capture_default_str();
   app.add_option("--data", flags.data, "CSV file: features..., integer label (default: synthetic data)");

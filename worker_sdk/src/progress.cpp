@@ -73,6 +73,15 @@ void Progress::checkpoint_interval(double seconds) noexcept {
   slot_[word(contracts::kIntervalOffset)].store(static_cast<uint64_t>(value), std::memory_order_relaxed);
 }
 
+void Progress::busy(double seconds) noexcept {
+  if (!slot_ || !(seconds >= 0) || seconds > 1e6) return;
+  // About the last ten steps count: one slow step (a garbage collection, a page fault) is not a
+  // straggler, and a slow rank shows within a few steps.
+  constexpr double kWeight = 0.1;
+  busy_ = busy_ == 0 ? seconds : busy_ + kWeight * (seconds - busy_);
+  slot_[word(contracts::kBusyOffset)].store(static_cast<uint64_t>(busy_ * 1e6 + 0.5), std::memory_order_relaxed);
+}
+
 void Progress::final_failure() noexcept {
   if (slot_) slot_[word(contracts::kFinalOffset)].store(1, std::memory_order_release);
 }

@@ -488,6 +488,9 @@ struct Trainer::Round {
   int64_t window_samples = 0;
   torch::Tensor flag = torch::zeros({4}, torch::kDouble);
   int64_t step;
+  // When the last step of this round ended, its checkpoint included: the next step's busy time
+  // (Progress::busy) is measured from there. None before the round's first step.
+  std::optional<std::chrono::steady_clock::time_point> step_end;
 };
 
 namespace {
@@ -551,9 +554,13 @@ bool Trainer::train_step(Run& run, Round& round, int64_t epoch) {
   round.flag[3] = decides ? run.cadence->interval() : 0.0;
   PendingWork flag_work = group_->allreduce_sum_async(round.flag);
 
+  const double synced_before = round.ddp.stats().exposed_sync_seconds;
   const double loss_sum = forward_backward(round, micro);
   progress.set_phase("step sync");
+  const auto flag_wait_start = std::chrono::steady_clock::now();
   flag_work.wait();
+  const double waited = round.ddp.stats().exposed_sync_seconds - synced_before +
+                        std::chrono::duration<double>(std::chrono::steady_clock::now() - flag_wait_start).count();
   // Every collective of the step completed: only now the update, so that a round abandoned
   // during the step leaves the model and optimizer at the last completed step.
   optimizer_->step();
@@ -561,6 +568,12 @@ bool Trainer::train_step(Run& run, Round& round, int64_t epoch) {
   run.step = step;
   run.position = round.sampler.position();
   ++result.steps_this_run;
+  // Busy time (--straggler): the step's time that was not spent waiting for the peers in its
+  // all-reduces. A slow rank's is long; its peers' is short, their wait long.
+  if (round.step_end) {
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - *round.step_end).count();
+    progress.busy(std::max(0.0, took - waited));
+  }
   // Heartbeats to the agent (--hang_timeout, crash-loop detection): one per optimizer step.
   progress.step(step);
   progress.set_phase("between steps");
@@ -589,6 +602,8 @@ bool Trainer::train_step(Run& run, Round& round, int64_t epoch) {
   } else if (run.writer) {
     collect_write(run, false);  // report a finished background write (or its error) promptly
   }
+  // Rank 0's checkpoint is not busy time of the next step: it would name rank 0 a straggler.
+  round.step_end = std::chrono::steady_clock::now();
   return true;
 }
 

@@ -30,6 +30,10 @@ class Progress {
   // The interval between checkpoints this worker chose (an automatic cadence), in seconds; the
   // agent passes it on and `ddp-rendezvous status` shows it.
   void checkpoint_interval(double seconds) noexcept;
+  // The busy time of the step that just ended: its time not spent waiting for the peers in a
+  // collective (the Trainer measures it). The slot holds a moving average over the recent steps,
+  // which the daemon compares across nodes to find a straggler (--straggler).
+  void busy(double seconds) noexcept;
   // Asks the agent to end the job when this worker exits with a failure, instead of restarting
   // it: a restart would fail the same way (`train` calls it before it exits 3 for a checkpoint
   // refused under a strict environment check, ddp::LineageError).
@@ -46,6 +50,7 @@ class Progress {
   Progress();
   std::atomic<uint64_t>* slot_ = nullptr;  // the slot as 64-bit words
   uint64_t beats_ = 0;
+  double busy_ = 0;  // the moving average of busy(), seconds; 0 until the first
 };
 
 // Sets a phase for its lifetime and restores the previous one.

@@ -1,0 +1,167 @@
+// The encoder of the rendezvous protocol (rendezvous/protocol.h): a Message to its JSON object
+// and its frame. The decoder, which validates what a peer sends, is protocol.cpp.
+#include "rendezvous/protocol.h"
+
+namespace ddp::rdzv {
+
+using nlohmann::json;
+
+namespace {
+
+// The proof of a hello, a status or a drain request; only a hello must name its job.
+void add_hello_fields(const Hello& h, bool job_id_always, json& j) {
+  j["protocol_version"] = h.protocol_version;
+  if (!h.job_id.empty() || job_id_always) j["job_id"] = h.job_id;
+  j["client_nonce"] = h.client_nonce;
+  j["proof"] = h.proof;
+}
+
+// The fields of the messages of a connection itself (the handshake, errors), stall reports and
+// the operator's drain; none for the others.
+void add_connection_fields(const Message& m, json& j) {
+  switch (m.type) {
+    case MessageType::greeting: {
+      const auto& g = std::get<Greeting>(m.body);
+      j["protocol_version"] = g.protocol_version;
+      j["magic"] = g.magic;
+      break;
+    }
+    case MessageType::hello:
+    case MessageType::status:
+      add_hello_fields(std::get<Hello>(m.body), m.type == MessageType::hello, j);
+      break;
+    case MessageType::challenge: {
+      const auto& c = std::get<Challenge>(m.body);
+      j["protocol_version"] = c.protocol_version;
+      j["nonce"] = c.nonce;
+      j["magic"] = c.magic;
+      break;
+    }
+    case MessageType::welcome: {
+      const auto& w = std::get<Welcome>(m.body);
+      j["protocol_version"] = w.protocol_version;
+      j["proof"] = w.proof;
+      break;
+    }
+    case MessageType::error: {
+      const auto& e = std::get<ErrorMessage>(m.body);
+      j["code"] = e.code;
+      j["message"] = e.message;
+      break;
+    }
+    case MessageType::stall:
+      j["stalled_for"] = std::get<Stall>(m.body).stalled_for;
+      break;
+    case MessageType::drain: {
+      const auto& d = std::get<Drain>(m.body);
+      add_hello_fields(d.hello, false, j);
+      j["job"] = d.job;
+      j["node"] = d.node;
+      j["force"] = d.force;
+      break;
+    }
+    case MessageType::drained: {
+      const auto& d = std::get<Drained>(m.body);
+      j["job_id"] = d.job_id;
+      j["node"] = d.node;
+      j["message"] = d.message;
+      break;
+    }
+    default:
+      break;
+  }
+}
+
+// A heartbeat's progress of the node's workers; busy and its rank only when measured.
+void add_progress_fields(const NodeProgress& p, json& j) {
+  j["step"] = p.step;
+  j["checkpoint_step"] = p.checkpoint_step;
+  j["checkpoint_interval"] = p.checkpoint_interval;
+  if (p.busy_local_rank >= 0) {
+    j["busy"] = p.busy;
+    j["busy_rank"] = p.busy_local_rank;
+  }
+}
+
+}  // namespace
+
+json to_json(const Message& m) {
+  json j = {{"type", to_string(m.type)}};
+  switch (m.type) {
+    case MessageType::join:
+      j["node"] = std::get<NodeSpec>(m.body);
+      break;
+    case MessageType::failure:
+      j["failure"] = std::get<WorkerFailure>(m.body);
+      break;
+    case MessageType::greeting:
+    case MessageType::hello:
+    case MessageType::status:
+    case MessageType::challenge:
+    case MessageType::welcome:
+    case MessageType::error:
+    case MessageType::stall:
+    case MessageType::drain:
+    case MessageType::drained:
+      add_connection_fields(m, j);
+      break;
+    case MessageType::heartbeat:
+      if (const auto& p = std::get<Heartbeat>(m.body).progress) add_progress_fields(*p, j);
+      break;
+    case MessageType::success:
+    case MessageType::leave:
+    case MessageType::heartbeat_ack:
+    case MessageType::probe:
+      break;
+    case MessageType::round:
+      j["assignment"] = std::get<Assignment>(m.body);
+      break;
+    case MessageType::restart: {
+      const auto& r = std::get<Restart>(m.body);
+      j["reason"] = r.reason;
+      j["counted"] = r.counted;
+      if (r.failing) j["failing"] = true;  // absent: false (older agents ignore it)
+      if (r.failure) j["failure"] = true;  // the same
+      j["restart_count"] = r.restart_count;
+      j["max_restarts"] = r.max_restarts;
+      break;
+    }
+    case MessageType::job_succeeded:
+      j["job_id"] = std::get<JobSucceeded>(m.body).job_id;
+      break;
+    case MessageType::job_failed: {
+      const auto& f = std::get<JobFailed>(m.body);
+      j["failure"] = f.failure;
+      j["summary"] = f.summary;
+      break;
+    }
+    case MessageType::status_reply:
+      j["status"] = std::get<StatusReply>(m.body).status;
+      break;
+    case MessageType::resume:
+      return make_resume(std::get<ResumeRequest>(m.body));
+    case MessageType::resumed: {
+      const auto& r = std::get<Resumed>(m.body);
+      return make_resumed(r.generation, r.restart_count, r.rebuilt);
+    }
+    case MessageType::waiting: {
+      const auto& w = std::get<Waiting>(m.body);
+      j["job_id"] = w.job_id;
+      j["waiting"] = w.waiting;
+      j["rejoining"] = w.rejoining;
+      j["min_nodes"] = w.min_nodes;
+      j["max_nodes"] = w.max_nodes;
+      if (w.join_left) j["join_left"] = *w.join_left;
+      if (w.last_call_left) j["last_call_left"] = *w.last_call_left;
+      break;
+    }
+    case MessageType::not_leader:
+      j["leader"] = std::get<NotLeader>(m.body).leader;
+      break;
+  }
+  return j;
+}
+
+Frame encode(const Message& message) { return encode_frame(to_json(message)); }
+
+}  // namespace ddp::rdzv
