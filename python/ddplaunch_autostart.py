@@ -28,7 +28,9 @@ import time
 _installed = False
 _progress = None  # the ddplaunch package, imported at the first optimizer step
 _BUSY_WEIGHT = 0.1      # the moving average's weight of a new step: about the last 10 steps count
+_BUSY_WARMUP = 5        # measured steps left out first (allocations, caches, a first compile)
 _busy = 0.0             # busy time per step (s), the moving average; 0.0 until measured
+_busy_seen = 0          # measured steps, the warm-up included
 _step_end = None        # time.perf_counter() when the last optimizer step ended
 _forward_end = None     # when the last forward of a DDP model ended
 
@@ -112,11 +114,13 @@ def _on_optimizer_step(optimizer, args, kwargs):
 def _measure_busy(now):
     """At the end of an optimizer step: the busy time of the step, when a DDP forward ended since
     the last one (a second optimizer of the same iteration has none of its own and is skipped)."""
-    global _busy, _step_end
+    global _busy, _busy_seen, _step_end
     if _step_end is not None and _forward_end is not None and _forward_end > _step_end:
-        sample = _forward_end - _step_end
-        _busy = sample if _busy == 0.0 else _busy + _BUSY_WEIGHT * (sample - _busy)
-        _progress._set_busy(_busy)
+        _busy_seen += 1
+        if _busy_seen > _BUSY_WARMUP:
+            sample = _forward_end - _step_end
+            _busy = sample if _busy == 0.0 else _busy + _BUSY_WEIGHT * (sample - _busy)
+            _progress._set_busy(_busy)
     _step_end = now
 
 

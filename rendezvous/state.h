@@ -236,7 +236,8 @@ class StateMachine {
     std::optional<NodeProgress> progress;  // the last its heartbeats carried
     // Stragglers (state_straggler.cpp): since when its busy time stands at --straggler_factor x
     // the median of the others' or more (-1: it does not), whether it is named a straggler, and
-    // since when a named one stands below the line that clears it; the last comparison.
+    // since when it stands below the factor (a named one: below the line that clears it); the
+    // last comparison.
     double slow_since = -1;
     double fast_since = -1;
     bool straggler = false;
@@ -382,12 +383,18 @@ class StateMachine {
   // Compares the busy times of a running job's nodes and names, clears or replaces stragglers
   // (state_straggler.cpp). `job` may be gone when it returns.
   void judge_stragglers(Job& job, double now);
+  // One node's comparison (its busy_ratio and busy_median set): true while it is named.
+  bool judge_straggler(Job& job, Node& node, double now);
+  // --straggler=replace: drains a named straggler onto a waiting spare, or says once that none waits.
+  void replace_straggler(Job& job, ConnId conn, double now);
   // The global rank of each running group rank's local rank 0, by group rank; one node's.
   static std::vector<int> first_ranks(const Job& job);
   static int first_rank_of(const std::vector<int>& first_ranks, const Node& node);
   // "node B: 1.8x the median busy time for 60 s (rank 5: 412 ms vs 230 ms)"
   static std::string straggler_line(const Node& node, int first_rank, double now);
   static constexpr double kStragglerJudgementEvery = 1.0;  // s
+  static constexpr double kStragglerDipSeconds = 3.0;  // the shortest dip that restarts a slow count
+  static constexpr double kStragglerMinExcessSeconds = 0.005;  // slow: also this much above the median
   // The probe round's verdict once its answers are due: a probed node not heard from since is
   // lost (state_probe.cpp).
   void conclude_probes(Job& job, double now);

@@ -4,9 +4,10 @@
 // collective. Workers measure it (the worker SDK around its all-reduces, the Python bootstrap
 // from the end of an optimizer step to the end of the next DDP forward), agents send their
 // slowest rank's with their heartbeats, and the server compares each node with the median of the
-// job's other nodes. A node at --straggler_factor x that median or more for --straggler_window
-// seconds is named a straggler (event, metric, status); it is cleared once it stays below half
-// that excess for as long (hysteresis: a node near the line does not flap in and out). With
+// job's other nodes. A node at --straggler_factor x that median or more (and at least
+// kStragglerMinExcessSeconds above it) for --straggler_window seconds is named a straggler (event, metric, status); a dip below the factor shorter than a
+// quarter of the window does not restart the count. It is cleared once it stays below half that
+// excess for as long (hysteresis: a node near the line does not flap in and out). With
 // --straggler=replace a named straggler is drained onto a waiting spare, at most one per window.
 #include <algorithm>
 #include <cmath>
@@ -32,7 +33,7 @@ std::string fixed(double value, const char* format) {
   return text;
 }
 
-std::string millis(double seconds) { return fixed(seconds * 1000, "%.0f ms"); }
+std::string millis(double seconds) { return fixed(seconds * 1000, seconds < 0.01 ? "%.1f ms" : "%.0f ms"); }
 
 }  // namespace
 
@@ -79,62 +80,76 @@ void StateMachine::judge_stragglers(Job& job, double now) {
   sorted.reserve(measured.size());
   for (const auto& [conn, node] : measured) sorted.push_back(node->progress->busy);
   std::sort(sorted.begin(), sorted.end());
-  const double clear_below = 1 + (policy.factor - 1) / 2;
   std::optional<ConnId> replace;
   for (auto& [conn, node] : measured) {
     const double busy = node->progress->busy;
     const auto index = static_cast<std::size_t>(std::lower_bound(sorted.begin(), sorted.end(), busy) - sorted.begin());
     node->busy_median = median_without(sorted, index);
     node->busy_ratio = busy / node->busy_median;
-    if (!node->straggler) {
-      if (node->busy_ratio < policy.factor) {
-        node->slow_since = -1;
-        continue;
-      }
-      if (node->slow_since < 0) node->slow_since = now;
-      if (now - node->slow_since < policy.window) continue;
-      node->straggler = true;
-      node->fast_since = -1;
-      const int first = first_rank_of(first_ranks(job), *node);
-      const std::string line = straggler_line(*node, first, now);
-      out_.log("job " + job.id + ": straggler: " + line);
-      emit(job, "straggler", "busy_time", describe(*node), {first + node->progress->busy_local_rank},
-           {{"ratio", node->busy_ratio}, {"busy", node->progress->busy}, {"median", node->busy_median},
-            {"slow_for", now - node->slow_since}},
-           line);
-      changed(job);
-    } else if (node->busy_ratio >= clear_below) {
-      node->fast_since = -1;
-    } else {
-      if (node->fast_since < 0) node->fast_since = now;
-      if (now - node->fast_since >= policy.window) {
-        node->straggler = false;
-        node->slow_since = -1;
-        out_.log("job " + job.id + ": straggler cleared: " + describe(*node) + " (" + fixed(node->busy_ratio, "%.1fx") +
-                 " the median busy time for " + seconds_text(std::round(now - node->fast_since)) + ")");
-        emit(job, "straggler_cleared", "busy_time", describe(*node), {}, {{"ratio", node->busy_ratio}});
-        changed(job);
-        continue;
-      }
-    }
-    if (node->straggler && policy.mode == "replace" && !replace) replace = conn;
+    if (judge_straggler(job, *node, now) && policy.mode == "replace" && !replace) replace = conn;
   }
-  if (!replace || now < job.straggler_quiet_until) return;
+  if (replace && now >= job.straggler_quiet_until) replace_straggler(job, *replace, now);
+}
+
+bool StateMachine::judge_straggler(Job& job, Node& node, double now) {
+  const StragglerPolicy& policy = job.straggler;
+  // Slow: at the factor or above, and by a margin worth acting on (a few milliseconds of a step
+  // are noise: scheduling, a log line, rank 0's checkpoint).
+  const bool slow = node.busy_ratio >= policy.factor &&
+                    node.progress->busy - node.busy_median >= kStragglerMinExcessSeconds;
+  if (!node.straggler) {
+    if (!slow) {
+      // A dip (a stale figure, a step that waited on its disk) does not restart the count;
+      // staying below for a quarter of the window does.
+      if (node.fast_since < 0) node.fast_since = now;
+      if (now - node.fast_since >= std::max(kStragglerDipSeconds, policy.window / 4)) node.slow_since = -1;
+      return false;
+    }
+    node.fast_since = -1;
+    if (node.slow_since < 0) node.slow_since = now;
+    if (now - node.slow_since < policy.window) return false;
+    node.straggler = true;
+    const int first = first_rank_of(first_ranks(job), node);
+    const std::string line = straggler_line(node, first, now);
+    out_.log("job " + job.id + ": straggler: " + line);
+    emit(job, "straggler", "busy_time", describe(node), {first + node.progress->busy_local_rank},
+         {{"ratio", node.busy_ratio}, {"busy", node.progress->busy}, {"median", node.busy_median},
+          {"slow_for", now - node.slow_since}},
+         line);
+    changed(job);
+    return true;
+  }
+  if (node.busy_ratio >= 1 + (policy.factor - 1) / 2) {  // above the clearing line
+    node.fast_since = -1;
+    return true;
+  }
+  if (node.fast_since < 0) node.fast_since = now;
+  if (now - node.fast_since < policy.window) return true;
+  node.straggler = false;
+  node.slow_since = -1;
+  out_.log("job " + job.id + ": straggler cleared: " + describe(node) + " (" + fixed(node.busy_ratio, "%.1fx") +
+           " the median busy time for " + seconds_text(std::round(now - node.fast_since)) + ")");
+  emit(job, "straggler_cleared", "busy_time", describe(node), {}, {{"ratio", node.busy_ratio}});
+  changed(job);
+  return false;
+}
+
+void StateMachine::replace_straggler(Job& job, ConnId conn, double now) {
   std::size_t spares = 0;
-  for (const auto& [conn, node] : job.nodes) spares += is_spare(job, node) ? 1 : 0;
+  for (const auto& [other, node] : job.nodes) spares += is_spare(job, node) ? 1 : 0;
   if (spares == 0) {
     if (!job.straggler_unreplaced_said) {
       job.straggler_unreplaced_said = true;
       out_.log("job " + job.id + ": --straggler=replace: no spare waits to take the place of " +
-               describe(job.nodes.at(*replace)) + "; it stays until one does (start a node with --spare)");
+               describe(job.nodes.at(conn)) + "; it stays until one does (start a node with --spare)");
     }
     return;
   }
-  job.straggler_quiet_until = now + policy.window;
-  const Node& slow = job.nodes.at(*replace);
+  job.straggler_quiet_until = now + job.straggler.window;
+  const Node& slow = job.nodes.at(conn);
   const std::string line = straggler_line(slow, first_rank_of(first_ranks(job), slow), now);
   const std::string id = job.id;
-  take_out(job, *replace, "straggler",
+  take_out(job, conn, "straggler",
            "--straggler=replace took this node out of job " + id + " as a straggler (" + line + ")", false);
   maybe_complete(job);
   erase_if_empty(id);

@@ -87,7 +87,7 @@ class StragglerTest(TimedTrainTest, unittest.TestCase):
     def assert_named_and_untouched(self, job, node, others):
         job.wait_for_steps(world=6, steps=1, timeout=120)
         line = self.wait_until_named(job, node)
-        self.assertRegex(line, r"\d+\.\dx the median busy time for \d+ s \(rank \d+: \d+ ms vs \d+ ms\)$")
+        self.assertRegex(line, r"\d+\.\dx the median busy time for \d+ s \(rank \d+: \d+(\.\d)? ms vs \d+(\.\d)? ms\)$")
         status = self.status(job)
         slow = [n for n in status["nodes"] if n["addr"] == self.cluster.addr(node)][0]
         fast = [n for n in status["nodes"] if n["addr"] != self.cluster.addr(node)]

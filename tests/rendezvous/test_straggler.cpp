@@ -91,11 +91,41 @@ TEST_CASE("a node slow for less than the window at a time, or below the factor, 
   Job f;
   for (int i = 0; i < 4; ++i) {
     f.report_for(40, 0.5);
-    f.report_for(10, 0.21);  // back to the others' pace: its slow time starts again
+    f.report_for(20, 0.21);  // back at the others' pace for a quarter of the window: the count restarts
   }
   f.report_for(120, 0.3);  // 1.43x: below the factor 1.5
   CHECK(f.out.of("straggler").empty());
   CHECK(f.sm.gauges().stragglers.at("job") == 0);
+}
+
+TEST_CASE("a node above the factor by less than 5 ms a step is noise, not a straggler") {
+  Job f;
+  for (int t = 0; t < 120; t += 2) {
+    f.clock.advance(2);
+    f.sm.progress(3, busy(0.0048));  // 4x the others', 3.6 ms more
+    f.sm.progress(1, busy(0.0012));
+    f.sm.progress(2, busy(0.0012));
+  }
+  CHECK(f.out.of("straggler").empty());
+  for (int t = 0; t < 62; t += 2) {
+    f.clock.advance(2);
+    f.sm.progress(3, busy(0.0075));  // 6.3 ms more: slow
+    f.sm.progress(1, busy(0.0012));
+    f.sm.progress(2, busy(0.0012));
+  }
+  REQUIRE(f.out.of("straggler").size() == 1);
+  CHECK(f.out.of("straggler")[0]->message.find("(rank 5: 7.5 ms vs 1.2 ms)") != std::string::npos);
+}
+
+TEST_CASE("short dips below the factor do not restart the count") {
+  Job f;
+  for (int i = 0; i < 3; ++i) {
+    f.report_for(16, 0.5);
+    f.report_for(4, 0.21);  // a dip of 4 s, shorter than a quarter of the window
+  }
+  CHECK(f.out.of("straggler").empty());  // 58 s since the first slow report
+  f.report_for(2, 0.5);
+  REQUIRE(f.out.of("straggler").size() == 1);
 }
 
 TEST_CASE("a named straggler is cleared only once it stays below half the excess for the window") {

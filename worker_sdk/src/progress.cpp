@@ -75,9 +75,15 @@ void Progress::checkpoint_interval(double seconds) noexcept {
 
 void Progress::busy(double seconds) noexcept {
   if (!slot_ || !(seconds >= 0) || seconds > 1e6) return;
-  // About the last ten steps count: one slow step (a garbage collection, a page fault) is not a
-  // straggler, and a slow rank shows within a few steps.
+  // The first steps are warm-up (allocations, caches, a first compile) and say nothing about the
+  // hardware; after them about the last ten steps count: one slow step (a garbage collection, a
+  // page fault) is not a straggler, and a slow rank shows within a few steps.
+  constexpr int kWarmupSteps = 5;
   constexpr double kWeight = 0.1;
+  if (busy_steps_ < kWarmupSteps) {
+    ++busy_steps_;
+    return;
+  }
   busy_ = busy_ == 0 ? seconds : busy_ + kWeight * (seconds - busy_);
   slot_[word(contracts::kBusyOffset)].store(static_cast<uint64_t>(busy_ * 1e6 + 0.5), std::memory_order_relaxed);
 }

@@ -50,7 +50,8 @@ class Progress {
   Progress();
   std::atomic<uint64_t>* slot_ = nullptr;  // the slot as 64-bit words
   uint64_t beats_ = 0;
-  double busy_ = 0;  // the moving average of busy(), seconds; 0 until the first
+  double busy_ = 0;  // the moving average of busy(), seconds; 0 until the first after the warm-up
+  int busy_steps_ = 0;  // busy() calls of the warm-up seen
 };
 
 // Sets a phase for its lifetime and restores the previous one.
