@@ -135,8 +135,13 @@ def _time_ddp_forwards(distributed_module):
 
     @functools.wraps(plain_init)
     def init(self, *args, **kwargs):
+        global _step_end, _forward_end, _busy_seen
         plain_init(self, *args, **kwargs)
         self.register_forward_hook(_on_ddp_forward)
+        # A new model, a new round (an in-memory restart builds its DDP again): the time since
+        # the last step is the restart's, and its first steps are a warm-up again.
+        _step_end = _forward_end = None
+        _busy_seen = 0
 
     ddp_class.__init__ = init
 

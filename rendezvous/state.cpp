@@ -352,7 +352,7 @@ void StateMachine::end_round(Job& job, const std::string& reason, bool counted, 
   changed(job);
   const std::string why = !cause.empty() ? cause : counted ? "worker_failure" : "membership";
   if (!job.restart_since && (why == "worker_failure" || why == "node_lost" || why == "node_left" ||
-                             why == "drain")) {
+                             why == "drain" || why == "straggler")) {
     job.restart_since = clock_.now();  // failure-to-restart time runs from here to the next round
   }
   emit(job, "restart", why, "", {}, {{"counted", counted}, {"restarts_used", job.restarts_used}}, reason);

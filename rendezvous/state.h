@@ -252,7 +252,6 @@ class StateMachine {
     int max_restarts = 0;
     Timeouts timeouts;
     StragglerPolicy straggler;
-    double straggler_quiet_until = 0;  // --straggler=replace: no second replacement before this
     double next_straggler_judgement = 0;  // the busy times are compared again from then
     bool straggler_unreplaced_said = false;  // "no spare to replace it" was said for this round
     JobState state = JobState::Gathering;

@@ -5,10 +5,12 @@
 // from the end of an optimizer step to the end of the next DDP forward), agents send their
 // slowest rank's with their heartbeats, and the server compares each node with the median of the
 // job's other nodes. A node at --straggler_factor x that median or more (and at least
-// kStragglerMinExcessSeconds above it) for --straggler_window seconds is named a straggler (event, metric, status); a dip below the factor shorter than a
-// quarter of the window does not restart the count. It is cleared once it stays below half that
-// excess for as long (hysteresis: a node near the line does not flap in and out). With
-// --straggler=replace a named straggler is drained onto a waiting spare, at most one per window.
+// kStragglerMinExcessSeconds above it) for --straggler_window seconds is named a straggler
+// (event, metric, status); a dip below the factor shorter than a quarter of the window does not
+// restart the count. It is cleared once it stays below half that excess for as long
+// (hysteresis: a node near the line does not flap in and out). With --straggler=replace the
+// slowest named straggler is drained onto a waiting spare; the round that follows is judged
+// afresh, so the next replacement comes a whole window later at least.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -80,15 +82,21 @@ void StateMachine::judge_stragglers(Job& job, double now) {
   sorted.reserve(measured.size());
   for (const auto& [conn, node] : measured) sorted.push_back(node->progress->busy);
   std::sort(sorted.begin(), sorted.end());
-  std::optional<ConnId> replace;
+  std::optional<ConnId> replace;  // the slowest named straggler
+  double slowest = 0;
   for (auto& [conn, node] : measured) {
     const double busy = node->progress->busy;
     const auto index = static_cast<std::size_t>(std::lower_bound(sorted.begin(), sorted.end(), busy) - sorted.begin());
     node->busy_median = median_without(sorted, index);
     node->busy_ratio = busy / node->busy_median;
-    if (judge_straggler(job, *node, now) && policy.mode == "replace" && !replace) replace = conn;
+    if (judge_straggler(job, *node, now) && node->busy_ratio > slowest) {
+      slowest = node->busy_ratio;
+      replace = conn;
+    }
   }
-  if (replace && now >= job.straggler_quiet_until) replace_straggler(job, *replace, now);
+  // One at a time: the replacement ends the round, and the next is judged afresh (send_round),
+  // so another node is named, and replaced, only after a whole window of the new round.
+  if (replace && policy.mode == "replace") replace_straggler(job, *replace, now);
 }
 
 bool StateMachine::judge_straggler(Job& job, Node& node, double now) {
@@ -145,7 +153,6 @@ void StateMachine::replace_straggler(Job& job, ConnId conn, double now) {
     }
     return;
   }
-  job.straggler_quiet_until = now + job.straggler.window;
   const Node& slow = job.nodes.at(conn);
   const std::string line = straggler_line(slow, first_rank_of(first_ranks(job), slow), now);
   const std::string id = job.id;

@@ -424,16 +424,23 @@ def _install_handlers():
 # A stop at the next checkpoint (docs/checkpoints.md, "At a stop"). Once a script has called
 # checkpoint_due() under ddplaunch, a SIGTERM that does not come from a failed round (a drain, a
 # change of nodes without in-memory restart, ddplaunch itself stopped) no longer ends the worker
-# at once: checkpoint_due() then says True, and the save() after it ends the worker by SIGTERM
-# once its write is on disk, so that the next round resumes from the step the job stopped at. A
-# script that does not get to its check within a few of its steps, a second SIGTERM, or a round
-# the agent abandoned (a peer failed: a step would not complete) end it as before.
+# at once: checkpoint_due() then says True, and rank 0's save() after it ends the worker by
+# SIGTERM once its write is on disk. The other ranks go on: they end when the step after it finds
+# rank 0 gone, or at the grace below, so that none leaves rank 0 alone in the collective of a
+# step it has not checked yet. A grace of a few of its steps without that save, a second SIGTERM,
+# or a round the agent abandoned (a peer failed: a step would not complete) end the worker as
+# before. The handler only notes the request and starts the grace: what is said, is said by
+# checkpoint_due(), outside it.
 _STOP_GRACE_STEPS = 3     # the checks a stopping worker gets: this many of its longest step
 _STOP_GRACE_MIN_S = 2.0
 _STOP_GRACE_MAX_S = 20.0
+_STOP_LAST_WORD_S = 1.0   # after the grace, this long for the main thread to run the handler
 _stop_armed = False
 _stop_previous = None     # the SIGTERM disposition before ours, which ends the worker
 _stop_requested = None    # time.monotonic() of the SIGTERM, once one asked for a stop
+_stop_said = False
+_stop_timer = None
+_stopping = False         # the worker is ending: the write in flight is being finished
 _last_check = None        # time.monotonic() of the last checkpoint_due()
 _longest_gap = 0.0        # the longest time between two checkpoint_due() calls: about a step
 
@@ -441,13 +448,19 @@ _longest_gap = 0.0        # the longest time between two checkpoint_due() calls:
 def _checked():
     """checkpoint_due() was called: arms the stop at the first call, measures the steps between
     calls, and returns True when a stop asks for a checkpoint now."""
-    global _last_check, _longest_gap
+    global _last_check, _longest_gap, _stop_said
     now = time.monotonic()
     if _last_check is not None:
         _longest_gap = max(_longest_gap, now - _last_check)
     _last_check = now
     _arm_stop()
-    return _stop_requested is not None
+    if _stop_requested is None:
+        return False
+    if not _stop_said:
+        _stop_said = True
+        _say("SIGTERM: stopping after this checkpoint" if _rank() == 0 else
+             "SIGTERM: stopping once rank 0 has written its checkpoint")
+    return True
 
 
 def _arm_stop():
@@ -468,35 +481,45 @@ def _arm_stop():
 
 
 def _on_stop_request(signum, frame):
-    global _stop_requested
+    global _stop_requested, _stop_timer
     from . import abandoned
     if _stop_requested is not None or abandoned():
         _stop_now()
         return
     _stop_requested = time.monotonic()
     grace = min(_STOP_GRACE_MAX_S, max(_STOP_GRACE_MIN_S, _STOP_GRACE_STEPS * _longest_gap))
-    _say("SIGTERM: stopping after a checkpoint at the next checkpoint_due() (within %.0f s)" % grace)
-    # The main thread runs the handler again when it can: a step that does not get to its check.
-    timer = threading.Timer(grace, os.kill, (os.getpid(), signal.SIGTERM))
-    timer.daemon = True
-    timer.start()
+    _stop_timer = threading.Timer(grace, _grace_over)
+    _stop_timer.daemon = True
+    _stop_timer.start()
+
+
+def _grace_over():
+    """On the timer's thread: the main thread runs the handler again when it can (a step that did
+    not get to its check); one blocked in native code (a collective whose peer is gone) cannot,
+    and the process ends without it."""
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(_STOP_LAST_WORD_S)
+    if not _stopping:
+        os._exit(128 + signal.SIGTERM)
 
 
 def _stop_now():
-    """Ends the worker as the SIGTERM disposition before ours would have, the write in flight
-    on disk first."""
-    try:
-        signal.signal(signal.SIGTERM, _stop_previous if _stop_previous is not None else signal.SIG_DFL)
-    except ValueError:  # a save from another thread: SIGTERM's default ends the process all the same
-        pass
+    """Ends the worker as the SIGTERM disposition before ours would have, the write in flight on
+    disk first (a SIGTERM meanwhile runs this again, which waits for the same write)."""
+    global _stopping
+    _stopping = True
+    if _stop_timer is not None:
+        _stop_timer.cancel()
+    if threading.current_thread() is not threading.main_thread():
+        os.kill(os.getpid(), signal.SIGTERM)  # the main thread's handler ends it
+        return
     _on_sigterm(_stop_previous)(signal.SIGTERM, None)
 
 
 def _stop_after_save(step):
     if _stop_requested is None:
         return
-    if step is not None:
-        _say("stopping: the checkpoint of step %d is being written" % step)
+    _say("stopping: the checkpoint of step %d is being written" % step)
     _stop_now()
 
 
@@ -520,7 +543,6 @@ def save(state, dir, step=None, keep=3):
     if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
         raise CheckpointError("step=%r: a checkpoint's step must be a non-negative integer" % (step,))
     if _rank() != 0:
-        _stop_after_save(None)
         return None
     began = time.monotonic()
     _install_handlers()

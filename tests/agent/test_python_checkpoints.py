@@ -523,9 +523,13 @@ class Template(Case):
 
 # A loop of steps that saves when checkpoint_due() says so (every 10 s at the least: never in
 # these tests' first seconds, so that each checkpoint in them is the one written at a stop). Each
-# rank writes the step it is at, and at start the step it starts from.
+# rank writes the step it is at, and at start the step it starts from. No process group: rank 1
+# ends at the stop's grace, as a rank whose next step does not find rank 0 gone would.
 STOP_LOOP = """import os, sys, time, ddplaunch
+from ddplaunch import checkpoints
 directory, marks = sys.argv[1:3]
+if os.environ.get("SLOW_WRITE"):  # a write that outlasts the stop's grace (2 s here)
+    checkpoints._hooks["written"] = lambda step: time.sleep(float(os.environ["SLOW_WRITE"]))
 rank = int(os.environ.get("RANK", "0"))
 state = ddplaunch.load(directory)
 start = state["step"] + 1 if state is not None else 0
@@ -568,8 +572,8 @@ class StopAtCheckpoint(Case):
         names = os.listdir(self.dir) if os.path.isdir(self.dir) else []
         return sorted(int(m.group(1)) for m in map(re.compile(r"^ckpt-(\d+)\.json$").match, names) if m)
 
-    def launch(self):
-        env = dict(os.environ, TMPDIR=self.tmp)
+    def launch(self, **extra):
+        env = dict(os.environ, TMPDIR=self.tmp, **extra)
         env.pop("PYTHONPATH", None)
         proc = spawn([self.ddplaunch(), "--nproc_per_node=2", "--standby=off", "--python", PYTHON, self.script,
                       self.dir, self.marks], env=env, cwd=self.tmp, name="ddplaunch")
@@ -577,7 +581,8 @@ class StopAtCheckpoint(Case):
         return proc
 
     def test_a_stopped_job_saves_at_its_next_check_and_the_next_launch_resumes_there(self):
-        proc = self.launch()
+        # The write takes 3 s, longer than the grace: the worker ends only once it is on disk.
+        proc = self.launch(SLOW_WRITE="3")
         wait_for(lambda: self.at(0) >= 20 and self.at(1) >= 20 or proc.poll() is not None, 120, "20 steps")
         self.assertIsNone(proc.poll(), proc.describe())
         stopped_at = self.at(0)
@@ -586,8 +591,10 @@ class StopAtCheckpoint(Case):
         saved = self.steps_saved()
         self.assertEqual(len(saved), 1, "one checkpoint, the stop's: %s\n%s" % (saved, proc.describe()))
         self.assertGreaterEqual(saved[0], stopped_at, proc.describe())
-        self.assertIn("SIGTERM: stopping after a checkpoint at the next checkpoint_due()", proc.stderr(), proc.describe())
+        self.assertIn("SIGTERM: stopping after this checkpoint", proc.stderr(), proc.describe())
+        self.assertIn("SIGTERM: stopping once rank 0 has written its checkpoint", proc.stderr(), proc.describe())
         self.assertIn("stopping: the checkpoint of step %d is being written" % saved[0], proc.stderr(), proc.describe())
+        self.assertIn("waiting for the checkpoint write of step %d" % saved[0], proc.stderr(), proc.describe())
 
         again = self.launch()
         wait_for(lambda: len([n for n in os.listdir(self.marks) if n.startswith("start_")]) == 4 or
@@ -613,7 +620,7 @@ class StopAtCheckpoint(Case):
                 proc.signal(signal.SIGTERM)
                 self.assertEqual(proc.wait(30), -signal.SIGTERM, proc.describe())
                 self.assertEqual(self.steps_saved(), [], proc.describe())
-                self.assertNotIn("stopping after a checkpoint", proc.stderr(), proc.describe())
+                self.assertNotIn("SIGTERM: stopping", proc.stderr(), proc.describe())
 
 
 if __name__ == "__main__":
