@@ -343,6 +343,10 @@ class StateMachine {
   static bool is_spare(const Job& job, const Node& node) {
     return node.state == NodeState::Waiting && (job.state == JobState::Running || node.spec.spare);
   }
+  // A straggler, as status and gauges show it: named, in the round that runs now.
+  static bool shows_straggler(const Job& job, const Node& node) {
+    return node.straggler && node.state == NodeState::Running && job.state == JobState::Running;
+  }
   void tell_waiting(Job& job);
   // complete_round()'s steps: the waiting nodes that make the round (--node_rank first, then
   // survivors, then by arrival; at most MAX); the same in group-rank order (--node_rank as asked,

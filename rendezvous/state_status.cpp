@@ -154,7 +154,7 @@ nlohmann::json StateMachine::job_status(const Job& job, double now) const {
           row["busy_rank"] = first_rank_of(first, node) + node.progress->busy_local_rank;
         }
       }
-      if (node.straggler && node.state == NodeState::Running && job.state == JobState::Running) {
+      if (shows_straggler(job, node)) {
         nodes.back()["straggler"] = true;
         stragglers.push_back(straggler_line(node, first_rank_of(first, node), now));
       }
@@ -241,7 +241,7 @@ Gauges StateMachine::gauges() const {
     for (const auto& [conn, node] : job.nodes) {
       oldest = std::max(oldest, now - node.last_seen);
       spares += is_spare(job, node);
-      stragglers += node.straggler && node.state == NodeState::Running && job.state == JobState::Running;
+      stragglers += shows_straggler(job, node);
     }
     g.oldest_heartbeat_age[id] = oldest;
     g.spares[id] = spares;
