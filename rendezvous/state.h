@@ -383,6 +383,10 @@ class StateMachine {
   // `drained` with `why` and exits 0; a running round restarts without it (not counted), with a
   // waiting spare in its place when there is one. Returns what follows, in words.
   std::string take_out(Job& job, ConnId conn, const std::string& cause, const std::string& why, bool force);
+  // The nodes the next round can have once one is taken out: the round's others and those waiting.
+  std::size_t left_without_one(const Job& job) const {
+    return count(job, NodeState::Running) + count(job, NodeState::Waiting) + count(job, NodeState::Rejoining) - 1;
+  }
   // Compares the busy times of a running job's nodes and names, clears or replaces stragglers
   // (state_straggler.cpp). `job` may be gone when it returns.
   void judge_stragglers(Job& job, double now);

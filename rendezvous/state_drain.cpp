@@ -69,9 +69,7 @@ DrainResult StateMachine::drain(const std::string& job_id, const std::string& no
   }
   const ConnId conn = matches.front();
   const Node& node = job.nodes.at(conn);
-  // The nodes the next round can have without it: the round's others and those waiting.
-  const std::size_t left = count(job, NodeState::Running) + count(job, NodeState::Waiting) +
-                           count(job, NodeState::Rejoining) - 1;
+  const std::size_t left = left_without_one(job);
   if (left < static_cast<std::size_t>(job.min_nodes) && !force) {
     return refused("drain_refused", "draining " + describe(node) + " would leave job " + job_id + " " + std::to_string(left) +
                                  " node(s), fewer than its minimum of " + std::to_string(job.min_nodes) +
@@ -88,8 +86,7 @@ DrainResult StateMachine::drain(const std::string& job_id, const std::string& no
 std::string StateMachine::take_out(Job& job, ConnId conn, const std::string& cause, const std::string& why, bool force) {
   Node& node = job.nodes.at(conn);
   const bool running = node.state == NodeState::Running && job.state == JobState::Running;
-  const std::size_t left = count(job, NodeState::Running) + count(job, NodeState::Waiting) +
-                           count(job, NodeState::Rejoining) - 1;
+  const std::size_t left = left_without_one(job);
   const std::string who = describe(node);
   const std::size_t spares = count(job, NodeState::Waiting) - (node.state == NodeState::Waiting ? 1 : 0);
   remove_node(job, conn);
