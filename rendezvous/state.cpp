@@ -729,7 +729,7 @@ void StateMachine::stalled(double seconds) {
   for (auto& [id, job] : jobs_) {
     for (auto& [conn, node] : job.nodes) node.last_seen = std::min(now, node.last_seen + seconds);
     job.next_heartbeat_check += seconds;
-    if (!job.probed.empty()) job.probe_deadline += seconds;
+    for (auto& probe : job.probes) probe.second += seconds;
   }
 }
 
@@ -765,7 +765,12 @@ void StateMachine::tick() {
       node_gone(job, conn, why, false);
       out_.drop(conn, "heartbeat_timeout", "dropped by the rendezvous server: " + why);
     }
-    if (!job.probed.empty() && now >= job.probe_deadline) conclude_probes(job, now);
+    if (job.pending_stall && now >= job.next_stall_scan) {
+      const Job::StallReport report = *job.pending_stall;
+      job.pending_stall.reset();
+      scan_for_silent(job, report, now);
+    }
+    if (!job.probes.empty() && now >= job.probes.front().second) conclude_probes(job, now);
     if (job.nodes.empty()) {
       erase_if_empty(id);
       continue;

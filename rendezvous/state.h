@@ -234,6 +234,9 @@ class StateMachine {
     std::uint64_t resumed_generation = 0;  // while restoring: the generation it resumed
     bool success_pending = false;        // while restoring: reported success, applied after
     std::optional<NodeProgress> progress;  // the last its heartbeats carried
+    // The last probe sent to it (stall(); -1: never) and whether its answer is still awaited.
+    double probed_at = -1;
+    bool probe_out = false;
     // Stragglers (state_straggler.cpp): since when its busy time stands at --straggler_factor x
     // the median of the others' or more (-1: it does not), whether it is named a straggler, and
     // since when it stands below the factor (a named one: below the line that clears it); the
@@ -271,12 +274,19 @@ class StateMachine {
     bool failing = false;  // the budget is spent: the job fails once its nodes have stopped
     std::optional<WorkerFailure> fatal;  // the first fatal report: the job fails with its reason
     double next_heartbeat_check = 0;  // no node can be silent too long before this
-    // A probe round (stall()): the nodes probed, when, when their answers are due, and no new
-    // round before next_probe_round (one per heartbeat_interval after one that cleared everyone).
-    std::vector<ConnId> probed;
-    double probed_at = 0;
-    double probe_deadline = 0;
-    double next_probe_round = 0;
+    // The probes out (stall()): each node and when its answer is due, in the order sent (one
+    // probe_timeout for all, so the first is due first).
+    std::deque<std::pair<ConnId, double>> probes;
+    // Stall reports are weighed at most once per kStallScanGap (a scan visits every node, and
+    // when one node of 10,000 dies, 9,999 report): the ones between wait for the next tick, as
+    // one: the reporter whose report suspects the most (the latest `since`).
+    struct StallReport {
+      ConnId reporter = 0;
+      double since = 0;
+      double stalled_for = 0;
+    };
+    std::optional<StallReport> pending_stall;
+    double next_stall_scan = 0;
     // Rebuilt from resumes (when, on the clock), and the restore in progress.
     std::optional<double> rebuilt_at;
     double restore_deadline = 0;
@@ -399,12 +409,15 @@ class StateMachine {
   static int first_rank_of(const std::vector<int>& first_ranks, const Node& node);
   // "node B: 1.8x the median busy time for 60 s (rank 5: 412 ms vs 230 ms)"
   static std::string straggler_line(const Node& node, int first_rank, double now);
+  static constexpr double kStallScanGap = 0.05;  // s between two scans of a job for silent nodes
   static constexpr double kStragglerJudgementEvery = 1.0;  // s
   static constexpr double kStragglerDipSeconds = 3.0;  // the shortest dip that restarts a slow count
   static constexpr double kStragglerMinExcessSeconds = 0.005;  // slow: also this much above the median
-  // The probe round's verdict once its answers are due: a probed node not heard from since is
-  // lost (state_probe.cpp).
+  // The verdict on the probes whose answers are due: a probed node not heard from since is lost
+  // (state_probe.cpp).
   void conclude_probes(Job& job, double now);
+  // Probes the nodes of `job` not heard from since `report.since`, but its reporter.
+  void scan_for_silent(Job& job, const Job::StallReport& report, double now);
   void changed(const Job& job);
   void describe_round(Job& job);
   static const char* state_name(NodeState s);

@@ -9,9 +9,16 @@
 // within milliseconds, even while its agent is busy or stopped (PeerCheck). A node whose workers
 // stall but which answers (a slow step, a checkpoint, a lossy path between two other nodes) is
 // cleared; a node whose host acknowledged the probe is left to heartbeat_timeout, and so is a
-// node that is silent while the job keeps stepping. A stall report names only its sender, so a
-// client can cause probes (one round per job at a time, then at most one per
-// heartbeat_interval), never the loss of a node.
+// node that is silent while the job keeps stepping.
+//
+// Silent since the stall began is not the only suspect: a node can speak after the stall began
+// (its own stall report, a last heartbeat) and die a moment later. So a node that has missed a
+// heartbeat (silent for more than heartbeat_interval) is probed too, at the next report: the
+// survivors repeat theirs while they stay stalled. Every report is weighed (the reports of one
+// kStallScanGap as one scan), none waits for another's probes to conclude. What bounds the
+// traffic is per node: a node that answered a probe is not probed again within
+// heartbeat_interval, so probes cost no more than heartbeats. A stall report names only its
+// sender, so a client can cause probes, never the loss of a node.
 #include <algorithm>
 
 #include "rendezvous/state.h"
@@ -24,35 +31,54 @@ void StateMachine::stall(ConnId conn, double stalled_for) {
   auto reporter = job->nodes.find(conn);
   if (reporter == job->nodes.end() || reporter->second.state != NodeState::Running) return;
   const double now = clock_.now();
-  if (!job->probed.empty() || now < job->next_probe_round) return;  // a round is in progress or just ended
-  // Heard from since the stall began = alive while the job stalled; the rest are asked.
-  const double since = now - std::min(stalled_for, job->timeouts.heartbeat_timeout);
-  const Frame probe = encode(make_probe());
-  for (auto& [c, node] : job->nodes) {
-    if (c == conn || node.state != NodeState::Running || node.last_seen >= since) continue;
-    job->probed.push_back(c);
-    out_.send(c, probe);
+  // Heard from since the stall began = alive while the job stalled, unless it has since missed a
+  // heartbeat.
+  const Job::StallReport report{conn, now - std::min(stalled_for, job->timeouts.heartbeat_interval), stalled_for};
+  if (now >= job->next_stall_scan) {
+    scan_for_silent(*job, report, now);
+  } else if (!job->pending_stall || report.since > job->pending_stall->since) {
+    job->pending_stall = report;
   }
-  if (job->probed.empty()) return;
-  job->probed_at = now;
-  job->probe_deadline = now + job->timeouts.probe_timeout;
+}
+
+void StateMachine::scan_for_silent(Job& job, const Job::StallReport& report, double now) {
+  auto reporter = job.nodes.find(report.reporter);
+  if (job.state != JobState::Running || reporter == job.nodes.end() || reporter->second.state != NodeState::Running)
+    return;
+  job.next_stall_scan = now + kStallScanGap;
+  const Timeouts& t = job.timeouts;
+  const Frame probe = encode(make_probe());
+  std::size_t sent = 0;
+  for (auto& [c, node] : job.nodes) {
+    if (c == report.reporter || node.state != NodeState::Running || node.probe_out) continue;
+    if (node.last_seen >= report.since) continue;
+    const bool answered_lately = node.probed_at > now - t.heartbeat_interval && node.last_seen >= node.probed_at;
+    if (answered_lately) continue;
+    node.probed_at = now;
+    node.probe_out = true;
+    job.probes.emplace_back(c, now + t.probe_timeout);
+    out_.send(c, probe);
+    ++sent;
+  }
+  if (sent == 0) return;
   const std::string what = "the workers of " + describe(reporter->second) + " stalled for " +
-                           seconds_text(stalled_for) + ": probing " + std::to_string(job->probed.size()) +
-                           " node(s) not heard from since";
-  out_.log("job " + job->id + ": " + what);
-  emit(*job, "probe", "stall", describe(reporter->second), {},
-       {{"stalled_for", stalled_for}, {"probed", job->probed.size()}}, what);
+                           seconds_text(report.stalled_for) + ": probing " + std::to_string(sent) +
+                           " node(s) not heard from since it began, or for a heartbeat_interval";
+  out_.log("job " + job.id + ": " + what);
+  emit(job, "probe", "stall", describe(reporter->second), {},
+       {{"stalled_for", report.stalled_for}, {"probed", sent}}, what);
 }
 
 void StateMachine::conclude_probes(Job& job, double now) {
-  std::vector<ConnId> probed;
-  probed.swap(job.probed);
   std::vector<std::pair<ConnId, std::string>> silent;
-  for (ConnId c : probed) {
+  while (!job.probes.empty() && job.probes.front().second <= now) {
+    const ConnId c = job.probes.front().first;
+    job.probes.pop_front();
     auto it = job.nodes.find(c);
     if (it == job.nodes.end()) continue;
-    const Node& node = it->second;
-    if (node.last_seen >= job.probed_at || node.state != NodeState::Running) continue;
+    Node& node = it->second;
+    node.probe_out = false;
+    if (node.last_seen >= node.probed_at || node.state != NodeState::Running) continue;
     if (peer_check_ && peer_check_(c)) {
       // Its host is up (it acknowledged the probe): the agent is busy or stopped. Not a lost
       // host; heartbeat_timeout still bounds how long it may stay silent.
@@ -64,7 +90,6 @@ void StateMachine::conclude_probes(Job& job, double now) {
                                " (probe_timeout), nor an acknowledgement from its host, while the job's "
                                "other nodes stalled; silent for " + seconds_text(now - node.last_seen));
   }
-  if (silent.empty()) job.next_probe_round = now + job.timeouts.heartbeat_interval;
   for (const auto& [c, why] : silent) {
     if (job.nodes.count(c) == 0) continue;
     node_gone(job, c, why, false);

@@ -1364,7 +1364,7 @@ TEST_CASE("a probed node whose host acknowledged the probe is not lost: a busy o
   CHECK(f.out.dropped[3].code == "heartbeat_timeout");
 }
 
-TEST_CASE("a probed node that answers is cleared, and the next probe round waits a heartbeat_interval") {
+TEST_CASE("a probed node that answers is cleared, and is not probed again within a heartbeat_interval") {
   ProbeFixture f;
   f.clock.advance(1.0);
   f.sm.touch(1);
@@ -1387,6 +1387,84 @@ TEST_CASE("a probed node that answers is cleared, and the next probe round waits
   f.clock.advance(1.0);
   f.sm.stall(1, 1.5);
   CHECK(f.out.of(2, "probe").size() == 1);
+}
+
+TEST_CASE("a node that spoke after the stall began, then went silent, is probed at a survivor's next report") {
+  // node3's own stall report reaches the server as its link goes down: it was heard from after
+  // the stall began, so the first reports do not suspect it; once it has missed a heartbeat, the
+  // next report does, though the probes that cleared node1 and node2 concluded only just before.
+  ProbeFixture f;
+  f.clock.advance(0.5);
+  for (ConnId c : {1, 2, 3}) f.sm.touch(c);
+  f.clock.advance(0.5);
+  f.sm.touch(3);
+  f.sm.stall(3, 0.2);  // t = 1.0
+  REQUIRE(f.out.of(1, "probe").size() == 1);
+  REQUIRE(f.out.of(2, "probe").size() == 1);
+  f.clock.advance(0.01);
+  f.sm.touch(1);
+  f.sm.touch(2);
+  f.clock.advance(0.09);
+  f.sm.touch(1);
+  f.sm.stall(1, 0.3);  // t = 1.1: node3 was heard from at 1.0, after this stall began
+  CHECK(f.out.of(3, "probe").empty());
+  f.clock.advance(0.3);
+  f.sm.tick();  // node1's and node2's answers are in: cleared
+  CHECK(f.out.dropped.empty());
+  f.clock.advance(0.1);
+  for (ConnId c : {1, 2}) f.sm.touch(c);  // t = 1.5: their heartbeats; node3's never comes
+  f.clock.advance(0.1);
+  f.sm.touch(1);
+  f.sm.stall(1, 0.8);  // t = 1.6: node3 silent for 0.6 s, under a heartbeat_interval
+  CHECK(f.out.of(3, "probe").empty());
+  f.clock.advance(0.5);
+  f.sm.touch(1);
+  f.sm.stall(1, 1.3);  // t = 2.1: node3 missed its heartbeat
+  REQUIRE(f.out.of(3, "probe").size() == 1);
+  CHECK(f.out.of(2, "probe").size() == 1);  // node2 was heard from within the interval
+  f.clock.advance(0.31);
+  f.sm.tick();
+  REQUIRE(f.out.dropped.count(3) == 1);  // at 2.41 s, not at heartbeat_timeout (6 s)
+  CHECK(f.out.dropped[3].code == "probe_timeout");
+}
+
+TEST_CASE("stall reports within a moment of each other are weighed together at the next tick") {
+  ProbeFixture f;
+  f.clock.advance(0.5);
+  for (ConnId c : {1, 2, 3}) f.sm.touch(c);
+  f.clock.advance(0.5);
+  f.sm.touch(3);
+  f.sm.stall(3, 0.6);  // began before anyone's last word: nobody to probe, but a scan was made
+  CHECK(f.out.sent.empty());
+  f.clock.advance(0.02);
+  f.sm.touch(1);
+  f.sm.stall(1, 0.3);  // node2 was silent since this one began: it waits for the next tick
+  CHECK(f.out.of(2, "probe").empty());
+  f.clock.advance(0.04);
+  f.sm.tick();
+  CHECK(f.out.of(2, "probe").size() == 1);
+  CHECK(f.out.of(3, "probe").empty());
+}
+
+TEST_CASE("stall reports as fast as a client can send them probe a healthy node no more than its heartbeats") {
+  ProbeFixture f;
+  std::size_t answered[4] = {};
+  for (int i = 1; i <= 300; ++i) {  // 3 s of reports every 10 ms, each claiming a fresh stall
+    f.clock.advance(0.01);
+    f.sm.touch(1);
+    f.sm.stall(1, 0.001);
+    for (ConnId c : {2, 3}) {
+      const std::size_t probes = f.out.of(c, "probe").size();
+      if (probes > answered[c]) f.sm.touch(c);  // answers at once, like an agent
+      answered[c] = probes;
+    }
+    f.sm.tick();
+  }
+  for (ConnId c : {2, 3}) {
+    CHECK(answered[c] >= 1);
+    CHECK(answered[c] <= 3);  // once per heartbeat_interval at most
+  }
+  CHECK(f.out.dropped.empty());
 }
 
 TEST_CASE("a stall report from a node that is not running, or with probe_timeout 0, probes nobody") {
