@@ -151,6 +151,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         case MessageType::stall:
           sm.stall(id, std::get<Stall>(m.body).stalled_for);
           break;
+        case MessageType::peer_alive:
+          sm.peer_alive(id, std::get<PeerAlive>(m.body).id);
+          break;
         default:
           sm.disconnected(id, "server message from a client");
           c.closed = true;

@@ -226,6 +226,8 @@ void Client::handle(Message& m) {
     case MessageType::probe:  // the server thinks this node may be gone: any message answers
       send(make_heartbeat());
       return;
+    case MessageType::check_peer:
+      return check_peer(std::get<CheckPeer>(m.body));
     case MessageType::challenge:
       return on_challenge(std::get<Challenge>(m.body));
     case MessageType::welcome:
@@ -355,6 +357,7 @@ void Client::join(NodeSpec spec) {
   if (closed_) return;
   if (spec.job_id.empty()) spec.job_id = options_.job_id;
   spec.progress = static_cast<bool>(events_.on_waiting);  // ask for `waiting` when it is heard
+  spec.peer_checks = true;
   options_.heartbeat_interval = spec.timeouts.heartbeat_interval;
   options_.heartbeat_timeout = spec.timeouts.heartbeat_timeout;
   if (!welcomed_) {
@@ -431,6 +434,36 @@ void Client::shutdown() {
     socket_.close(ec);
   }
   queue_.clear();
+}
+
+// check_peer: another node of the job did not answer the server's probe. A connection to its host
+// at a port with no listener, refused or accepted, proves the host is up (peer_alive); no answer
+// within `within` says nothing (the server never convicts on a peer's word). A host name, or
+// more checks at once than kMaxChecksInFlight, is not tried.
+void Client::check_peer(const CheckPeer& check) {
+  boost::system::error_code ec;
+  const auto address = asio::ip::make_address(check.addr, ec);
+  if (ec || checks_in_flight_ >= kMaxChecksInFlight) return;
+  const tcp::endpoint target(address, static_cast<unsigned short>(check.port));
+  auto socket = std::make_shared<tcp::socket>(io_);
+  socket->open(target.protocol(), ec);
+  if (ec) return;
+  close_on_exec(socket->native_handle());
+  ++checks_in_flight_;
+  auto timer = std::make_shared<asio::steady_timer>(io_);
+  timer->expires_after(std::chrono::duration_cast<steady::duration>(std::chrono::duration<double>(check.within)));
+  timer->async_wait([socket](boost::system::error_code e) {
+    boost::system::error_code ignored;
+    if (!e) socket->close(ignored);  // the connect's handler then sees operation_aborted
+  });
+  socket->async_connect(target, [self = shared_from_this(), socket, timer, id = check.id](boost::system::error_code e) {
+    --self->checks_in_flight_;
+    timer->cancel();
+    boost::system::error_code ignored;
+    socket->close(ignored);
+    const bool host_answered = !e || e == asio::error::connection_refused;
+    if (host_answered && self->welcomed_ && !self->closed_) self->send(make_peer_alive(id));
+  });
 }
 
 void Client::send(const Message& message) { send_frame(encode(message)); }

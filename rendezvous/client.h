@@ -129,6 +129,7 @@ class Client : public std::enable_shared_from_this<Client> {
   void on_welcome(const Welcome& welcome);
   void on_not_leader(const std::string& leader);
   void on_error_message(const ErrorMessage& error);
+  void check_peer(const CheckPeer& check);
   void send(const Message& message);
   void send_frame(Frame frame);
   bool identify(const char* data, std::size_t n);
@@ -171,6 +172,8 @@ class Client : public std::enable_shared_from_this<Client> {
   std::string last_connect_error_;
   std::string resolve_error_;
   int attempts_ = 0;
+  int checks_in_flight_ = 0;  // check_peer connections being tried (at most kMaxChecksInFlight)
+  static constexpr int kMaxChecksInFlight = 8;
   // Identification of the peer (check_server_start): what it sent before it proved to be a
   // rendezvous server, and until when it may take to say so.
   bool identified_ = false;

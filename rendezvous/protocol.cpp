@@ -45,6 +45,8 @@ constexpr TypeName kTypeNames[] = {
     {MessageType::probe, "probe"},
     {MessageType::drain, "drain"},
     {MessageType::drained, "drained"},
+    {MessageType::check_peer, "check_peer"},
+    {MessageType::peer_alive, "peer_alive"},
 };
 
 std::optional<MessageType> type_from(std::string_view name) {
@@ -240,6 +242,7 @@ std::optional<std::string> read_node_spec(const json& j, NodeSpec& s) {
   f.integer("master_port", s.master_port, 0, 65535);
   f.string("env_check", s.env_check, 16);
   f.boolean("progress", s.progress);
+  f.boolean("peer_checks", s.peer_checks);
   f.boolean("spare", s.spare);
   if (const json* fp = f.object("fingerprint")) {
     if (auto err = check_fingerprint(*fp)) {
@@ -368,6 +371,24 @@ std::optional<std::string> decode_connection_body(MessageType type, const json& 
       Stall s;
       if (f.require("stalled_for")) f.number("stalled_for", s.stalled_for, 0, kMaxTimeoutSeconds);
       m.body = s;
+      return f.error();
+    }
+    case MessageType::check_peer: {
+      Fields f(j, "check_peer");
+      CheckPeer c;
+      if (f.require("id")) f.integer("id", c.id, 1, static_cast<long long>(kMaxCheckId));
+      if (f.require("addr")) f.string("addr", c.addr, kMaxHostBytes);
+      if (f.require("port")) f.integer("port", c.port, 1, 65535);
+      if (f.require("within")) f.number("within", c.within, 0.001, 60);
+      if (!f.error() && c.addr.empty()) f.fail("field \"addr\" is empty");
+      m.body = std::move(c);
+      return f.error();
+    }
+    case MessageType::peer_alive: {
+      Fields f(j, "peer_alive");
+      PeerAlive a;
+      if (f.require("id")) f.integer("id", a.id, 1, static_cast<long long>(kMaxCheckId));
+      m.body = a;
       return f.error();
     }
     case MessageType::success:
@@ -552,6 +573,8 @@ std::optional<std::string> decode_body(MessageType type, const json& j, Message&
     case MessageType::heartbeat_ack:
     case MessageType::stall:
     case MessageType::probe:
+    case MessageType::check_peer:
+    case MessageType::peer_alive:
       return decode_connection_body(type, j, m);
     case MessageType::drain:
     case MessageType::drained:

@@ -115,6 +115,7 @@ enum class MessageType : std::uint8_t {
   resume,
   stall,
   drain,
+  peer_alive,
   // server -> client
   challenge,
   welcome,
@@ -130,6 +131,7 @@ enum class MessageType : std::uint8_t {
   not_leader,
   probe,
   drained,
+  check_peer,
 };
 const char* to_string(MessageType type);
 bool is_client_message(MessageType type);
@@ -219,6 +221,22 @@ struct Heartbeat {
 struct Stall {
   double stalled_for = 0;
 };
+// check_peer: a node of the job did not answer a probe; the server asks one or two other agents
+// of the job (whose join said `peer_checks: true`) to reach its host: a TCP connection to
+// addr:port, a port with no listener, that the host either refuses or accepts. Either answer
+// proves the host is up, and the agent says so with peer_alive and the same id; no answer within
+// `within` seconds, and the agent says nothing. An answer can only spare a node, never convict
+// one (docs/rendezvous.md, "Silent nodes").
+inline constexpr std::uint64_t kMaxCheckId = 1ULL << 53;  // exact as a JSON number anywhere
+struct CheckPeer {
+  std::uint64_t id = 0;
+  std::string addr;
+  int port = 0;
+  double within = 0;
+};
+struct PeerAlive {
+  std::uint64_t id = 0;
+};
 // drain: an operator's request (`ddp-rendezvous drain`), a first message like status: the hello
 // part proves the secret (role "drain"); a job's own secret may drain that job only. `node` is
 // the node as status shows it: its host, or its group rank in decimal. `force` allows leaving
@@ -240,7 +258,7 @@ struct Message {
   MessageType type = MessageType::heartbeat;
   std::variant<Empty, Heartbeat, Greeting, Hello, Challenge, Welcome, ErrorMessage, NodeSpec, WorkerFailure, Assignment, Restart,
                JobSucceeded, JobFailed, StatusReply, ResumeRequest, Resumed, Waiting, NotLeader, Stall, Drain,
-               Drained>
+               Drained, CheckPeer, PeerAlive>
       body;
 };
 // The hello part of a first message (hello, status, drain). REQUIRES: one of those types.
@@ -281,6 +299,7 @@ Message make_status_reply(nlohmann::json status);
 Message make_waiting(const Waiting& waiting);
 Message make_not_leader(const std::string& leader);
 Message make_probe();
+Message make_check_peer(const CheckPeer& check);
 Message make_drained(const Drained& drained);
 // "" (no leader known) or an endpoint to connect to, HOST:PORT or [V6]:PORT, written as
 // Endpoint::text() writes it (rendezvous/endpoint.h).
@@ -298,6 +317,7 @@ Message make_failure(const WorkerFailure& failure);
 Message make_success();
 Message make_leave();
 Message make_stall(double stalled_for);
+Message make_peer_alive(std::uint64_t id);
 Message make_drain(const Drain& drain);
 Message make_resume_message(const ResumeRequest& request);
 Message make_resumed_message(std::uint64_t generation, int restart_count, bool rebuilt);

@@ -52,6 +52,17 @@ void add_connection_fields(const Message& m, json& j) {
     case MessageType::stall:
       j["stalled_for"] = std::get<Stall>(m.body).stalled_for;
       break;
+    case MessageType::check_peer: {
+      const auto& c = std::get<CheckPeer>(m.body);
+      j["id"] = c.id;
+      j["addr"] = c.addr;
+      j["port"] = c.port;
+      j["within"] = c.within;
+      break;
+    }
+    case MessageType::peer_alive:
+      j["id"] = std::get<PeerAlive>(m.body).id;
+      break;
     case MessageType::drain: {
       const auto& d = std::get<Drain>(m.body);
       add_hello_fields(d.hello, false, j);
@@ -101,6 +112,8 @@ json to_json(const Message& m) {
     case MessageType::welcome:
     case MessageType::error:
     case MessageType::stall:
+    case MessageType::check_peer:
+    case MessageType::peer_alive:
     case MessageType::drain:
     case MessageType::drained:
       add_connection_fields(m, j);

@@ -90,6 +90,7 @@ bool is_client_message(MessageType type) {
     case MessageType::resume:
     case MessageType::stall:
     case MessageType::drain:
+    case MessageType::peer_alive:
       return true;
     default:
       return false;
@@ -253,6 +254,7 @@ Message make_status_reply(json status) { return message(MessageType::status_repl
 Message make_waiting(const Waiting& waiting) { return message(MessageType::waiting, waiting); }
 Message make_not_leader(const std::string& leader) { return message(MessageType::not_leader, NotLeader{leader}); }
 Message make_probe() { return message(MessageType::probe, Empty{}); }
+Message make_check_peer(const CheckPeer& check) { return message(MessageType::check_peer, check); }
 Message make_drained(const Drained& drained) { return message(MessageType::drained, drained); }
 
 Message make_hello(const Hello& hello) { return message(MessageType::hello, hello); }
@@ -265,6 +267,7 @@ Message make_failure(const WorkerFailure& failure) { return message(MessageType:
 Message make_success() { return message(MessageType::success, Empty{}); }
 Message make_leave() { return message(MessageType::leave, Empty{}); }
 Message make_stall(double stalled_for) { return message(MessageType::stall, Stall{stalled_for}); }
+Message make_peer_alive(std::uint64_t id) { return message(MessageType::peer_alive, PeerAlive{id}); }
 Message make_drain(const Drain& drain) { return message(MessageType::drain, drain); }
 
 }  // namespace ddp::rdzv

@@ -57,6 +57,10 @@ void Server::make_state() {
     Session* session = sessions_.find(conn);
     return session != nullptr && session->peer_acknowledged_all();
   });
+  state_->set_peer_port([this](ConnId conn) {
+    const Session* session = sessions_.find(conn);
+    return session == nullptr ? 0 : session->peer_port();
+  });
 }
 
 void Server::set_leadership(bool leading, const std::string& leader,
@@ -349,6 +353,9 @@ void Server::handle(Session& session, Message& message) {
     }
     case MessageType::stall:
       if (session.member) state_->stall(session.id(), std::get<Stall>(message.body).stalled_for);
+      return;
+    case MessageType::peer_alive:
+      if (session.member) state_->peer_alive(session.id(), std::get<PeerAlive>(message.body).id);
       return;
     case MessageType::failure:
       state_->report_failure(session.id(), std::get<WorkerFailure>(message.body));

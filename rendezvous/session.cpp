@@ -29,6 +29,7 @@ Session::Session(std::unique_ptr<Stream> stream, std::uint64_t id, SessionHandle
   auto remote = socket.remote_endpoint(ec);
   if (!ec) {
     peer_address_ = remote.address().to_string();
+    peer_port_ = remote.port();
     peer_ = peer_address_ + ":" + std::to_string(remote.port());
   } else {
     peer_ = "?";

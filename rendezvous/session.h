@@ -67,6 +67,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void set_phase(Phase p) { phase_ = p; }
   const std::string& peer() const { return peer_; }
   std::string peer_address() const { return peer_address_; }
+  int peer_port() const { return peer_port_; }
   // Whether the peer's host has acknowledged every byte sent to it: nothing waits in this
   // session's queue, nor unacknowledged in the kernel (SIOCOUTQ). A host that is up acknowledges
   // within milliseconds, whatever its process does; a host that lost power or its link does not.
@@ -107,6 +108,7 @@ class Session : public std::enable_shared_from_this<Session> {
   bool deadline_armed_ = false;
   std::string peer_;
   std::string peer_address_;
+  int peer_port_ = 0;
 };
 
 // Owns the live sessions of a server and can stop them all. Server thread only.

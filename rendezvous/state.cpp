@@ -765,12 +765,7 @@ void StateMachine::tick() {
       node_gone(job, conn, why, false);
       out_.drop(conn, "heartbeat_timeout", "dropped by the rendezvous server: " + why);
     }
-    if (job.pending_stall && now >= job.next_stall_scan) {
-      const Job::StallReport report = *job.pending_stall;
-      job.pending_stall.reset();
-      scan_for_silent(job, report, now);
-    }
-    if (!job.probes.empty() && now >= job.probes.front().second) conclude_probes(job, now);
+    tick_probes(job, now);
     if (job.nodes.empty()) {
       erase_if_empty(id);
       continue;

@@ -129,6 +129,10 @@ std::string random_secret();
 // acknowledged it means a busy or stopped process, not a lost host. Empty function = never
 // (tests; every unanswered probe is then a loss).
 using PeerCheck = std::function<bool(ConnId conn)>;
+// The port connection `conn` comes from on its host: a port with no listener, which the host
+// refuses a connection to (or accepts) within milliseconds when it is up; other agents of the
+// job try it for the server (check_peer). Empty function or 0 = no indirect check.
+using PeerPort = std::function<int(ConnId conn)>;
 // What a round carries of a node's secret for connection `conn`: the server seals it under that
 // connection's key (auth.h, seal_hex), so that it never crosses the wire in clear. Empty
 // function = the secret as it is (tests, a server without secrets).
@@ -153,6 +157,7 @@ class StateMachine {
   StateMachine(const Clock& clock, Outbox& out, RoundCheck round_check = {}, SecretSource secrets = {});
   void set_secret_seal(SecretSeal seal) { seal_ = std::move(seal); }
   void set_peer_check(PeerCheck check) { peer_check_ = std::move(check); }
+  void set_peer_port(PeerPort port) { peer_port_ = std::move(port); }
 
   // The connection joins (or rejoins) spec.job_id. Invalid specs, an --nnodes mismatch with the
   // job, a taken --node_rank or a finished job drop the connection with a clear error.
@@ -172,6 +177,9 @@ class StateMachine {
   void progress(ConnId conn, const NodeProgress& progress);
   // The node's workers made no progress for `stalled_for` seconds: probe the job's silent nodes.
   void stall(ConnId conn, double stalled_for);
+  // The node reached the host of the node check `id` asked about (check_peer): that node is not
+  // lost at its probe's verdict. Ignored unless this node was asked.
+  void peer_alive(ConnId conn, std::uint64_t id);
   // A worker of this node failed.
   void report_failure(ConnId conn, const WorkerFailure& failure);
   // Every worker of this node exited 0.
@@ -234,9 +242,13 @@ class StateMachine {
     std::uint64_t resumed_generation = 0;  // while restoring: the generation it resumed
     bool success_pending = false;        // while restoring: reported success, applied after
     std::optional<NodeProgress> progress;  // the last its heartbeats carried
-    // The last probe sent to it (stall(); -1: never) and whether its answer is still awaited.
+    // The last probe sent to it (stall(); -1: never) and whether its answer is still awaited;
+    // the indirect check of that probe (check_peer; 0: none), and the node that reached its host
+    // for it (0: none did).
     double probed_at = -1;
     bool probe_out = false;
+    std::uint64_t check_id = 0;
+    ConnId vouched_by = 0;
     // Stragglers (state_straggler.cpp): since when its busy time stands at --straggler_factor x
     // the median of the others' or more (-1: it does not), whether it is named a straggler, and
     // since when it stands below the factor (a named one: below the line that clears it); the
@@ -275,8 +287,14 @@ class StateMachine {
     std::optional<WorkerFailure> fatal;  // the first fatal report: the job fails with its reason
     double next_heartbeat_check = 0;  // no node can be silent too long before this
     // The probes out (stall()): each node and when its answer is due, in the order sent (one
-    // probe_timeout for all, so the first is due first).
+    // probe_timeout for all, so the first is due first); the indirect checks out, by id: the node
+    // checked and the agents asked.
     std::deque<std::pair<ConnId, double>> probes;
+    struct IndirectCheck {
+      ConnId node = 0;
+      std::vector<ConnId> helpers;
+    };
+    std::unordered_map<std::uint64_t, IndirectCheck> checks;
     // Stall reports are weighed at most once per kStallScanGap (a scan visits every node, and
     // when one node of 10,000 dies, 9,999 report): the ones between wait for the next tick, as
     // one: the reporter whose report suspects the most (the latest `since`).
@@ -410,14 +428,18 @@ class StateMachine {
   // "node B: 1.8x the median busy time for 60 s (rank 5: 412 ms vs 230 ms)"
   static std::string straggler_line(const Node& node, int first_rank, double now);
   static constexpr double kStallScanGap = 0.05;  // s between two scans of a job for silent nodes
+  static constexpr std::size_t kCheckHelpers = 2;  // agents asked to reach each probed node
   static constexpr double kStragglerJudgementEvery = 1.0;  // s
   static constexpr double kStragglerDipSeconds = 3.0;  // the shortest dip that restarts a slow count
   static constexpr double kStragglerMinExcessSeconds = 0.005;  // slow: also this much above the median
-  // The verdict on the probes whose answers are due: a probed node not heard from since is lost
-  // (state_probe.cpp).
+  // The stall reports held back, then the verdict on the probes whose answers are due: a probed
+  // node not heard from since is lost (state_probe.cpp).
+  void tick_probes(Job& job, double now);
   void conclude_probes(Job& job, double now);
   // Probes the nodes of `job` not heard from since `report.since`, but its reporter.
   void scan_for_silent(Job& job, const Job::StallReport& report, double now);
+  // Asks up to kCheckHelpers of `helpers` to reach the host of `node` (probed now).
+  void ask_to_check(Job& job, ConnId node, const std::vector<ConnId>& helpers, std::size_t turn);
   void changed(const Job& job);
   void describe_round(Job& job);
   static const char* state_name(NodeState s);
@@ -429,6 +451,8 @@ class StateMachine {
   SecretSource secrets_;
   SecretSeal seal_;
   PeerCheck peer_check_;
+  PeerPort peer_port_;
+  std::uint64_t next_check_id_ = 0;
   std::map<std::string, Job> jobs_;
   std::unordered_map<ConnId, std::string> conn_job_;
   std::uint64_t next_join_seq_ = 0;

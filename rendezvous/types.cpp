@@ -55,6 +55,7 @@ void to_json(nlohmann::json& j, const NodeSpec& v) {
        {"timeouts", v.timeouts},
        {"straggler", v.straggler}};
   if (v.progress) j["progress"] = true;  // absent otherwise: the join of an older agent
+  if (v.peer_checks) j["peer_checks"] = true;  // the same
   if (v.spare) j["spare"] = true;
 }
 
@@ -73,6 +74,7 @@ void from_json(const nlohmann::json& j, NodeSpec& v) {
   read_opt(j, "timeouts", v.timeouts);
   read_opt(j, "straggler", v.straggler);
   read_opt(j, "progress", v.progress);
+  read_opt(j, "peer_checks", v.peer_checks);
   read_opt(j, "spare", v.spare);
 }
 

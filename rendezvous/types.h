@@ -55,6 +55,9 @@ struct NodeSpec {
   // This agent understands `waiting` (the counts of a gathering job); the server sends
   // it to such nodes only, so agents that predate it never see it. Default false.
   bool progress = false;
+  // This agent answers `check_peer` (reaches another node's host for the server); the server asks
+  // such nodes only. Default false.
+  bool peer_checks = false;
   // --spare: this node only takes the place of one the job lost, failed or drained; it never
   // counts toward MAX or MIN for a round and never ends a running one (docs/maintenance.md).
   bool spare = false;

@@ -31,6 +31,11 @@ class RawConn {
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     connected_ = ::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
   }
+  // The server's end of a connection accepted from a listening socket: a fake server.
+  struct Accepted {
+    int fd;
+  };
+  explicit RawConn(Accepted accepted) : fd_(accepted.fd), connected_(accepted.fd >= 0) {}
   ~RawConn() { close(); }
   RawConn(const RawConn&) = delete;
   RawConn& operator=(const RawConn&) = delete;

@@ -1,6 +1,7 @@
 // Loopback tests: a real Server and real Clients on 127.0.0.1, one io_context on the test thread.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <thread>
 
@@ -146,6 +147,62 @@ TEST_CASE("a probed agent whose host acknowledged the probe is left to heartbeat
   auto dropped = silent.recv_type("error", 2);
   REQUIRE(dropped);
   CHECK((*dropped)["code"] == "heartbeat_timeout");
+}
+
+namespace {
+
+// A listening socket on 127.0.0.1 (port 0: any); its port in `port`.
+int listen_loopback(unsigned short& port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  REQUIRE(::listen(fd, 8) == 0);
+  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+  port = ntohs(a.sin_port);
+  return fd;
+}
+
+}  // namespace
+
+TEST_CASE("an agent asked to check a peer says peer_alive when the host refuses or accepts, nothing for a name") {
+  // A fake server (a thread with a blocking socket) welcomes a real client, takes its join, and
+  // asks it to reach three hosts: a port that refuses, a port that listens, and a host name.
+  unsigned short server_port = 0, refusing_port = 0, listening_port = 0;
+  const int server_fd = listen_loopback(server_port);
+  ::close(listen_loopback(refusing_port));  // nothing listens there any more
+  const int listening_fd = listen_loopback(listening_port);
+  std::atomic<bool> done{false};
+  std::atomic<bool> joined_with_peer_checks{false};
+  std::vector<std::uint64_t> alive;  // written by the server thread before `done`
+  std::thread server([&] {
+    RawConn conn(RawConn::Accepted{::accept(server_fd, nullptr, nullptr)});
+    conn.send(make_challenge(random_hex(16)));
+    if (conn.recv_type("hello") && conn.send(make_welcome())) {
+      if (auto join = conn.recv_type("join")) joined_with_peer_checks = (*join)["node"].value("peer_checks", false);
+      conn.send(make_check_peer({1, "127.0.0.1", refusing_port, 1.0}));
+      conn.send(make_check_peer({2, "127.0.0.1", listening_port, 1.0}));
+      conn.send(make_check_peer({3, "localhost", refusing_port, 1.0}));
+      const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(1500);
+      while (std::chrono::steady_clock::now() < until) {
+        auto m = conn.recv(0.1);
+        if (m && (*m)["type"] == "peer_alive") alive.push_back((*m)["id"].get<std::uint64_t>());
+      }
+    }
+    done = true;
+  });
+  asio::io_context io;
+  auto agent = TestAgent::make(io, server_port, node_spec("job", "checker", 2, 2));
+  const bool finished = run_until(io, [&] { return done.load(); }, 10);
+  server.join();
+  ::close(server_fd);
+  ::close(listening_fd);
+  REQUIRE(finished);
+  CHECK(joined_with_peer_checks);
+  std::sort(alive.begin(), alive.end());
+  CHECK(alive == std::vector<std::uint64_t>{1, 2});
 }
 
 TEST_CASE("the restart budget is shared by the job: the same count everywhere, then failure everywhere") {

@@ -354,6 +354,55 @@ TEST_CASE("stall carries how long the workers were silent; probe carries nothing
   }
 }
 
+TEST_CASE("check_peer names an id, an address, a port and a time; peer_alive the id; both are range-checked") {
+  auto c = decode(payload_of(encode(make_check_peer({7, "10.1.2.3", 40001, 0.15}))));
+  REQUIRE_FALSE(c.error);
+  CHECK(c.message->type == MessageType::check_peer);
+  const auto& check = std::get<CheckPeer>(c.message->body);
+  CHECK(check.id == 7);
+  CHECK(check.addr == "10.1.2.3");
+  CHECK(check.port == 40001);
+  CHECK(check.within == 0.15);
+  CHECK_FALSE(is_client_message(MessageType::check_peer));
+  auto a = decode(payload_of(encode(make_peer_alive(kMaxCheckId))));
+  REQUIRE_FALSE(a.error);
+  CHECK(std::get<PeerAlive>(a.message->body).id == kMaxCheckId);
+  CHECK(is_client_message(MessageType::peer_alive));
+  const json good = {{"type", "check_peer"}, {"id", 1}, {"addr", "::1"}, {"port", 1}, {"within", 0.1}};
+  std::vector<json> bad = {json{{"type", "peer_alive"}},
+                           json{{"type", "peer_alive"}, {"id", 0}},
+                           json{{"type", "peer_alive"}, {"id", -1}},
+                           json{{"type", "peer_alive"}, {"id", kMaxCheckId + 1}},
+                           json{{"type", "peer_alive"}, {"id", "7"}},
+                           json{{"type", "peer_alive"}, {"id", 1.5}}};
+  for (const auto& [key, value] : std::vector<std::pair<std::string, json>>{{"id", 0},
+                                                                            {"id", kMaxCheckId + 1},
+                                                                            {"addr", ""},
+                                                                            {"addr", std::string(256, 'a')},
+                                                                            {"addr", 10},
+                                                                            {"port", 0},
+                                                                            {"port", 65536},
+                                                                            {"within", 0},
+                                                                            {"within", 61},
+                                                                            {"within", "1"}}) {
+    json j = good;
+    j[key] = value;
+    bad.push_back(j);
+  }
+  for (const char* missing : {"id", "addr", "port", "within"}) {
+    json j = good;
+    j.erase(missing);
+    bad.push_back(j);
+  }
+  REQUIRE_FALSE(decode_json(good).error);
+  for (const json& b : bad) {
+    CAPTURE(b.dump());
+    auto r = decode_json(b);
+    REQUIRE(r.error);
+    CHECK(r.error->code == "bad_message");
+  }
+}
+
 TEST_CASE("drain carries its proof, the job, the node and force; drained answers it; both are checked") {
   Drain d;
   d.hello.job_id = "job";

@@ -253,6 +253,38 @@ TEST_CASE("stall reports: malformed ones are refused; one from a non-member or a
   healthy.check_server_still_serves(st.port());
 }
 
+TEST_CASE("peer_alive: malformed ones are refused; forged ones, from anyone, change nothing") {
+  ServerThread st({});
+  Healthy healthy(st.port());
+  for (const nlohmann::json& bad :
+       {nlohmann::json{{"type", "peer_alive"}}, nlohmann::json{{"type", "peer_alive"}, {"id", 0}},
+        nlohmann::json{{"type", "peer_alive"}, {"id", "1"}}, nlohmann::json{{"type", "peer_alive"}, {"id", 1e30}},
+        nlohmann::json{{"type", "peer_alive"}, {"id", {{"id", 1}}}},
+        nlohmann::json{{"type", "check_peer"}, {"id", 1}, {"addr", "127.0.0.1"}, {"port", 1}, {"within", 1}}}) {
+    CAPTURE(bad.dump());
+    CHECK(refusal_after_welcome(st.port(), "healthy-job", bad) == "bad_message");
+  }
+  // A client of the job that never joined, and the member of a job of its own, vouch for ids
+  // nobody asked about, as fast as they can.
+  RawConn outsider(st.port());
+  outsider.say_hello("healthy-job", "");
+  REQUIRE(outsider.recv_type("welcome"));
+  RawConn other(st.port());
+  other.say_hello("vouch-job", "");
+  REQUIRE(other.recv_type("welcome"));
+  other.send(make_join(one_node("vouch-job")));
+  REQUIRE(other.recv_type("round"));
+  for (std::uint64_t id = 1; id <= 200; ++id) {
+    outsider.send(make_peer_alive(id));
+    other.send(make_peer_alive(kMaxCheckId - id));
+  }
+  outsider.send(make_heartbeat());
+  CHECK(outsider.recv_type("heartbeat_ack"));
+  other.send(make_heartbeat());
+  CHECK(other.recv_type("heartbeat_ack"));
+  healthy.check_server_still_serves(st.port());
+}
+
 namespace {
 
 // What the server answers an operator's drain sent on a fresh connection (hello.job_id = the
@@ -370,7 +402,7 @@ TEST_CASE("a member's stall reports cannot cost a node that answers its probes i
     }
   }
   CHECK(probes >= 1);
-  CHECK(probes <= 2);  // one round at a time (1 s), then none for a heartbeat_interval (1 s)
+  CHECK(probes <= 2);  // a node that answered is not probed again within a heartbeat_interval (1 s)
   honest.send(make_heartbeat());
   CHECK(honest.recv_type("heartbeat_ack"));
 }

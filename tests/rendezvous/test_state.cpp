@@ -1293,11 +1293,14 @@ struct ProbeFixture {
   ManualClock clock;
   EventOutbox out;
   StateMachine sm{clock, out};
-  explicit ProbeFixture(double probe_timeout = 0.3) {
+  // `peer_checks`: the agents answer check_peer, and each connection comes from port 40000 + its id.
+  explicit ProbeFixture(double probe_timeout = 0.3, bool peer_checks = false) {
+    if (peer_checks) sm.set_peer_port([](ConnId c) { return static_cast<int>(40000 + c); });
     for (int n = 1; n <= 3; ++n) {
       NodeSpec s = spec("node" + std::to_string(n), 3, 3);
       s.timeouts.heartbeat_timeout = 5;
       s.timeouts.probe_timeout = probe_timeout;
+      s.peer_checks = peer_checks;
       sm.join(n, s);
     }
     REQUIRE(out.of(1, "round").size() == 1);
@@ -1465,6 +1468,84 @@ TEST_CASE("stall reports as fast as a client can send them probe a healthy node 
     CHECK(answered[c] <= 3);  // once per heartbeat_interval at most
   }
   CHECK(f.out.dropped.empty());
+}
+
+TEST_CASE("a probed node is checked through two peers; one that a peer reaches is left to heartbeat_timeout") {
+  ProbeFixture f(0.3, true);
+  f.clock.advance(1.0);
+  f.sm.touch(1);
+  f.sm.touch(2);
+  f.clock.advance(0.2);
+  f.sm.stall(2, 0.4);  // node3 silent since it joined
+  REQUIRE(f.out.of(3, "probe").size() == 1);
+  // The reporter and the other node heard from since the stall began are asked to reach node3's
+  // host at its address, at the port its connection comes from, within half probe_timeout.
+  for (ConnId helper : {1, 2}) {
+    auto checks = f.out.of(helper, "check_peer");
+    REQUIRE(checks.size() == 1);
+    CHECK(checks[0]["addr"] == "10.0.0.3");
+    CHECK(checks[0]["port"] == 40003);
+    CHECK(checks[0]["within"] == doctest::Approx(0.15));
+  }
+  CHECK(f.out.of(3, "check_peer").empty());
+  const std::uint64_t id = f.out.of(1, "check_peer")[0]["id"];
+  f.clock.advance(0.01);
+  f.sm.peer_alive(1, id);  // node1 reached it: only node3's path to the server is lossy
+  f.clock.advance(0.3);
+  f.sm.tick();
+  CHECK(f.out.dropped.empty());
+  CHECK(std::any_of(f.out.lines.begin(), f.out.lines.end(), [](const std::string& l) {
+    return l.find("but node1 (10.0.0.1) [group rank 0] reached its host: left to heartbeat_timeout") !=
+           std::string::npos;
+  }));
+  f.clock.advance(5.0 - 1.51 + 0.05);  // still silent: heartbeat_timeout bounds it, as before
+  for (ConnId c : {1, 2}) f.sm.touch(c);
+  f.sm.tick();
+  REQUIRE(f.out.dropped.count(3) == 1);
+  CHECK(f.out.dropped[3].code == "heartbeat_timeout");
+}
+
+TEST_CASE("a peer_alive that was not asked for spares nobody: another id, the suspect itself, or after the verdict") {
+  ProbeFixture f(0.3, true);
+  f.clock.advance(1.0);
+  f.sm.touch(1);
+  f.sm.touch(2);
+  f.clock.advance(0.2);
+  f.sm.stall(2, 0.4);
+  REQUIRE(f.out.of(1, "check_peer").size() == 1);
+  const std::uint64_t id = f.out.of(1, "check_peer")[0]["id"];
+  f.sm.peer_alive(1, id + 1);  // an id nobody was given
+  f.sm.peer_alive(1, 0);
+  f.sm.peer_alive(3, id);   // the silent node cannot vouch for itself (nor did it speak)
+  f.sm.peer_alive(99, id);  // not a member
+  f.clock.advance(0.31);
+  f.sm.tick();
+  REQUIRE(f.out.dropped.count(3) == 1);
+  CHECK(f.out.dropped[3].code == "probe_timeout");
+  f.sm.peer_alive(1, id);  // too late: the check is over
+  f.sm.tick();
+  CHECK(f.out.dropped.size() == 1);
+}
+
+TEST_CASE("agents that do not answer check_peer, or a server that cannot name the port, get no check") {
+  SUBCASE("old agents") {
+    ProbeFixture f(0.3, false);
+    f.sm.set_peer_port([](ConnId c) { return static_cast<int>(40000 + c); });
+    f.clock.advance(1.0);
+    f.sm.touch(1);
+    f.sm.stall(1, 0.4);
+    REQUIRE(f.out.of(3, "probe").size() == 1);
+    for (ConnId c : {1, 2, 3}) CHECK(f.out.of(c, "check_peer").empty());
+  }
+  SUBCASE("no port") {
+    ProbeFixture f(0.3, true);
+    f.sm.set_peer_port([](ConnId) { return 0; });
+    f.clock.advance(1.0);
+    f.sm.touch(1);
+    f.sm.stall(1, 0.4);
+    REQUIRE(f.out.of(3, "probe").size() == 1);
+    for (ConnId c : {1, 2, 3}) CHECK(f.out.of(c, "check_peer").empty());
+  }
 }
 
 TEST_CASE("a stall report from a node that is not running, or with probe_timeout 0, probes nobody") {
