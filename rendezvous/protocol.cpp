@@ -366,6 +366,22 @@ std::optional<std::string> decode_connection_body(MessageType type, const json& 
       m.body = std::move(h);
       return f.error();
     }
+    case MessageType::success:
+    case MessageType::leave:
+    case MessageType::heartbeat_ack:
+    case MessageType::probe:
+      m.body = Empty{};
+      return std::nullopt;
+    default:
+      break;
+  }
+  return std::string("unknown message type");
+}
+
+// The messages of a silent node's detection: a stall report, and the indirect checks of a
+// probed node (docs/rendezvous.md, "Silent nodes").
+std::optional<std::string> decode_liveness_body(MessageType type, const json& j, Message& m) {
+  switch (type) {
     case MessageType::stall: {
       Fields f(j, "stall");
       Stall s;
@@ -391,12 +407,6 @@ std::optional<std::string> decode_connection_body(MessageType type, const json& 
       m.body = a;
       return f.error();
     }
-    case MessageType::success:
-    case MessageType::leave:
-    case MessageType::heartbeat_ack:
-    case MessageType::probe:
-      m.body = Empty{};
-      return std::nullopt;
     default:
       break;
   }
@@ -571,11 +581,12 @@ std::optional<std::string> decode_body(MessageType type, const json& j, Message&
     case MessageType::success:
     case MessageType::leave:
     case MessageType::heartbeat_ack:
-    case MessageType::stall:
     case MessageType::probe:
+      return decode_connection_body(type, j, m);
+    case MessageType::stall:
     case MessageType::check_peer:
     case MessageType::peer_alive:
-      return decode_connection_body(type, j, m);
+      return decode_liveness_body(type, j, m);
     case MessageType::drain:
     case MessageType::drained:
       return decode_drain_body(type, j, m);

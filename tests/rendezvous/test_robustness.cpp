@@ -216,6 +216,31 @@ TEST_CASE("a join with a malformed straggler policy is refused and joins nothing
   healthy.check_server_still_serves(st.port());
 }
 
+namespace {
+
+// A client of `job` that said hello but never joined, and the member of a job of its own.
+struct Strangers {
+  RawConn outsider;
+  RawConn other;
+  Strangers(unsigned short port, const std::string& job, const std::string& other_job) : outsider(port), other(port) {
+    outsider.say_hello(job, "");
+    REQUIRE(outsider.recv_type("welcome"));
+    other.say_hello(other_job, "");
+    REQUIRE(other.recv_type("welcome"));
+    other.send(make_join(one_node(other_job)));
+    REQUIRE(other.recv_type("round"));
+  }
+  // Both still served, still open.
+  void check_still_served() {
+    outsider.send(make_heartbeat());
+    CHECK(outsider.recv_type("heartbeat_ack"));
+    other.send(make_heartbeat());
+    CHECK(other.recv_type("heartbeat_ack"));
+  }
+};
+
+}  // namespace
+
 TEST_CASE("stall reports: malformed ones are refused; one from a non-member or another job's member probes nobody") {
   ServerThread st({});
   Healthy healthy(st.port());
@@ -230,22 +255,12 @@ TEST_CASE("stall reports: malformed ones are refused; one from a non-member or a
   }
   // A client of the same job that never joined, and the member of a job of its own, report
   // stalls as fast as they can: neither names the healthy node, so nothing probes or drops it.
-  RawConn outsider(st.port());
-  outsider.say_hello("healthy-job", "");
-  REQUIRE(outsider.recv_type("welcome"));
-  RawConn other(st.port());
-  other.say_hello("attack-job", "");
-  REQUIRE(other.recv_type("welcome"));
-  other.send(make_join(one_node("attack-job")));
-  REQUIRE(other.recv_type("round"));
+  Strangers s(st.port(), "healthy-job", "attack-job");
   for (int i = 0; i < 200; ++i) {
-    outsider.send(make_stall(1000));
-    other.send(make_stall(1000));
+    s.outsider.send(make_stall(1000));
+    s.other.send(make_stall(1000));
   }
-  outsider.send(make_heartbeat());
-  CHECK(outsider.recv_type("heartbeat_ack"));  // still served, still open
-  other.send(make_heartbeat());
-  CHECK(other.recv_type("heartbeat_ack"));
+  s.check_still_served();
   healthy.conn.send(make_heartbeat());
   auto next = healthy.conn.recv();
   REQUIRE(next);
@@ -266,22 +281,12 @@ TEST_CASE("peer_alive: malformed ones are refused; forged ones, from anyone, cha
   }
   // A client of the job that never joined, and the member of a job of its own, vouch for ids
   // nobody asked about, as fast as they can.
-  RawConn outsider(st.port());
-  outsider.say_hello("healthy-job", "");
-  REQUIRE(outsider.recv_type("welcome"));
-  RawConn other(st.port());
-  other.say_hello("vouch-job", "");
-  REQUIRE(other.recv_type("welcome"));
-  other.send(make_join(one_node("vouch-job")));
-  REQUIRE(other.recv_type("round"));
+  Strangers s(st.port(), "healthy-job", "vouch-job");
   for (std::uint64_t id = 1; id <= 200; ++id) {
-    outsider.send(make_peer_alive(id));
-    other.send(make_peer_alive(kMaxCheckId - id));
+    s.outsider.send(make_peer_alive(id));
+    s.other.send(make_peer_alive(kMaxCheckId - id));
   }
-  outsider.send(make_heartbeat());
-  CHECK(outsider.recv_type("heartbeat_ack"));
-  other.send(make_heartbeat());
-  CHECK(other.recv_type("heartbeat_ack"));
+  s.check_still_served();
   healthy.check_server_still_serves(st.port());
 }
 
