@@ -9,6 +9,9 @@ node without killing it:
 - its link cut for 50 ms and restored, before any probe can be due;
 - the path between two nodes broken (each sends the other's packets to a MAC nobody has) for
   2 s while both still reach the head: the job stalls, both answer their probes;
+- the path between a node and the head broken the same way while another node's workers are
+  stopped (the job stalls): the cut-off node neither answers its probe nor acknowledges it, but
+  the other agents reach its host for the server (check_peer), so it is spared;
 - its ddplaunch stopped (SIGSTOP) for 2 s while its workers keep stepping;
 - a soak: every core loaded by unrelated busy loops, with bursts of disk writes (64 MiB written
   and fsynced every 5 s), for DDPLAUNCH_SOAK_SECONDS (60 by default; bench/RESULTS.md records
@@ -72,6 +75,33 @@ class SilentNodesTest(TimedTrainTest, unittest.TestCase):
         for a, b in pairs:
             self.cluster.run(a, ["ip", "neigh", "del", self.cluster.addr(b), "dev", "eth0"], timeout=10).check()
         self.assert_nothing_lost(job, before)
+
+    def test_a_node_cut_off_from_the_server_only_while_the_job_stalls_is_spared_by_its_peers(self):
+        job = self.start_job("server-path")
+        before = job.wait_for_steps(world=6, steps=STEPS_BEFORE, timeout=90)
+        pairs = [("head", 3), (3, "head")]
+        for a, b in pairs:
+            self.cluster.run(a, ["ip", "neigh", "replace", self.cluster.addr(b), "lladdr", BOGUS_MAC,
+                                 "dev", "eth0", "nud", "permanent"], timeout=10).check()
+        workers = list(programs_in(self.cluster, 1, "train"))
+        self.assertTrue(workers, "no train worker in node1")
+        try:
+            time.sleep(0.3)   # node3 is silent to the server before the stall begins
+            for pid in workers:
+                os.kill(pid, signal.SIGSTOP)
+            # The job stalls on node1; the server probes node3, which neither answers nor
+            # acknowledges, but node1's and node2's agents still reach node3's host.
+            time.sleep(1.5)
+        finally:
+            for pid in workers:
+                os.kill(pid, signal.SIGCONT)
+            time.sleep(0.5)   # the scenario: node3 cut off from the server for 2.3 s in all
+            for a, b in pairs:
+                self.cluster.run(a, ["ip", "neigh", "del", self.cluster.addr(b), "dev", "eth0"], timeout=10).check()
+        self.assert_nothing_lost(job, before)
+        spared = [line for line in self.server_lines(job) if "reached its host" in line]
+        self.assertTrue(spared, "the server did not say that a peer reached node3's host\n" + job.describe())
+        self.assertIn("(%s)" % self.cluster.addr(3), spared[0], job.describe())
 
     def test_an_agent_stopped_for_2_s_while_its_workers_step_is_not_lost(self):
         job = self.start_job("stopped-agent")
