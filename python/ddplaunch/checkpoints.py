@@ -441,6 +441,8 @@ _stop_requested = None    # time.monotonic() of the SIGTERM, once one asked for 
 _stop_said = False
 _stop_timer = None
 _stopping = False         # the worker is ending: the write in flight is being finished
+_stop_saving = False      # rank 0's checkpoint_due() said True: its save is coming, the grace is off
+_grace_sent = False       # the grace ran out and signalled the main thread
 _last_check = None        # time.monotonic() of the last checkpoint_due()
 _longest_gap = 0.0        # the longest time between two checkpoint_due() calls: about a step
 
@@ -456,6 +458,8 @@ def _checked():
     _arm_stop()
     if _stop_requested is None:
         return False
+    if _rank() == 0:
+        _save_coming()
     if not _stop_said:
         _stop_said = True
         _say("SIGTERM: stopping after this checkpoint" if _rank() == 0 else
@@ -480,9 +484,21 @@ def _arm_stop():
         pass
 
 
+def _save_coming():
+    """Rank 0 was told to save: it is not stuck, and the save may take longer than the grace (the
+    first one imports torch), so the grace no longer applies; ddplaunch's own shutdown timeout
+    still bounds a script that never saves."""
+    global _stop_saving
+    _stop_saving = True
+    if _stop_timer is not None:
+        _stop_timer.cancel()
+
+
 def _on_stop_request(signum, frame):
     global _stop_requested, _stop_timer
     from . import abandoned
+    if _grace_sent and _stop_saving:
+        return  # the grace's own signal, sent as rank 0 was told to save: the save goes on
     if _stop_requested is not None or abandoned():
         _stop_now()
         return
@@ -497,9 +513,13 @@ def _grace_over():
     """On the timer's thread: the main thread runs the handler again when it can (a step that did
     not get to its check); one blocked in native code (a collective whose peer is gone) cannot,
     and the process ends without it."""
+    global _grace_sent
+    if _stop_saving:
+        return
+    _grace_sent = True
     os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(_STOP_LAST_WORD_S)
-    if not _stopping:
+    if not _stopping and not _stop_saving:
         os._exit(128 + signal.SIGTERM)
 
 

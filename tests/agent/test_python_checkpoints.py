@@ -542,6 +542,8 @@ while True:
         f.write(str(step))
     os.replace(os.path.join(marks, "at_%d.tmp" % rank), os.path.join(marks, "at_%d" % rank))
     if ddplaunch.checkpoint_due(directory):
+        if os.environ.get("SLOW_SAVE_START") and rank == 0:  # work before save(): the first imports torch
+            time.sleep(float(os.environ["SLOW_SAVE_START"]))
         ddplaunch.save({"step": step}, directory, step=step)
     step += 1
 """
@@ -606,6 +608,20 @@ class StopAtCheckpoint(Case):
                     starts.setdefault(int(f.read()), []).append(name)
         self.assertEqual(sorted(starts), [0, saved[0] + 1], "%s\n%s" % (starts, again.describe()))
         again.kill()
+
+    def test_rank_0_told_to_save_is_not_cut_short_by_the_grace_before_its_save_begins(self):
+        # 3 s between checkpoint_due() and save() on rank 0, longer than the grace (2 s here): a
+        # first save that imports torch on a loaded machine.
+        proc = self.launch(SLOW_SAVE_START="3")
+        wait_for(lambda: self.at(0) >= 20 and self.at(1) >= 20 or proc.poll() is not None, 120, "20 steps")
+        self.assertIsNone(proc.poll(), proc.describe())
+        stopped_at = self.at(0)
+        proc.signal(signal.SIGTERM)
+        self.assertEqual(proc.wait(60), 128 + signal.SIGTERM, proc.describe())
+        saved = self.steps_saved()
+        self.assertEqual(len(saved), 1, "one checkpoint, the stop's: %s\n%s" % (saved, proc.describe()))
+        self.assertGreaterEqual(saved[0], stopped_at, proc.describe())
+        self.assertIn("stopping: the checkpoint of step %d is being written" % saved[0], proc.stderr(), proc.describe())
 
     def test_outside_ddplaunch_or_in_a_failed_round_sigterm_ends_the_worker_at_once(self):
         board = os.path.join(self.tmp, "board")  # one progress slot whose round the agent abandoned
