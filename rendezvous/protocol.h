@@ -40,6 +40,9 @@ inline constexpr std::size_t kMaxChallengeBytes = 4096;
 // Default size limit of one frame's payload; checked before any buffer is allocated.
 inline constexpr std::size_t kDefaultMaxFrameBytes = 1 << 20;
 inline constexpr std::size_t kFrameHeaderBytes = 4;
+// A connection's read buffers keep at most this much capacity between frames (a heartbeat's
+// fits); what a bigger frame grew them to is given back once it is handled.
+inline constexpr std::size_t kKeptBufferBytes = 512;
 
 // Limits every decoded message is held to before it touches any state (docs/protocol.md).
 inline constexpr int kMaxJsonDepth = 16;                    // nesting of arrays and objects

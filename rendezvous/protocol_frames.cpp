@@ -72,7 +72,9 @@ FrameReader::Result FrameReader::next(std::string& payload) {
   if (pos_ == buf_.size()) {
     buf_.clear();
     pos_ = 0;
-    if (buf_.capacity() > 65536) buf_.shrink_to_fit();  // give back a buffer grown for one big frame
+    // An idle connection keeps no buffer beyond a heartbeat's: 10,000 agents' joins would
+    // otherwise stay allocated for the whole job.
+    if (buf_.capacity() > kKeptBufferBytes) std::string().swap(buf_);
   }
   return Result::frame;
 }

@@ -120,17 +120,35 @@ void Session::arm_deadline() {
 }
 
 // Reads whatever the socket has (often several frames at once) and handles every complete frame.
+// Plain TCP waits until the socket is readable and then reads into one buffer of the thread, so
+// that an idle connection holds no read buffer (4 KiB each was 40 MB of 85 at 10,000 agents);
+// TLS reads through its stream into the session's own buffer.
 void Session::read_more() {
+  if (!stream_->tls()) {
+    stream_->socket().async_wait(tcp::socket::wait_read, [self = shared_from_this()](boost::system::error_code ec) {
+      if (self->phase_ == Phase::Closed) return;
+      static thread_local std::vector<char> shared(64 * 1024);
+      std::size_t n = 0;
+      if (!ec) n = self->stream_->socket().read_some(asio::buffer(shared), ec);
+      if (ec == asio::error::would_block || ec == asio::error::try_again) return self->read_more();
+      self->on_read(ec, shared.data(), n);
+    });
+    return;
+  }
+  rbuf_.resize(4096);
   stream_->async_read_some(asio::buffer(rbuf_), [self = shared_from_this()](const boost::system::error_code& ec, std::size_t n) {
-    if (self->phase_ == Phase::Closed) return;
-    if (ec) {
-      self->close(ec == asio::error::eof ? "connection closed by peer" : ec.message());
-      return;
-    }
-    if (self->phase_ == Phase::Closing) return;
-    self->reader_.feed(self->rbuf_.data(), n);
-    if (self->process_frames()) self->read_more();
+    if (self->phase_ != Phase::Closed) self->on_read(ec, self->rbuf_.data(), n);
   });
+}
+
+void Session::on_read(const boost::system::error_code& ec, const char* data, std::size_t n) {
+  if (ec) {
+    close(ec == asio::error::eof ? "connection closed by peer" : ec.message());
+    return;
+  }
+  if (phase_ == Phase::Closing) return;
+  reader_.feed(data, n);
+  if (process_frames()) read_more();
 }
 
 // Returns false when the session stopped reading (closing).
@@ -138,6 +156,7 @@ bool Session::process_frames() {
   while (true) {
     switch (reader_.next(payload_)) {
       case FrameReader::Result::need_more:
+        if (payload_.capacity() > kKeptBufferBytes) std::string().swap(payload_);  // a join's, not kept while idle
         return true;
       case FrameReader::Result::error:
         fail(reader_.error().code, reader_.error().message);

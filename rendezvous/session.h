@@ -7,7 +7,7 @@
 #pragma once
 
 #include <cstdint>
-#include <deque>
+#include <list>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -84,6 +84,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
  private:
   void read_more();
+  void on_read(const boost::system::error_code& ec, const char* data, std::size_t n);
   bool process_frames();
   void write_next();
   void arm_deadline();
@@ -96,9 +97,9 @@ class Session : public std::enable_shared_from_this<Session> {
   Phase phase_ = Phase::Handshake;
   // Splits what the socket returns into frames; grows only to a checked frame size.
   FrameReader reader_;
-  std::vector<char> rbuf_ = std::vector<char>(4096);
+  std::vector<char> rbuf_;  // TLS only (plain TCP reads into a buffer of the thread)
   std::string payload_;
-  std::deque<Frame> queue_;
+  std::list<Frame> queue_;  // not a deque: an empty one allocates nothing (a deque holds 576 bytes)
   std::size_t queued_bytes_ = 0;
   std::size_t front_offset_ = 0;  // bytes of queue_.front() already written directly
   bool writing_ = false;

@@ -16,11 +16,7 @@ std::string failure_text(const WorkerFailure& f, int group_rank = -1) {
   if (f.pid > 0) os << ", pid " << f.pid;
   os << ") on host " << (f.host.empty() ? "?" : f.host);
   if (group_rank >= 0) os << " [group rank " << group_rank << "]";
-  if (f.signal != 0) {
-    os << " was killed by signal " << f.signal;
-  } else {
-    os << " exited with code " << f.exit_code;
-  }
+  os << (f.signal != 0 ? " was killed by signal " : " exited with code ") << (f.signal != 0 ? f.signal : f.exit_code);
   if (!f.error_file_message.empty()) os << ": " << f.error_file_message;
   return os.str();
 }
@@ -80,14 +76,17 @@ StateMachine::Job* StateMachine::job_of(ConnId conn) {
 
 void StateMachine::set_state(Job& job, Node& node, NodeState state) {
   --job.counts[static_cast<int>(node.state)];
+  job.spares[static_cast<int>(node.state)] -= node.spec.spare;
   node.state = state;
   ++job.counts[static_cast<int>(state)];
+  job.spares[static_cast<int>(state)] += node.spec.spare;
 }
 
 void StateMachine::remove_node(Job& job, ConnId conn) {
   auto it = job.nodes.find(conn);
   if (it == job.nodes.end()) return;
   --job.counts[static_cast<int>(it->second.state)];
+  job.spares[static_cast<int>(it->second.state)] -= it->second.spec.spare;
   if (!job.restore_holders.empty()) {  // a node that resumed and then went away
     auto ht = job.restore_holders.find(it->second.group_rank);
     if (ht != job.restore_holders.end() && ht->second == conn) job.restore_holders.erase(ht);
@@ -317,6 +316,8 @@ StateMachine::Node& StateMachine::enter(Job& job, ConnId conn, NodeSpec spec, do
     job.requested_ranks.erase(nit->second.spec.requested_rank);
   }
   Node& node = nit->second;
+  job.spares[static_cast<int>(node.state)] += spec.spare;  // the node may come back as a spare, or not
+  job.spares[static_cast<int>(node.state)] -= node.spec.spare;
   node.spec = std::move(spec);
   node.last_seen = now;
   node.join_seq = next_join_seq_++;

@@ -274,6 +274,7 @@ class StateMachine {
     int restarts_used = 0;
     std::unordered_map<ConnId, Node> nodes;
     std::size_t counts[static_cast<int>(NodeState::kCount)] = {};
+    std::size_t spares[static_cast<int>(NodeState::kCount)] = {};  // of counts: nodes that are --spare
     std::unordered_map<int, ConnId> requested_ranks;
     double gather_since = 0;
     std::optional<double> min_reached_at;

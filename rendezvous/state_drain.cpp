@@ -27,12 +27,10 @@ std::optional<int> rank_named(const std::string& node) {
 
 }  // namespace
 
+// From the per-state counts, not a scan: a round of N joins asks this N times.
 std::size_t StateMachine::eligible(const Job& job) const {
-  std::size_t regular = 0, spares = 0;
-  for (const auto& [conn, node] : job.nodes) {
-    if (node.state != NodeState::Waiting) continue;
-    ++(node.spec.spare ? spares : regular);
-  }
+  const std::size_t spares = job.spares[static_cast<int>(NodeState::Waiting)];
+  const std::size_t regular = count(job, NodeState::Waiting) - spares;
   const std::size_t places = job.last_round_size > regular ? job.last_round_size - regular : 0;
   return regular + std::min(spares, places);
 }

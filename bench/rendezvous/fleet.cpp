@@ -1,0 +1,555 @@
+// ddp-rdzv-fleet: K simulated agents in P processes against a ddp-rendezvous daemon it starts
+// itself, through a job's whole life at scale: connect (hello, HMAC when --token-file), join (one
+// round of K nodes), heartbeats, the daemon SIGKILLed and started again (every agent resumes),
+// one agent's death told to every survivor, and leave. Ends with one JSON line:
+//   {"agents":K, "procs":P, "connect_s":..., "round_s":..., "resume_s":..., "dead_broadcast_s":...,
+//    "rss_kb_per_agent":..., ...}
+// and exits 1 when any phase fails or misses its deadline, so a small run is a test.
+//
+//   ddp-rdzv-fleet --daemon build/bin/ddp-rendezvous --agents 100000
+//
+// Each process speaks raw frames (the project's codec, no client library) from its own loopback
+// source address (127.1.0.N: one address has about 28,000 ephemeral ports), so one host drives
+// 100,000 agents. Processes share one clock (CLOCK_MONOTONIC): each reports when its last agent
+// heard something, the parent takes the latest. Loopback only; every process it starts dies with
+// it (PR_SET_PDEATHSIG) and the run is bounded by --deadline per phase.
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <boost/asio.hpp>
+
+#include "rendezvous/auth.h"
+#include "rendezvous/protocol.h"
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+using steady = std::chrono::steady_clock;
+using namespace ddp::rdzv;
+using ddp::Expected;
+
+namespace {
+
+long long now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(steady::now().time_since_epoch()).count();
+}
+
+struct Options {
+  std::string daemon, job = "fleet", secret;
+  int agents = 1000, procs = 0, port = 0;
+  double deadline = 120, heartbeat_interval = 1.0;
+  std::size_t window = 0;  // handshakes in flight per process
+};
+
+// ---------------------------------------------------------------------------------------------
+// One process's agents.
+
+struct Fleet;
+
+struct Agent : std::enable_shared_from_this<Agent> {
+  Agent(asio::io_context& io, Fleet& fleet, int index) : socket(io), fleet(fleet), index(index) {}
+  tcp::socket socket;
+  Fleet& fleet;
+  int index;  // in the whole job
+  unsigned char header[kFrameHeaderBytes];
+  std::string body;
+  std::string client_nonce, key;  // this connection's handshake and seal key
+  Assignment assignment;          // the round; its secret kept in clear, as an agent keeps it
+  bool member = false, resuming = false;
+  void connect(const tcp::endpoint& to, const asio::ip::address& from);
+  void read();
+  void on(const std::string& type);
+  void send(const Frame& f) {
+    asio::async_write(socket, asio::buffer(*f), [self = shared_from_this(), f](boost::system::error_code, std::size_t) {});
+  }
+};
+
+struct Fleet {
+  asio::io_context io{1};
+  Options o;
+  int first = 0, count = 0;  // this process's agents: indexes first .. first+count-1
+  asio::ip::address source;
+  tcp::endpoint server;
+  std::vector<std::shared_ptr<Agent>> agents;
+  std::size_t next = 0, in_handshake = 0;
+  int welcomed = 0, rounded = 0, resumed = 0, restarted = 0, errors = 0;
+  long long first_join_ns = 0, last_welcome_ns = 0, last_round_ns = 0, last_resumed_ns = 0, last_restart_ns = 0;
+  std::string first_error;
+  Frame heartbeat = encode(make_heartbeat());
+
+  NodeSpec spec(int index) const {
+    NodeSpec s;
+    s.job_id = o.job;
+    s.host = "fleet" + std::to_string(index);
+    s.addr = "127.0.0.1";
+    s.min_nodes = s.max_nodes = o.agents;
+    s.master_port = 29500;
+    s.timeouts.heartbeat_interval = o.heartbeat_interval;
+    s.timeouts.heartbeat_timeout = std::max(30.0, o.deadline);  // a loaded host must not look dead
+    s.timeouts.last_call_timeout = 0;
+    return s;
+  }
+  void error(const std::string& what) {
+    ++errors;
+    if (first_error.empty()) first_error = what;
+  }
+  // Connects agents until `window` handshakes are in flight or all have been started.
+  void pump() {
+    while (in_handshake < o.window && next < agents.size()) {
+      ++in_handshake;
+      agents[next++]->connect(server, source);
+    }
+  }
+  void start_connecting() {
+    next = 0;
+    in_handshake = 0;
+    pump();
+  }
+};
+
+void Agent::connect(const tcp::endpoint& to, const asio::ip::address& from) {
+  boost::system::error_code ec;
+  socket = tcp::socket(socket.get_executor());
+  socket.open(tcp::v4(), ec);
+  const int on = 1;  // the port is chosen at connect, per source address (IP_BIND_ADDRESS_NO_PORT)
+  ::setsockopt(socket.native_handle(), IPPROTO_IP, 24, &on, sizeof on);
+  socket.bind({from, 0}, ec);
+  if (ec) {
+    fleet.error("bind " + from.to_string() + ": " + ec.message());
+    return;
+  }
+  socket.async_connect(to, [self = shared_from_this()](boost::system::error_code e) {
+    if (e) {
+      self->fleet.error("connect: " + e.message());
+      return;
+    }
+    self->socket.set_option(tcp::no_delay(true));
+    self->read();
+  });
+}
+
+void Agent::read() {
+  asio::async_read(socket, asio::buffer(header), [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
+    if (ec) return;  // the daemon went away or the agent was closed: the parent's phases handle it
+    self->body.resize(read_frame_header(self->header));
+    asio::async_read(self->socket, asio::buffer(self->body), [self](boost::system::error_code e, std::size_t) {
+      if (e) return;
+      // Only the type, except where the body is needed: a full parse per message would slow the
+      // measuring side more than the daemon.
+      const auto at = self->body.find("\"type\":\"");
+      std::string type;
+      if (at != std::string::npos) type = self->body.substr(at + 8, self->body.find('"', at + 8) - at - 8);
+      self->on(type);
+      self->read();
+    });
+  });
+}
+
+void Agent::on(const std::string& type) {
+  Fleet& f = fleet;
+  if (type == "challenge") {
+    Hello h;
+    h.job_id = f.o.job;
+    h.client_nonce = client_nonce = random_hex(16);
+    const std::string server_nonce = nlohmann::json::parse(body).value("nonce", "");
+    if (!f.o.secret.empty()) {
+      h.proof = auth_proof(f.o.secret, "hello", server_nonce, client_nonce, h.job_id);
+      key = seal_key(f.o.secret, server_nonce, client_nonce, h.job_id);
+    }
+    send(encode(make_hello(h)));
+  } else if (type == "welcome") {
+    f.last_welcome_ns = now_ns();
+    --f.in_handshake;
+    f.pump();
+    if (!resuming) {
+      ++f.welcomed;
+      return;
+    }
+    ResumeRequest r;
+    r.job_id = f.o.job;
+    r.node = f.spec(index);
+    r.assignment = assignment;
+    r.secret = key.empty() ? assignment.secret : seal_hex(key, assignment.secret);
+    send(encode(make_resume_message(r)));
+  } else if (type == "round") {
+    Decoded d = decode(body);
+    if (!d.message) return f.error("round: " + d.error->message);
+    assignment = std::get<Assignment>(d.message->body);
+    if (!key.empty()) assignment.secret = seal_hex(key, assignment.secret);  // unsealed: kept in clear
+    member = true;
+    ++f.rounded;
+    f.last_round_ns = now_ns();
+  } else if (type == "resumed") {
+    member = true;
+    ++f.resumed;
+    f.last_resumed_ns = now_ns();
+  } else if (type == "restart") {
+    member = false;
+    ++f.restarted;
+    f.last_restart_ns = now_ns();
+  } else if (type == "error") {
+    f.error("error: " + nlohmann::json::parse(body).value("message", std::string()));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// A child process: runs its agents' io loop without pause and obeys one-line commands from the
+// parent on `in`, answering one line each on `out` ("ok key value ..." or "fail why") when what
+// the command waits for has happened.
+
+class Child {
+ public:
+  Child(Fleet& f, int in, int out) : f_(f), commands_(f.io, in), out_(out), poll_(f.io), beat_(f.io) {}
+
+  void run() {
+    read_command();
+    f_.io.run();
+  }
+
+ private:
+  void read_command() {
+    asio::async_read_until(commands_, input_, '\n', [this](boost::system::error_code ec, std::size_t) {
+      if (ec) return f_.io.stop();  // the parent is gone
+      std::string line;
+      std::istream is(&input_);
+      std::getline(is, line);
+      obey(line);
+      read_command();
+    });
+  }
+
+  void obey(const std::string& command) {
+    if (command == "connect") {
+      f_.start_connecting();
+      wait([this] { return f_.welcomed == f_.count; }, [this] { return "ok " + std::to_string(f_.last_welcome_ns); });
+    } else if (command == "join") {
+      f_.first_join_ns = now_ns();
+      for (auto& a : f_.agents) a->send(encode(make_join(f_.spec(a->index))));
+      wait([this] { return f_.rounded == f_.count; }, [this] {
+        start_beating();
+        return "ok " + std::to_string(f_.first_join_ns) + " " + std::to_string(f_.last_round_ns);
+      });
+    } else if (command == "drop") {  // the daemon was killed: every connection is dead
+      beat_.cancel();
+      for (auto& a : f_.agents) {
+        a->member = false;
+        a->resuming = true;
+        a->socket.close();
+      }
+      answer("ok");
+    } else if (command == "resume") {
+      f_.start_connecting();
+      wait([this] { return f_.resumed == f_.count; }, [this] {
+        start_beating();
+        return "ok " + std::to_string(f_.last_resumed_ns) + " " + std::to_string(f_.restarted);
+      });
+    } else if (command == "kill") {  // the first agent of this process dies: its socket closes
+      const long long t = now_ns();
+      f_.agents.front()->member = false;
+      f_.agents.front()->socket.close();
+      answer("ok " + std::to_string(t));
+    } else if (command == "await_restart") {
+      const int survivors = static_cast<int>(std::count_if(f_.agents.begin(), f_.agents.end(),
+                                                           [](const auto& a) { return a->socket.is_open(); }));
+      wait([this, survivors] { return f_.restarted >= survivors; },
+           [this] { return "ok " + std::to_string(f_.last_restart_ns); });
+    } else if (command == "leave") {
+      beat_.cancel();
+      for (auto& a : f_.agents) {
+        if (a->socket.is_open()) a->send(encode(make_leave()));
+      }
+      answer("ok");
+    } else {
+      answer("fail unknown command " + command);
+    }
+  }
+
+  // Answers `reply()` once `done()`, checking every millisecond (the times in the answer were
+  // taken as things happened, so the check's period does not enter them); "fail" at an error.
+  void wait(std::function<bool()> done, std::function<std::string()> reply) {
+    if (f_.errors) return answer("fail " + f_.first_error);
+    if (done()) return answer(reply());
+    poll_.expires_after(std::chrono::milliseconds(1));
+    poll_.async_wait([this, done = std::move(done), reply = std::move(reply)](boost::system::error_code ec) mutable {
+      if (!ec) wait(std::move(done), std::move(reply));
+    });
+  }
+
+  // Every member heartbeats once per interval, spread evenly over it, as agents started at
+  // different moments do.
+  void start_beating() {
+    beat_start_ = steady::now();
+    beats_sent_ = 0;
+    beat();
+  }
+  void beat() {
+    const double elapsed = std::chrono::duration<double>(steady::now() - beat_start_).count();
+    const auto due = static_cast<std::size_t>(elapsed / f_.o.heartbeat_interval * f_.count);
+    for (; beats_sent_ < due; ++beats_sent_) {
+      auto& a = f_.agents[beats_sent_ % f_.agents.size()];
+      if (a->member) a->send(f_.heartbeat);
+    }
+    beat_.expires_after(std::chrono::milliseconds(10));
+    beat_.async_wait([this](boost::system::error_code ec) {
+      if (!ec) beat();
+    });
+  }
+
+  void answer(const std::string& line) {
+    const std::string l = line + "\n";
+    if (::write(out_, l.data(), l.size()) < 0) f_.io.stop();
+  }
+
+  Fleet& f_;
+  asio::posix::stream_descriptor commands_;
+  asio::streambuf input_;
+  int out_;
+  asio::steady_timer poll_, beat_;
+  steady::time_point beat_start_;
+  std::size_t beats_sent_ = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
+// The parent: starts the daemon and the children, drives the phases, prints the JSON line.
+
+struct Proc {
+  pid_t pid = 0;
+  int to = -1, from = -1;
+  std::string pending;  // bytes read but not yet a whole line
+};
+
+[[noreturn]] void fail(const std::string& why) {
+  std::fprintf(stderr, "ddp-rdzv-fleet: %s\n", why.c_str());
+  std::exit(1);
+}
+
+pid_t start_daemon(const Options& o, const std::string& log) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (fd >= 0) {
+      dup2(fd, STDOUT_FILENO);
+      dup2(fd, STDERR_FILENO);
+    }
+    std::vector<std::string> args = {o.daemon, "--host", "127.0.0.1", "--port", std::to_string(o.port), "--quiet-joins",
+                                     "--max-connections", std::to_string(o.agents + 1024)};
+    if (!o.secret.empty()) args.insert(args.end(), {"--token-file", log + ".token"});
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+bool listening(int port) {
+  asio::io_context io;
+  tcp::socket s(io);
+  boost::system::error_code ec;
+  s.connect({asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port)}, ec);
+  return !ec;
+}
+
+// Waits (up to `seconds`) until the daemon listens; the moment it was seen listening.
+long long await_listening(const Options& o, pid_t daemon, double seconds) {
+  const auto until = steady::now() + std::chrono::duration<double>(seconds);
+  while (!listening(o.port)) {
+    if (waitpid(daemon, nullptr, WNOHANG) == daemon) fail("the daemon exited at start (see its log)");
+    if (steady::now() > until) fail("the daemon did not listen within " + std::to_string(seconds) + " s");
+    ::usleep(200);
+  }
+  return now_ns();
+}
+
+long rss_kb(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
+  }
+  return -1;
+}
+
+// One answer line from a child, within the deadline; its words after "ok".
+std::vector<long long> answer_of(Proc& p, const Options& o, const std::string& command) {
+  const auto until = steady::now() + std::chrono::duration<double>(o.deadline);
+  std::size_t eol;
+  while ((eol = p.pending.find('\n')) == std::string::npos) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - steady::now()).count();
+    pollfd pfd{p.from, POLLIN, 0};
+    if (left <= 0 || ::poll(&pfd, 1, static_cast<int>(left)) <= 0) {
+      fail(command + ": no answer within " + std::to_string(o.deadline) + " s (raise --deadline)");
+    }
+    char buf[512];
+    const ssize_t n = ::read(p.from, buf, sizeof buf);
+    if (n <= 0) fail(command + ": a load process died");
+    p.pending.append(buf, static_cast<std::size_t>(n));
+  }
+  std::istringstream line(p.pending.substr(0, eol));
+  p.pending.erase(0, eol + 1);
+  std::string word;
+  line >> word;
+  if (word != "ok") fail(command + ": " + line.str());
+  std::vector<long long> values;
+  long long v;
+  while (line >> v) values.push_back(v);
+  return values;
+}
+
+void tell(Proc& p, const std::string& command) {
+  const std::string l = command + "\n";
+  if (::write(p.to, l.data(), l.size()) < 0) fail(command + ": a load process died");
+}
+
+// Sends `command` to every child and collects their answers.
+std::vector<std::vector<long long>> all(std::vector<Proc>& procs, const Options& o, const std::string& command) {
+  for (auto& p : procs) tell(p, command);
+  std::vector<std::vector<long long>> answers;
+  for (auto& p : procs) answers.push_back(answer_of(p, o, command));
+  return answers;
+}
+
+long long latest(const std::vector<std::vector<long long>>& answers, std::size_t at) {
+  long long t = 0;
+  for (const auto& a : answers) t = std::max(t, a.at(at));
+  return t;
+}
+
+double seconds(long long from_ns, long long to_ns) { return static_cast<double>(to_ns - from_ns) / 1e9; }
+
+std::vector<Proc> start_children(const Options& o) {
+  std::vector<Proc> procs;
+  for (int c = 0; c < o.procs; ++c) {
+    int down[2], up[2];
+    if (pipe2(down, O_CLOEXEC) != 0 || pipe2(up, O_CLOEXEC) != 0) fail("pipe: out of descriptors");
+    const pid_t pid = fork();
+    if (pid == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      for (auto& p : procs) ::close(p.to), ::close(p.from);
+      ::close(down[1]);
+      ::close(up[0]);
+      Fleet f;
+      f.o = o;
+      f.first = static_cast<int>(static_cast<long long>(o.agents) * c / o.procs);
+      f.count = static_cast<int>(static_cast<long long>(o.agents) * (c + 1) / o.procs) - f.first;
+      f.source = asio::ip::make_address("127.1." + std::to_string(c / 250) + "." + std::to_string(c % 250 + 1));
+      f.server = {asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(o.port)};
+      for (int i = 0; i < f.count; ++i) f.agents.push_back(std::make_shared<Agent>(f.io, f, f.first + i));
+      Child(f, down[0], up[1]).run();
+      _exit(0);
+    }
+    ::close(down[0]);
+    ::close(up[1]);
+    procs.push_back({pid, down[1], up[0], ""});
+  }
+  return procs;
+}
+
+void raise_descriptor_limit(const Options& o) {
+  // The daemon holds one descriptor per agent, each process one per agent of its own.
+  const rlim_t want = static_cast<rlim_t>(o.agents) + 4096;
+  rlimit r{};
+  getrlimit(RLIMIT_NOFILE, &r);
+  if (r.rlim_cur >= want) return;
+  rlimit raised{want, std::max(r.rlim_max, want)};
+  if (setrlimit(RLIMIT_NOFILE, &raised) != 0) {
+    fail("needs " + std::to_string(want) + " open files (ulimit -n is " + std::to_string(r.rlim_cur) + ", hard " +
+         std::to_string(r.rlim_max) + "): run as root or raise the hard limit");
+  }
+}
+
+int free_port() {
+  asio::io_context io;
+  tcp::acceptor a(io, {asio::ip::make_address("127.0.0.1"), 0});
+  return a.local_endpoint().port();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"ddp-rdzv-fleet: K simulated agents in P processes through a job's life against a ddp-rendezvous"};
+  Options o;
+  std::string token_file, log = "/dev/null";
+  bool no_resume = false;
+  app.add_option("--daemon", o.daemon, "the ddp-rendezvous binary to start")->required();
+  app.add_option("--agents", o.agents)->capture_default_str()->check(CLI::Range(2, 1000000));
+  app.add_option("--procs", o.procs, "load processes (default: one per 20,000 agents, at least 2)");
+  app.add_option("--window", o.window, "handshakes in flight per process (default: 768 over all processes, "
+                                       "under the daemon's 1,024 unauthenticated connections)");
+  app.add_option("--deadline", o.deadline, "seconds each phase may take")->capture_default_str();
+  app.add_option("--token-file", token_file, "a cluster secret: the daemon requires it, every agent proves it");
+  app.add_option("--daemon-log", log, "the daemon's output")->capture_default_str();
+  app.add_flag("--no-resume", no_resume, "skip the daemon restart");
+  CLI11_PARSE(app, argc, argv);
+  if (o.procs <= 0) o.procs = std::max(2, (o.agents + 19999) / 20000);
+  if (o.agents / o.procs > 25000) fail("at most 25,000 agents per process (one source address's ports): raise --procs");
+  if (o.window == 0) o.window = std::max<std::size_t>(8, 768 / static_cast<std::size_t>(o.procs));
+  if (!token_file.empty()) {
+    Expected<std::string> secret = read_secret_file(token_file);
+    if (!secret) fail("--token-file: " + secret.error());
+    o.secret = *secret;
+    std::ofstream(log + ".token") << o.secret << "\n";  // the daemon's copy, beside its log
+    if (log == "/dev/null") fail("--token-file needs --daemon-log (the daemon's copy of the secret goes beside it)");
+  }
+  raise_descriptor_limit(o);
+  signal(SIGPIPE, SIG_IGN);
+  o.port = free_port();
+  pid_t daemon = start_daemon(o, log);
+  await_listening(o, daemon, 10);
+  std::vector<Proc> procs = start_children(o);
+  const long rss_idle = rss_kb(daemon);
+
+  const long long t_connect = now_ns();
+  const auto connected = all(procs, o, "connect");
+  const long rss_connected = rss_kb(daemon);
+  const auto joined = all(procs, o, "join");
+  long long first_join = joined.front().at(0);
+  for (const auto& a : joined) first_join = std::min(first_join, a.at(0));
+  const long rss = rss_kb(daemon);
+  std::printf("{\"agents\":%d,\"procs\":%d,\"connect_s\":%.3f,\"round_s\":%.3f", o.agents, o.procs,
+              seconds(t_connect, latest(connected, 0)), seconds(first_join, latest(joined, 1)));
+
+  if (!no_resume) {
+    kill(daemon, SIGKILL);
+    waitpid(daemon, nullptr, 0);
+    all(procs, o, "drop");
+    daemon = start_daemon(o, log);
+    const long long t_listen = await_listening(o, daemon, 10);
+    const auto resumed = all(procs, o, "resume");
+    long long restarts = 0;
+    for (const auto& a : resumed) restarts += a.at(1);
+    if (restarts) fail(std::to_string(restarts) + " agents were told to restart after the daemon's restart");
+    std::printf(",\"resume_s\":%.3f", seconds(t_listen, latest(resumed, 0)));
+  }
+
+  tell(procs.front(), "kill");
+  const long long t_death = answer_of(procs.front(), o, "kill").at(0);
+  const auto told = all(procs, o, "await_restart");
+  std::printf(",\"dead_broadcast_s\":%.4f,\"rss_kb_per_agent\":%.2f,\"rss_idle_kb\":%ld,\"rss_connected_kb\":%ld,"
+              "\"rss_kb\":%ld}\n",
+              seconds(t_death, latest(told, 0)), static_cast<double>(rss) / o.agents, rss_idle, rss_connected, rss);
+  all(procs, o, "leave");
+  for (auto& p : procs) ::close(p.to);  // a child stops when its command pipe closes
+  for (auto& p : procs) waitpid(p.pid, nullptr, 0);
+  kill(daemon, SIGTERM);
+  waitpid(daemon, nullptr, 0);
+  return 0;
+}
