@@ -26,6 +26,7 @@ struct ListenOptions {
   std::string token_file;                              // --token_file; default $DDPLAUNCH_RDZV_TOKEN_FILE
   std::size_t max_connections = 16384;                 // --max-connections
   bool quiet_joins = false;                            // --quiet-joins: no log line per join
+  unsigned writer_threads = 0;                         // --writer_threads; 0 = default_writer_threads()
   TlsFiles tls;                                        // --tls_cert, --tls_key, --tls_client_ca; none = plain
 };
 

@@ -30,6 +30,10 @@ void add_serve_options(CLI::App& app, DaemonOptions& o) {
                  "default $DDPLAUNCH_RDZV_TOKEN_FILE, else none");
   app.add_option("--max-connections", l.max_connections, "concurrent connections served")->capture_default_str();
   app.add_flag("--quiet-joins", l.quiet_joins, "do not log one line per join (large jobs)");
+  app.add_option("--writer_threads,--writer-threads", l.writer_threads,
+                 "threads that write a restart to a large job's nodes (0 = as many as cores, at most 4)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 64));
   app.add_option("--tls_cert,--tls-cert", l.tls.cert,
                  "PEM certificate (chain) of this server: serve TLS only (docs/security.md)");
   app.add_option("--tls_key,--tls-key", l.tls.key, "PEM private key of --tls_cert");

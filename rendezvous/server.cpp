@@ -1,6 +1,10 @@
 #include "rendezvous/server.h"
 
+#include <algorithm>
+#include <thread>
+
 #include "rendezvous/cloexec.h"
+#include "rendezvous/fanout.h"
 #include "rendezvous/job_record.h"
 
 namespace ddp::rdzv {
@@ -440,6 +444,33 @@ void Server::send(ConnId to, const Frame& frame) {
   }
   if (Session* s = sessions_.find(to)) s->send(frame);
 }
+
+// A job-wide restart to 10,000 nodes is 10,000 sends of one frame: those that can go out at
+// once are written from several threads while this one waits (the state machine is not
+// re-entered meanwhile); the rest, and every send of a replica, go through send().
+void Server::broadcast(const std::vector<ConnId>& to, const Frame& frame) {
+  if (options_.write_records || options_.writer_threads < 2 || to.size() < 2 * kFanOutPerThread) {
+    for (ConnId conn : to) send(conn, frame);
+    return;
+  }
+  std::vector<Session*> direct;
+  std::vector<int> fds;
+  for (ConnId conn : to) {
+    Session* s = sessions_.find(conn);
+    if (!s) continue;
+    const int fd = s->direct_fd();
+    if (fd < 0) {
+      s->send(frame);
+    } else {
+      direct.push_back(s);
+      fds.push_back(fd);
+    }
+  }
+  const std::vector<long> written = write_to_all(fds, frame->data(), frame->size(), options_.writer_threads);
+  for (std::size_t i = 0; i < direct.size(); ++i) direct[i]->wrote_directly(frame, written[i]);
+}
+
+unsigned default_writer_threads() { return std::clamp(std::thread::hardware_concurrency(), 1u, 4u); }
 
 void Server::drop(ConnId conn, const std::string& code, const std::string& message) {
   Session* s = sessions_.find(conn);

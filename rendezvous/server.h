@@ -24,6 +24,9 @@
 
 namespace ddp::rdzv {
 
+// Up to 4 (a broadcast's sends gain little past that), no more than the machine's cores.
+unsigned default_writer_threads();
+
 struct ServerOptions {
   // The secrets clients must prove (HMAC challenge-response, rendezvous/auth.h). `token` is a
   // cluster secret; `secrets` may add per-job ones. Both empty (default): every client is accepted.
@@ -39,6 +42,9 @@ struct ServerOptions {
   double hello_timeout = 5.0;                       // a connection must say hello within this (s)
   double idle_timeout = 60.0;                       // after hello, before join: dropped when silent (s)
   double tick_interval = 0.01;                      // how often deadlines are checked (s)
+  // Threads that write a broadcast to many nodes at once (rendezvous/fanout.h), the server's
+  // own included; 1 = the server's thread alone. The state machine stays on one thread.
+  unsigned writer_threads = default_writer_threads();
   std::function<void(const std::string&)> log;      // one line per event; empty = silent
   RoundCheck round_check;                           // the environment check (rendezvous/env_check.h)
   std::shared_ptr<TlsContext> tls;                  // TLS for every connection; null (default) = plain TCP
@@ -102,6 +108,7 @@ class Server : private SessionHandler, private Outbox {
   void on_closed(Session& session, const std::string& why) override;
   void on_deadline(Session& session) override;
   void send(ConnId to, const Frame& frame) override;
+  void broadcast(const std::vector<ConnId>& to, const Frame& frame) override;
   void drop(ConnId conn, const std::string& code, const std::string& message) override;
   void log(const std::string& line) override;
   void event(const metrics::Event& event) override;

@@ -3,6 +3,8 @@
 #include <linux/sockios.h>
 #include <sys/ioctl.h>
 
+#include <cerrno>
+#include <cstring>
 #include <vector>
 
 namespace ddp::rdzv {
@@ -199,6 +201,23 @@ void Session::send(const Frame& frame) {
   }
   queue_.push_back(frame);
   if (ready_ && !writing_) write_next();
+}
+
+int Session::direct_fd() {
+  const bool direct = phase_ != Phase::Closed && ready_ && !writing_ && queue_.empty() && !stream_->tls();
+  return direct ? stream_->socket().native_handle() : -1;
+}
+
+void Session::wrote_directly(const Frame& frame, long result) {
+  if (result == static_cast<long>(frame->size())) return;
+  if (result < 0 && result != -EAGAIN && result != -EWOULDBLOCK) {
+    close(std::strerror(static_cast<int>(-result)));
+    return;
+  }
+  queued_bytes_ += frame->size();
+  front_offset_ = result < 0 ? 0 : static_cast<std::size_t>(result);
+  queue_.push_back(frame);
+  write_next();
 }
 
 void Session::write_next() {

@@ -53,6 +53,12 @@ class Session : public std::enable_shared_from_this<Session> {
   void start(double deadline_s);
   // Queues one frame (written once the handshake is done).
   void send(const Frame& frame);
+  // A broadcast's direct write (rendezvous/fanout.h): the socket a frame may be written to
+  // straight away, from another thread while this one waits, or -1 when it must go through
+  // send() (something queued or being written, TLS, closed). Then wrote_directly() with what
+  // was written of it (bytes, or -errno): the rest goes through the queue.
+  int direct_fd();
+  void wrote_directly(const Frame& frame, long result);
   // Sends an error message, then closes once it is written (at most ~1 s later).
   void fail(const std::string& code, const std::string& message);
   // Closes once the queued frames are written.

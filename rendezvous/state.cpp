@@ -358,13 +358,14 @@ void StateMachine::end_round(Job& job, const std::string& reason, bool counted, 
   }
   emit(job, "restart", why, "", {}, {{"counted", counted}, {"restarts_used", job.restarts_used}}, reason);
   const bool failure = why == "worker_failure" || why == "node_lost" || why == "job_failing";
-  Frame frame = encode(make_restart(reason, counted, job.restarts_used, job.max_restarts, why == "job_failing", failure));
+  std::vector<ConnId> told;
   for (auto& [conn, node] : job.nodes) {
     if (node.state == NodeState::Running || node.state == NodeState::Succeeded) {
-      out_.send(conn, frame);
+      told.push_back(conn);
       set_state(job, node, NodeState::Rejoining);
     }
   }
+  out_.broadcast(told, encode(make_restart(reason, counted, job.restarts_used, job.max_restarts, why == "job_failing", failure)));
   job.state = JobState::Gathering;
   job.gather_since = clock_.now();
   job.min_reached_at.reset();

@@ -77,6 +77,11 @@ class Outbox {
   virtual ~Outbox() = default;
   // Queues `frame` for the connection.
   virtual void send(ConnId to, const Frame& frame) = 0;
+  // Queues one `frame` for every connection of `to` (a job-wide restart). The server writes a
+  // large one from several threads (rendezvous/fanout.h). Default: send() to each.
+  virtual void broadcast(const std::vector<ConnId>& to, const Frame& frame) {
+    for (ConnId conn : to) send(conn, frame);
+  }
   // Sends an error message (code, message) to the connection, then closes it. The state machine
   // has already forgotten the connection when it calls this.
   virtual void drop(ConnId conn, const std::string& code, const std::string& message) = 0;

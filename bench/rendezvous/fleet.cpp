@@ -52,6 +52,7 @@ long long now_ns() {
 
 struct Options {
   std::string daemon, job = "fleet", secret;
+  std::vector<std::string> daemon_args;  // more flags for it (--writer_threads 1, ...)
   int agents = 1000, procs = 0, port = 0;
   double deadline = 120, heartbeat_interval = 1.0;
   std::size_t window = 0;  // handshakes in flight per process
@@ -351,6 +352,7 @@ pid_t start_daemon(const Options& o, const std::string& log) {
     std::vector<std::string> args = {o.daemon, "--host", "127.0.0.1", "--port", std::to_string(o.port), "--quiet-joins",
                                      "--max-connections", std::to_string(o.agents + 1024)};
     if (!o.secret.empty()) args.insert(args.end(), {"--token-file", log + ".token"});
+    args.insert(args.end(), o.daemon_args.begin(), o.daemon_args.end());
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -465,7 +467,7 @@ std::vector<Proc> start_children(const Options& o) {
 
 void raise_descriptor_limit(const Options& o) {
   // The daemon holds one descriptor per agent, each process one per agent of its own.
-  const rlim_t want = static_cast<rlim_t>(o.agents) + 4096;
+  const rlim_t want = static_cast<rlim_t>(o.agents) + 256;
   rlimit r{};
   getrlimit(RLIMIT_NOFILE, &r);
   if (r.rlim_cur >= want) return;
@@ -498,6 +500,7 @@ int main(int argc, char** argv) {
   app.add_option("--token-file", token_file, "a cluster secret: the daemon requires it, every agent proves it");
   app.add_option("--daemon-log", log, "the daemon's output")->capture_default_str();
   app.add_flag("--no-resume", no_resume, "skip the daemon restart");
+  app.add_option("--daemon-arg", o.daemon_args, "one more flag for the daemon (repeat for more)")->allow_extra_args(false);
   CLI11_PARSE(app, argc, argv);
   if (o.procs <= 0) o.procs = std::max(2, (o.agents + 19999) / 20000);
   if (o.agents / o.procs > 25000) fail("at most 25,000 agents per process (one source address's ports): raise --procs");

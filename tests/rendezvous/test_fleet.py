@@ -18,11 +18,11 @@ DAEMON = os.path.join(BUILD, "bin", "ddp-rendezvous")
 @unittest.skipUnless(os.path.exists(FLEET), "ddp-rdzv-fleet is not built (DDPLAUNCH_BUILD_BENCH=OFF, as in the "
                                             "sanitizer build): the full build runs this test")
 class FleetTest(unittest.TestCase):
-    def run_fleet(self, agents, procs, secret):
+    def run_fleet(self, agents, procs, secret, extra=()):
         with tempfile.TemporaryDirectory() as tmp:
             log = os.path.join(tmp, "daemon.log")
             args = [FLEET, "--daemon", DAEMON, "--agents", str(agents), "--procs", str(procs), "--deadline", "60",
-                    "--daemon-log", log]
+                    "--daemon-log", log] + list(extra)
             if secret:
                 token = os.path.join(tmp, "token")
                 with open(token, "w") as f:
@@ -46,9 +46,11 @@ class FleetTest(unittest.TestCase):
         self.assertTrue(f"restored: every one of {agents} nodes resumed generation 1" in daemon_log, tail)
         self.assertRegex(daemon_log[:100000], r"restart after generation 1 \(not counted\): node fleet0 .* lost")
 
-    def test_hundreds_of_agents_in_three_processes_resume_and_hear_a_death(self):
-        result, log = self.run_fleet(300, 3, secret=False)
-        self.check(result, log, 300, 3)
+    def test_a_thousand_agents_in_three_processes_resume_and_hear_a_death_from_writer_threads(self):
+        # Over 2 x kFanOutPerThread recipients: the restart goes out through write_to_all on two
+        # threads (--writer_threads 2, whatever this machine's cores).
+        result, log = self.run_fleet(1200, 3, secret=False, extra=["--daemon-arg=--writer_threads=2"])
+        self.check(result, log, 1200, 3)
 
     def test_with_a_cluster_secret_every_sealed_node_secret_still_resumes(self):
         result, log = self.run_fleet(200, 2, secret=True)
