@@ -24,6 +24,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <fstream>
 #include <functional>
@@ -73,7 +74,10 @@ struct Agent : std::enable_shared_from_this<Agent> {
   std::string client_nonce, key;  // this connection's handshake and seal key
   Assignment assignment;          // the round; its secret kept in clear, as an agent keeps it
   bool member = false, resuming = false;
+  bool welcomed = false;  // on this connection
+  double retry_delay = 0.05;  // as the agent's client: jittered, doubling up to 1 s
   void connect(const tcp::endpoint& to, const asio::ip::address& from);
+  void retry_later();
   void read();
   void on(const std::string& type);
   void send(const Frame& f) {
@@ -89,7 +93,7 @@ struct Fleet {
   tcp::endpoint server;
   std::vector<std::shared_ptr<Agent>> agents;
   std::size_t next = 0, in_handshake = 0;
-  int welcomed = 0, rounded = 0, resumed = 0, restarted = 0, errors = 0;
+  int welcomed = 0, rounded = 0, resumed = 0, restarted = 0, errors = 0, retries = 0;
   long long first_join_ns = 0, last_welcome_ns = 0, last_round_ns = 0, last_resumed_ns = 0, last_restart_ns = 0;
   std::string first_error;
   Frame heartbeat = encode(make_heartbeat());
@@ -110,9 +114,12 @@ struct Fleet {
     ++errors;
     if (first_error.empty()) first_error = what;
   }
-  // Connects agents until `window` handshakes are in flight or all have been started.
+  // Connects agents until `window` handshakes are in flight or all have been started; 256 at a
+  // time, so that the challenges of the first are answered while the next connect (as separate
+  // hosts would), not after the whole storm has been sent.
   void pump() {
-    while (in_handshake < o.window && next < agents.size()) {
+    for (int started = 0; in_handshake < o.window && next < agents.size(); ++started) {
+      if (started == 256) return asio::post(io, [this] { pump(); });
       ++in_handshake;
       agents[next++]->connect(server, source);
     }
@@ -126,6 +133,7 @@ struct Fleet {
 
 void Agent::connect(const tcp::endpoint& to, const asio::ip::address& from) {
   boost::system::error_code ec;
+  welcomed = false;
   socket = tcp::socket(socket.get_executor());
   socket.open(tcp::v4(), ec);
   const int on = 1;  // the port is chosen at connect, per source address (IP_BIND_ADDRESS_NO_PORT)
@@ -147,7 +155,11 @@ void Agent::connect(const tcp::endpoint& to, const asio::ip::address& from) {
 
 void Agent::read() {
   asio::async_read(socket, asio::buffer(header), [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
-    if (ec) return;  // the daemon went away or the agent was closed: the parent's phases handle it
+    // Closed before its welcome (the daemon evicted it in a storm): again later, as an agent's
+    // client does. Closed after: the daemon went away or the agent was closed, which the parent's
+    // phases handle.
+    if (ec && !self->welcomed && self->socket.is_open()) self->retry_later();
+    if (ec) return;
     self->body.resize(read_frame_header(self->header));
     asio::async_read(self->socket, asio::buffer(self->body), [self](boost::system::error_code e, std::size_t) {
       if (e) return;
@@ -159,6 +171,19 @@ void Agent::read() {
       self->on(type);
       self->read();
     });
+  });
+}
+
+void Agent::retry_later() {
+  ++fleet.retries;
+  boost::system::error_code ignored;
+  socket.close(ignored);
+  auto timer = std::make_shared<asio::steady_timer>(socket.get_executor());
+  const double jitter = 0.5 + static_cast<double>(std::rand()) / RAND_MAX;
+  timer->expires_after(std::chrono::duration_cast<steady::duration>(std::chrono::duration<double>(retry_delay * jitter)));
+  retry_delay = std::min(retry_delay * 2, 1.0);
+  timer->async_wait([self = shared_from_this(), timer](boost::system::error_code) {
+    self->connect(self->fleet.server, self->fleet.source);
   });
 }
 
@@ -175,6 +200,7 @@ void Agent::on(const std::string& type) {
     }
     send(encode(make_hello(h)));
   } else if (type == "welcome") {
+    welcomed = true;
     f.last_welcome_ns = now_ns();
     --f.in_handshake;
     f.pump();
@@ -238,7 +264,8 @@ class Child {
   void obey(const std::string& command) {
     if (command == "connect") {
       f_.start_connecting();
-      wait([this] { return f_.welcomed == f_.count; }, [this] { return "ok " + std::to_string(f_.last_welcome_ns); });
+      wait([this] { return f_.welcomed == f_.count; },
+           [this] { return "ok " + std::to_string(f_.last_welcome_ns) + " " + std::to_string(f_.retries); });
     } else if (command == "join") {
       f_.first_join_ns = now_ns();
       for (auto& a : f_.agents) a->send(encode(make_join(f_.spec(a->index))));
@@ -494,8 +521,11 @@ int main(int argc, char** argv) {
   app.add_option("--daemon", o.daemon, "the ddp-rendezvous binary to start")->required();
   app.add_option("--agents", o.agents)->capture_default_str()->check(CLI::Range(2, 1000000));
   app.add_option("--procs", o.procs, "load processes (default: one per 20,000 agents, at least 2)");
+  bool storm = false;
   app.add_option("--window", o.window, "handshakes in flight per process (default: 768 over all processes, "
                                        "under the daemon's 1,024 unauthenticated connections)");
+  app.add_flag("--storm", storm, "every agent connects at once (no window): a join storm; an agent the daemon "
+                                 "closes before its welcome connects again later, as the agent's client does");
   app.add_option("--deadline", o.deadline, "seconds each phase may take")->capture_default_str();
   app.add_option("--token-file", token_file, "a cluster secret: the daemon requires it, every agent proves it");
   app.add_option("--daemon-log", log, "the daemon's output")->capture_default_str();
@@ -504,7 +534,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   if (o.procs <= 0) o.procs = std::max(2, (o.agents + 19999) / 20000);
   if (o.agents / o.procs > 25000) fail("at most 25,000 agents per process (one source address's ports): raise --procs");
-  if (o.window == 0) o.window = std::max<std::size_t>(8, 768 / static_cast<std::size_t>(o.procs));
+  if (o.window == 0) o.window = storm ? static_cast<std::size_t>(o.agents) : std::max<std::size_t>(8, 768 / static_cast<std::size_t>(o.procs));
   if (!token_file.empty()) {
     Expected<std::string> secret = read_secret_file(token_file);
     if (!secret) fail("--token-file: " + secret.error());
@@ -527,8 +557,10 @@ int main(int argc, char** argv) {
   long long first_join = joined.front().at(0);
   for (const auto& a : joined) first_join = std::min(first_join, a.at(0));
   const long rss = rss_kb(daemon);
-  std::printf("{\"agents\":%d,\"procs\":%d,\"connect_s\":%.3f,\"round_s\":%.3f", o.agents, o.procs,
-              seconds(t_connect, latest(connected, 0)), seconds(first_join, latest(joined, 1)));
+  long long retries = 0;
+  for (const auto& a : connected) retries += a.at(1);
+  std::printf("{\"agents\":%d,\"procs\":%d,\"connect_s\":%.3f,\"connect_retries\":%lld,\"round_s\":%.3f", o.agents,
+              o.procs, seconds(t_connect, latest(connected, 0)), retries, seconds(first_join, latest(joined, 1)));
 
   if (!no_resume) {
     kill(daemon, SIGKILL);
