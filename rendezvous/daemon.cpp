@@ -147,6 +147,7 @@ ServerOptions server_options(const DaemonOptions& o, std::shared_ptr<DaemonMetri
   }
   server.max_connections = o.listen.max_connections;
   if (o.listen.writer_threads > 0) server.writer_threads = o.listen.writer_threads;
+  if (o.listen.max_unauthenticated > 0) server.max_unauthenticated = o.listen.max_unauthenticated;
   server.log = [quiet = o.listen.quiet_joins](const std::string& line) {
     if (quiet && line.find(": join ") != std::string::npos) return;
     std::cout << timestamp() << " " << line << '\n';

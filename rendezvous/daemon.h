@@ -27,6 +27,7 @@ struct ListenOptions {
   std::size_t max_connections = 16384;                 // --max-connections
   bool quiet_joins = false;                            // --quiet-joins: no log line per join
   unsigned writer_threads = 0;                         // --writer_threads; 0 = default_writer_threads()
+  std::size_t max_unauthenticated = 0;                 // --max_unauthenticated; 0 = ServerOptions' default
   TlsFiles tls;                                        // --tls_cert, --tls_key, --tls_client_ca; none = plain
 };
 

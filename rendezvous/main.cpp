@@ -34,6 +34,9 @@ void add_serve_options(CLI::App& app, DaemonOptions& o) {
                  "threads that write a restart to a large job's nodes (0 = as many as cores, at most 4)")
       ->capture_default_str()
       ->check(CLI::Range(0, 64));
+  app.add_option("--max_unauthenticated,--max-unauthenticated", l.max_unauthenticated,
+                 "connections that have not said hello yet; past this the oldest is closed (0 = 4096)")
+      ->capture_default_str();
   app.add_option("--tls_cert,--tls-cert", l.tls.cert,
                  "PEM certificate (chain) of this server: serve TLS only (docs/security.md)");
   app.add_option("--tls_key,--tls-key", l.tls.key, "PEM private key of --tls_cert");

@@ -17,6 +17,7 @@ namespace {
 // A tick this much later than its interval is a stall of the server, whose time no node's
 // heartbeat pays for; from a second on it is logged.
 constexpr double kStallSeconds = 0.1;
+constexpr int kListenBacklog = 65535;
 constexpr double kStallLogSeconds = 1.0;
 
 std::string seconds(double s) {
@@ -40,7 +41,9 @@ Server::Server(asio::io_context& io, const tcp::endpoint& endpoint, ServerOption
   close_on_exec(acceptor_.native_handle());
   acceptor_.set_option(tcp::acceptor::reuse_address(true));
   acceptor_.bind(endpoint);
-  acceptor_.listen(asio::socket_base::max_listen_connections);
+  // As deep as the kernel allows (net.core.somaxconn caps it, 4096 by default): a storm of
+  // connects beyond the backlog waits for TCP's SYN retransmission, a second or more.
+  acceptor_.listen(kListenBacklog);
   bound_ = acceptor_.local_endpoint();
   accept();
   tick();

@@ -34,10 +34,12 @@ struct ServerOptions {
   Secrets secrets;
   std::size_t max_frame_bytes = kDefaultMaxFrameBytes;  // per frame payload (default 1 MiB)
   std::size_t max_connections = 16384;              // more are answered with an error and closed
-  std::size_t max_unauthenticated = 1024;           // connections that have not said hello; past
+  std::size_t max_unauthenticated = 4096;           // connections that have not said hello; past
                                                     // this the oldest of them is closed (accepting
                                                     // never pauses: a flood cannot queue honest
-                                                    // agents behind it)
+                                                    // agents behind it). As many as the kernel's
+                                                    // default listen backlog: a storm of agents the
+                                                    // backlog holds is accepted without closing any
   std::size_t max_queued_bytes = 16u << 20;         // per connection; a peer that never reads is cut off
   double hello_timeout = 5.0;                       // a connection must say hello within this (s)
   double idle_timeout = 60.0;                       // after hello, before join: dropped when silent (s)

@@ -523,7 +523,7 @@ int main(int argc, char** argv) {
   app.add_option("--procs", o.procs, "load processes (default: one per 20,000 agents, at least 2)");
   bool storm = false;
   app.add_option("--window", o.window, "handshakes in flight per process (default: 768 over all processes, "
-                                       "under the daemon's 1,024 unauthenticated connections)");
+                                       "well under the daemon's max_unauthenticated)");
   app.add_flag("--storm", storm, "every agent connects at once (no window): a join storm; an agent the daemon "
                                  "closes before its welcome connects again later, as the agent's client does");
   app.add_option("--deadline", o.deadline, "seconds each phase may take")->capture_default_str();
