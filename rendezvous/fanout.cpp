@@ -23,6 +23,7 @@ std::vector<long> write_to_all(const std::vector<int>& fds, const char* data, st
   const std::size_t n = fds.size();
   const std::size_t parts = std::max<std::size_t>(1, std::min<std::size_t>(threads, n / kFanOutPerThread));
   std::vector<std::thread> helpers;
+  helpers.reserve(parts);  // no reallocation (and no bad_alloc) while threads run
   std::size_t started = 1;  // parts being written: the caller's own, then one per helper
   for (; started < parts; ++started) {
     try {

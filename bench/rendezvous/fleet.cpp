@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <deque>
 #include <cstdio>
 #include <fstream>
 #include <functional>
@@ -80,8 +81,19 @@ struct Agent : std::enable_shared_from_this<Agent> {
   void retry_later();
   void read();
   void on(const std::string& type);
+  // One write at a time per socket (asio's rule): a heartbeat due while a join is being written waits.
+  std::deque<Frame> outbox;
   void send(const Frame& f) {
-    asio::async_write(socket, asio::buffer(*f), [self = shared_from_this(), f](boost::system::error_code, std::size_t) {});
+    outbox.push_back(f);
+    if (outbox.size() == 1) write_next();
+  }
+  void write_next() {
+    asio::async_write(socket, asio::buffer(*outbox.front()), [self = shared_from_this()](boost::system::error_code ec,
+                                                                                        std::size_t) {
+      self->outbox.pop_front();
+      if (ec) self->outbox.clear();  // the connection is gone; what it held goes with it
+      if (!self->outbox.empty()) self->write_next();
+    });
   }
 };
 
@@ -134,6 +146,7 @@ struct Fleet {
 void Agent::connect(const tcp::endpoint& to, const asio::ip::address& from) {
   boost::system::error_code ec;
   welcomed = false;
+  outbox.clear();
   socket = tcp::socket(socket.get_executor());
   socket.open(tcp::v4(), ec);
   const int on = 1;  // the port is chosen at connect, per source address (IP_BIND_ADDRESS_NO_PORT)
@@ -144,6 +157,7 @@ void Agent::connect(const tcp::endpoint& to, const asio::ip::address& from) {
     return;
   }
   socket.async_connect(to, [self = shared_from_this()](boost::system::error_code e) {
+    if (e == asio::error::connection_refused || e == asio::error::timed_out) return self->retry_later();
     if (e) {
       self->fleet.error("connect: " + e.message());
       return;
@@ -201,6 +215,7 @@ void Agent::on(const std::string& type) {
     send(encode(make_hello(h)));
   } else if (type == "welcome") {
     welcomed = true;
+    retry_delay = 0.05;
     f.last_welcome_ns = now_ns();
     --f.in_handshake;
     f.pump();
@@ -535,12 +550,14 @@ int main(int argc, char** argv) {
   if (o.procs <= 0) o.procs = std::max(2, (o.agents + 19999) / 20000);
   if (o.agents / o.procs > 25000) fail("at most 25,000 agents per process (one source address's ports): raise --procs");
   if (o.window == 0) o.window = storm ? static_cast<std::size_t>(o.agents) : std::max<std::size_t>(8, 768 / static_cast<std::size_t>(o.procs));
+  o.agents = std::max(o.agents, 2);
+  o.procs = std::min(o.procs, o.agents);  // every process has an agent
   if (!token_file.empty()) {
+    if (log == "/dev/null") fail("--token-file needs --daemon-log (the daemon's copy of the secret goes beside it)");
     Expected<std::string> secret = read_secret_file(token_file);
     if (!secret) fail("--token-file: " + secret.error());
     o.secret = *secret;
     std::ofstream(log + ".token") << o.secret << "\n";  // the daemon's copy, beside its log
-    if (log == "/dev/null") fail("--token-file needs --daemon-log (the daemon's copy of the secret goes beside it)");
   }
   raise_descriptor_limit(o);
   signal(SIGPIPE, SIG_IGN);

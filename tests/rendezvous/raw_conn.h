@@ -47,6 +47,8 @@ class RawConn {
     if (fd_ >= 0) ::close(fd_);
     fd_ = -1;
   }
+  // Sends FIN and keeps reading: what the server writes later is taken, so no RST tells it.
+  void shutdown_write() { ::shutdown(fd_, SHUT_WR); }
   bool send_bytes(const std::string& bytes) {
     std::size_t off = 0;
     while (off < bytes.size()) {

@@ -732,3 +732,60 @@ TEST_CASE("a client that never reads cannot make the server grow without bound")
   CHECK(hog.wait_closed(10));
   healthy.check_server_still_serves(st.port());
 }
+
+// The server's reactor is edge-triggered (epoll): a frame and the FIN that came with it are one
+// arrival when the server's thread is held while both come. A session that reads once and then
+// waits must still see the close at once (asio re-arms the descriptor when a wait starts), or
+// the node would be lost only at heartbeat_timeout, 30 s here. The node half-closes, so the round
+// the server then writes to it is accepted: no RST gives the close away.
+TEST_CASE("a member whose last frame and close arrive together is lost at once, not at heartbeat_timeout") {
+  ServerThread st(ServerOptions{});
+  NodeSpec spec = node_spec("together", "a", 2, 2);
+  spec.timeouts.heartbeat_timeout = 30;
+  RawConn a(st.port());
+  REQUIRE(a.connected());
+  a.say_hello("together");
+  REQUIRE(a.recv_type("welcome"));
+  REQUIRE(a.send(make_join(spec)));
+  RawConn b(st.port());
+  REQUIRE(b.connected());
+  b.say_hello("together");
+  REQUIRE(b.recv_type("welcome"));
+  std::promise<void> release;
+  std::promise<void> held;
+  asio::post(st.io, [&] {
+    held.set_value();
+    release.get_future().wait();  // the server's thread waits here while b sends and closes
+  });
+  held.get_future().wait();
+  spec.host = "b";
+  REQUIRE(b.send(make_join(spec)));
+  b.shutdown_write();  // on loopback the frame and the FIN are in the server's socket at once
+  release.set_value();
+  REQUIRE(a.recv_type("round"));
+  auto restart = a.recv_type("restart", 5);  // at once; heartbeat_timeout would take 30 s
+  REQUIRE(restart);
+}
+
+// A join larger than the server's read buffer, arriving at once (one edge), is read whole:
+// nothing of it waits for the client's next message.
+TEST_CASE("a join larger than the read buffer, arriving at once, is handled without another message") {
+  ServerThread st(ServerOptions{});
+  NodeSpec spec = node_spec("bigjoin", "big", 1, 1);
+  for (int i = 0; i < 260; ++i) spec.fingerprint["component" + std::to_string(i)] = std::string(300, 'x');
+  RawConn c(st.port());
+  REQUIRE(c.connected());
+  c.say_hello("bigjoin");
+  REQUIRE(c.recv_type("welcome"));
+  std::promise<void> release, held;
+  asio::post(st.io, [&] {
+    held.set_value();
+    release.get_future().wait();
+  });
+  held.get_future().wait();
+  const Frame join = encode(make_join(spec));
+  REQUIRE(join->size() > 64 * 1024);
+  REQUIRE(c.send_bytes(*join));
+  release.set_value();
+  CHECK(c.recv_type("round", 5));
+}
