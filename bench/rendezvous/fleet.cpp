@@ -55,6 +55,7 @@ long long now_ns() {
 struct Options {
   std::string daemon, job = "fleet", secret;
   std::vector<std::string> daemon_args;  // more flags for it (--writer_threads 1, ...)
+  nlohmann::json fingerprint = nlohmann::json::object();  // what every agent's join carries
   int agents = 1000, procs = 0, port = 0;
   double deadline = 120, heartbeat_interval = 1.0;
   std::size_t window = 0;  // handshakes in flight per process
@@ -120,6 +121,7 @@ struct Fleet {
     s.timeouts.heartbeat_interval = o.heartbeat_interval;
     s.timeouts.heartbeat_timeout = std::max(30.0, o.deadline);  // a loaded host must not look dead
     s.timeouts.last_call_timeout = 0;
+    s.fingerprint = o.fingerprint;
     return s;
   }
   void error(const std::string& what) {
@@ -545,11 +547,27 @@ int main(int argc, char** argv) {
   app.add_option("--token-file", token_file, "a cluster secret: the daemon requires it, every agent proves it");
   app.add_option("--daemon-log", log, "the daemon's output")->capture_default_str();
   app.add_flag("--no-resume", no_resume, "skip the daemon restart");
+  bool real_fingerprint = false;
+  app.add_flag("--fingerprint", real_fingerprint,
+               "every join carries a GPU node's environment fingerprint (as bench/envcheck's Python node; "
+               "the same on every agent), as real agents' joins do");
   app.add_option("--daemon-arg", o.daemon_args, "one more flag for the daemon (repeat for more)")->allow_extra_args(false);
   CLI11_PARSE(app, argc, argv);
   if (o.procs <= 0) o.procs = std::max(2, (o.agents + 19999) / 20000);
   if (o.agents / o.procs > 25000) fail("at most 25,000 agents per process (one source address's ports): raise --procs");
   if (o.window == 0) o.window = storm ? static_cast<std::size_t>(o.agents) : std::max<std::size_t>(8, 768 / static_cast<std::size_t>(o.procs));
+  if (real_fingerprint) {
+    o.fingerprint = {
+        {"machine", {{"arch", "x86_64"}, {"os", "Ubuntu 22.04.4 LTS"}, {"glibc", "2.35"}}},
+        {"gpu", {{"count", 8}, {"models", std::vector<std::string>(8, "NVIDIA H100 80GB HBM3")}, {"driver", "535.104.05"}}},
+        {"python",
+         {{"version", "3.10.12"}, {"implementation", "CPython"}, {"executable", "/opt/conda/envs/train/bin/python3"},
+          {"torch", "2.3.1+cu121"}, {"torch_cuda", "12.1"}, {"nccl", "2.18.1"}, {"cudnn", "8902"}}},
+        {"program", {{"path", "/shared/jobs/llm/train.py"}, {"sha256", std::string(64, 'a')}}},
+        {"env_lock", {{"source", "cmd:conda list --explicit"}, {"sha256", std::string(64, 'b')}}},
+        {"env", {{"CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7"}, {"NCCL_SOCKET_IFNAME", "ens"}, {"NCCL_DEBUG", "WARN"}}},
+    };
+  }
   o.agents = std::max(o.agents, 2);
   o.procs = std::min(o.procs, o.agents);  // every process has an agent
   if (!token_file.empty()) {
