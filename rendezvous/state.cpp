@@ -16,7 +16,11 @@ std::string failure_text(const WorkerFailure& f, int group_rank = -1) {
   if (f.pid > 0) os << ", pid " << f.pid;
   os << ") on host " << (f.host.empty() ? "?" : f.host);
   if (group_rank >= 0) os << " [group rank " << group_rank << "]";
-  os << (f.signal != 0 ? " was killed by signal " : " exited with code ") << (f.signal != 0 ? f.signal : f.exit_code);
+  if (f.signal != 0) {
+    os << " was killed by signal " << f.signal;
+  } else {
+    os << " exited with code " << f.exit_code;
+  }
   if (!f.error_file_message.empty()) os << ": " << f.error_file_message;
   return os.str();
 }
@@ -74,19 +78,10 @@ StateMachine::Job* StateMachine::job_of(ConnId conn) {
   return jt == jobs_.end() ? nullptr : &jt->second;
 }
 
-void StateMachine::set_state(Job& job, Node& node, NodeState state) {
-  --job.counts[static_cast<int>(node.state)];
-  job.spares[static_cast<int>(node.state)] -= node.spec.spare;
-  node.state = state;
-  ++job.counts[static_cast<int>(state)];
-  job.spares[static_cast<int>(state)] += node.spec.spare;
-}
-
 void StateMachine::remove_node(Job& job, ConnId conn) {
   auto it = job.nodes.find(conn);
   if (it == job.nodes.end()) return;
-  --job.counts[static_cast<int>(it->second.state)];
-  job.spares[static_cast<int>(it->second.state)] -= it->second.spec.spare;
+  tally(job, it->second, false);
   if (!job.restore_holders.empty()) {  // a node that resumed and then went away
     auto ht = job.restore_holders.find(it->second.group_rank);
     if (ht != job.restore_holders.end() && ht->second == conn) job.restore_holders.erase(ht);
@@ -310,15 +305,15 @@ StateMachine::Node& StateMachine::enter(Job& job, ConnId conn, NodeSpec spec, do
   if (nit == job.nodes.end()) {
     nit = job.nodes.emplace(conn, Node{}).first;
     nit->second.secret = secrets_ ? secrets_() : random_secret();
-    ++job.counts[static_cast<int>(NodeState::Waiting)];
+    tally(job, nit->second, true);
     conn_job_.emplace(conn, job.id);
   } else if (nit->second.spec.requested_rank >= 0 && nit->second.spec.requested_rank != spec.requested_rank) {
     job.requested_ranks.erase(nit->second.spec.requested_rank);
   }
   Node& node = nit->second;
-  job.spares[static_cast<int>(node.state)] += spec.spare;  // the node may come back as a spare, or not
-  job.spares[static_cast<int>(node.state)] -= node.spec.spare;
+  tally(job, node, false);  // counted again with its new spec: it may come back as a spare, or not
   node.spec = std::move(spec);
+  tally(job, node, true);
   node.last_seen = now;
   node.join_seq = next_join_seq_++;
   if (node.spec.requested_rank >= 0) job.requested_ranks[node.spec.requested_rank] = conn;

@@ -354,7 +354,17 @@ class StateMachine {
   static constexpr double kChurnMaxDelay = 30.0;  // s, the longest a newcomer waits
 
   Job* job_of(ConnId conn);
-  void set_state(Job& job, Node& node, NodeState state);
+  // A node enters (in) or leaves the counts of its state: counts[], and spares[] for a --spare.
+  static void tally(Job& job, const Node& node, bool in) {
+    const int s = static_cast<int>(node.state);
+    job.counts[s] = in ? job.counts[s] + 1 : job.counts[s] - 1;
+    if (node.spec.spare) job.spares[s] = in ? job.spares[s] + 1 : job.spares[s] - 1;
+  }
+  static void set_state(Job& job, Node& node, NodeState state) {
+    tally(job, node, false);
+    node.state = state;
+    tally(job, node, true);
+  }
   void remove_node(Job& job, ConnId conn);
   void node_gone(Job& job, ConnId conn, const std::string& why, bool left);
   // `cause` labels the restart in events and metrics; "" = worker_failure when counted, else

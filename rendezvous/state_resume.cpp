@@ -203,9 +203,7 @@ void StateMachine::add_resumed(Job& job, ConnId conn, const ResumeRequest& r, No
   if (node.spec.requested_rank >= 0 && job.requested_ranks.count(node.spec.requested_rank) == 0) {
     job.requested_ranks[node.spec.requested_rank] = conn;
   }
-  job.spares[static_cast<int>(state)] += node.spec.spare;
-  job.nodes.emplace(conn, std::move(node));
-  ++job.counts[static_cast<int>(state)];
+  tally(job, job.nodes.emplace(conn, std::move(node)).first->second, true);
   conn_job_[conn] = job.id;
   if (state == NodeState::Running) job.restore_holders[r.assignment.group_rank] = conn;
 }
