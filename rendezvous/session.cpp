@@ -4,7 +4,6 @@
 #include <sys/ioctl.h>
 
 #include <cerrno>
-#include <cstring>
 #include <vector>
 
 namespace ddp::rdzv {
@@ -178,8 +177,7 @@ bool Session::process_frames() {
 
 void Session::send(const Frame& frame) {
   if (phase_ == Phase::Closed) return;
-  queued_bytes_ += frame->size();
-  if (queued_bytes_ > limits_.max_queued_bytes) {
+  if (queued_bytes_ + frame->size() > limits_.max_queued_bytes) {
     close("peer does not read: more than " + std::to_string(limits_.max_queued_bytes) + " bytes queued");
     return;
   }
@@ -187,18 +185,11 @@ void Session::send(const Frame& frame) {
     // Fast path (a round broadcast to 10,000 nodes): write straight from this call; only what
     // the kernel does not take right now goes through an async write (all of it over TLS).
     boost::system::error_code ec;
-    std::size_t n = stream_->write_now(asio::buffer(*frame), ec);
-    if (ec && ec != asio::error::would_block && ec != asio::error::try_again) {
-      queued_bytes_ -= frame->size();
-      close(ec.message());
-      return;
-    }
-    if (!ec && n == frame->size()) {
-      queued_bytes_ -= frame->size();
-      return;
-    }
-    front_offset_ = ec ? 0 : n;
+    const std::size_t n = stream_->write_now(asio::buffer(*frame), ec);
+    wrote_directly(frame, ec ? -static_cast<long>(ec.value()) : static_cast<long>(n));
+    return;
   }
+  queued_bytes_ += frame->size();
   queue_.push_back(frame);
   if (ready_ && !writing_) write_next();
 }
@@ -208,10 +199,12 @@ int Session::direct_fd() {
   return direct ? stream_->socket().native_handle() : -1;
 }
 
+// What the kernel did not take is queued behind nothing; an error other than a full buffer ends
+// the session. send()'s fast path and a broadcast's writes (Server::broadcast) both end here.
 void Session::wrote_directly(const Frame& frame, long result) {
   if (result == static_cast<long>(frame->size())) return;
   if (result < 0 && result != -EAGAIN && result != -EWOULDBLOCK) {
-    close(std::strerror(static_cast<int>(-result)));
+    close(boost::system::error_code(static_cast<int>(-result), boost::system::system_category()).message());
     return;
   }
   queued_bytes_ += frame->size();
