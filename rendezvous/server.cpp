@@ -449,10 +449,11 @@ void Server::send(ConnId to, const Frame& frame) {
 }
 
 // A job-wide restart to 10,000 nodes is 10,000 sends of one frame: those that can go out at
-// once are written from several threads while this one waits (the state machine is not
-// re-entered meanwhile); the rest, and every send of a replica, go through send().
+// once go to write_to_all, which spreads a large one over threads while this one waits (the
+// state machine is not re-entered meanwhile); the rest, and every send of a replica, go through
+// send().
 void Server::broadcast(const std::vector<ConnId>& to, const Frame& frame) {
-  if (options_.write_records || options_.writer_threads < 2 || to.size() < 2 * kFanOutPerThread) {
+  if (options_.write_records) {
     for (ConnId conn : to) send(conn, frame);
     return;
   }
