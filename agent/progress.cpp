@@ -85,6 +85,7 @@ ProgressSample ProgressBoard::read(int slot) const {
   out.checkpoint_interval_ms = static_cast<int64_t>(load_u64(p + contracts::kIntervalOffset));
   out.final = load_u64(p + contracts::kFinalOffset) != 0;
   out.busy_us = load_u64(p + contracts::kBusyOffset);
+  out.checkpoint_stall_us = load_u64(p + contracts::kCheckpointStallOffset);
   for (std::size_t i = 0; i < kPhaseSize; ++i) {
     const char c = static_cast<char>(p[kPhaseOffset + i]);
     if (c == '\0') break;
@@ -102,6 +103,7 @@ void ProgressBoard::write(int slot, const ProgressSample& sample) {
   store_u64(p + contracts::kIntervalOffset, static_cast<uint64_t>(sample.checkpoint_interval_ms));
   store_u64(p + contracts::kFinalOffset, sample.final ? 1 : 0);
   store_u64(p + contracts::kBusyOffset, sample.busy_us);
+  store_u64(p + contracts::kCheckpointStallOffset, sample.checkpoint_stall_us);
   store_u64(p + contracts::kBeatsOffset, sample.beats);
 }
 
@@ -119,6 +121,8 @@ std::optional<rdzv::NodeProgress> summarize(const std::vector<ProgressSample>& s
     out->checkpoint_interval = std::max(out->checkpoint_interval, interval);
     // A worker's number again: at most what the wire takes (rdzv::kMaxTimeoutSeconds).
     const double busy = static_cast<double>(std::min<uint64_t>(s.busy_us, uint64_t{10'000'000'000'000})) / 1e6;
+    const double stall = static_cast<double>(std::min<uint64_t>(s.checkpoint_stall_us, uint64_t{10'000'000'000'000})) / 1e6;
+    out->checkpoint_stall = std::max(out->checkpoint_stall, stall);
     if (stepped && busy > 0 && busy > out->busy) {
       out->busy = busy;
       out->busy_local_rank = static_cast<int>(slot);

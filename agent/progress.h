@@ -29,6 +29,7 @@ struct ProgressSample {
   int64_t checkpoint_interval_ms = 0;  // the worker's automatic checkpoint interval; 0 = none said
   bool final = false;  // the worker asks that its failure end the job (a restart would repeat it)
   uint64_t busy_us = 0;  // the worker's busy time per step (us, a moving average); 0 = not measured
+  uint64_t checkpoint_stall_us = 0;  // its steps' standstill for checkpoints so far (us, cumulative)
 };
 
 class ProgressBoard {

@@ -307,6 +307,7 @@ rdzv::ClientEvents RemoteRendezvous::client_events() {
     joining_.reset();
     end_progress();
     round_ = a;
+    round_at_ = std::chrono::steady_clock::now();
     secret_ = client_->secret();
     reported_failure_.reset();
     reported_success_ = false;
@@ -322,16 +323,19 @@ rdzv::ClientEvents RemoteRendezvous::client_events() {
         ") at " + endpoints_[current_].text() + ", " + secs(since(lost_at_)) +
         " after losing the rendezvous; no worker was restarted");
   };
+  // The job's goodput line comes to one node of the job (group rank 0's), which says it for all.
   ev.on_job_succeeded = [this] {
     finished_ = true;
     end_progress();
     round_.reset();
+    if (!client_->goodput().empty()) log(client_->goodput());
     if (events_.on_job_succeeded) events_.on_job_succeeded();
   };
   ev.on_job_failed = [this](const rdzv::WorkerFailure& f, const std::string& summary) {
     finished_ = true;
     end_progress();
     round_.reset();
+    if (!client_->goodput().empty()) log(client_->goodput());
     if (events_.on_job_failed) events_.on_job_failed(f, summary);
   };
   ev.on_error = [this](const std::string& message) {
@@ -375,6 +379,7 @@ void RemoteRendezvous::start_client() {
     r.node = spec_;
     r.node.job_id = r.job_id;
     r.assignment = *round_;
+    r.assignment.round_age = since(round_at_);  // the server carries the job's goodput on from it
     client_->resume(std::move(r));
     if (reported_failure_) client_->report_failure(*reported_failure_);
     if (reported_success_) client_->report_success();

@@ -132,6 +132,7 @@ class RemoteRendezvous final : public RendezvousHandler {
   boost::asio::steady_timer backoff_timer_;
   std::chrono::steady_clock::time_point deadline_;  // of the connect or reconnect in progress
   std::chrono::steady_clock::time_point lost_at_{};  // when the last connection was lost
+  std::chrono::steady_clock::time_point round_at_{};  // when round_ came
   std::string lost_endpoint_;
   std::string redirected_to_;            // the leader a follower named last (logged once)
   bool redirected_ = false;              // the next attempt follows a redirect (a short slice)

@@ -22,7 +22,11 @@
 //                                      (microseconds, a moving average over its recent steps;
 //                                      0 = not measured). The daemon compares nodes by it to find a
 //                                      straggler (docs/maintenance.md, "Stragglers")
-//   offset 88: reserved, zero (room for what a worker will report next, without a new layout)
+//   offset 88: uint64 checkpoint_stall_us  the time the worker's steps stood still for its
+//                                      checkpoints since it started (microseconds, cumulative:
+//                                      a synchronous save whole, an async save's snapshot); the
+//                                      daemon's goodput account (docs/goodput.md)
+//   offset 96: reserved, zero (room for what a worker will report next, without a new layout)
 // The 64-bit fields are aligned words, stored and loaded as atomics. contracts/fixtures/
 // progress_slot.bin is one slot both the C++ and the Python tests read and write.
 // Constants only.
@@ -43,6 +47,7 @@ constexpr std::size_t kAbandonedOffset = 56;
 constexpr std::size_t kIntervalOffset = 64;
 constexpr std::size_t kFinalOffset = 72;
 constexpr std::size_t kBusyOffset = 80;
+constexpr std::size_t kCheckpointStallOffset = 88;
 
 // The word index of a 64-bit field, for a writer that sees the slot as an array of words.
 constexpr std::size_t word(std::size_t offset) { return offset / 8; }
@@ -53,11 +58,12 @@ constexpr std::uint64_t kDoneBeats = ~std::uint64_t{0};
 
 static_assert(kPhaseOffset == kCheckpointOffset + 8 && kAbandonedOffset == kPhaseOffset + kPhaseSize &&
                   kIntervalOffset == kAbandonedOffset + 8 && kFinalOffset == kIntervalOffset + 8 &&
-                  kBusyOffset == kFinalOffset + 8 && kBusyOffset + 8 <= kSlotSize,
+                  kBusyOffset == kFinalOffset + 8 && kCheckpointStallOffset == kBusyOffset + 8 &&
+                  kCheckpointStallOffset + 8 <= kSlotSize,
               "the slot's fields follow each other without a gap");
 static_assert(kBeatsOffset % 8 == 0 && kStepOffset % 8 == 0 && kCheckpointOffset % 8 == 0 &&
                   kAbandonedOffset % 8 == 0 && kIntervalOffset % 8 == 0 && kFinalOffset % 8 == 0 &&
-                  kBusyOffset % 8 == 0,
+                  kBusyOffset % 8 == 0 && kCheckpointStallOffset % 8 == 0,
               "the 64-bit fields are aligned words");
 
 }  // namespace ddp::contracts

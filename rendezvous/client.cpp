@@ -254,11 +254,13 @@ void Client::handle(Message& m) {
       return;
     case MessageType::job_succeeded:
       finished_ = true;
+      goodput_ = std::get<JobSucceeded>(m.body).goodput;
       if (events_.on_job_succeeded) events_.on_job_succeeded();
       return;
     case MessageType::job_failed: {
       finished_ = true;
       const JobFailed& f = std::get<JobFailed>(m.body);
+      goodput_ = f.goodput;
       if (events_.on_job_failed) events_.on_job_failed(f.failure, f.summary);
       return;
     }

@@ -98,6 +98,9 @@ class Client : public std::enable_shared_from_this<Client> {
   void resume(ResumeRequest request);
   // The per-node secret the server sent with the last round ("" before any round).
   const std::string& secret() const { return secret_; }
+  // The job's goodput line the server sent with its verdict (to group rank 0's node only); empty
+  // when none came.
+  const std::string& goodput() const { return goodput_; }
   // Before the server's welcome these are queued and sent after the resume or join.
   void report_failure(const WorkerFailure& failure);
   void report_success();
@@ -168,6 +171,7 @@ class Client : public std::enable_shared_from_this<Client> {
   std::optional<ResumeRequest> pending_resume_;
   std::vector<Message> pending_reports_;  // failure/success said before the welcome
   std::string secret_;
+  std::string goodput_;  // the verdict's goodput line (goodput())
   bool connect_timed_out_ = false;   // the connect deadline cut the attempt in flight short
   std::string last_connect_error_;
   std::string resolve_error_;

@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "rendezvous/goodput.h"
 #include "rendezvous/json_fields.h"
 #include "rendezvous/protocol.h"
 #include "rendezvous/resume.h"
@@ -117,6 +118,7 @@ std::string encode_record(const JobRecord& r) {
             {"summary", r.summary.substr(0, kMaxRecordSummaryBytes)}};
   for (std::size_t i = 0; i < r.failures.size() && i < kMaxRecordFailures; ++i) j["failures"].push_back(r.failures[i]);
   if (r.fatal) j["fatal"] = *r.fatal;
+  if (!r.goodput.empty()) j["goodput"] = r.goodput;
   if (r.state == JobRecord::State::running) {
     json members = json::array();
     for (const RecordMember& m : r.members) {
@@ -180,6 +182,10 @@ std::variant<JobRecord, std::string> decode_record(std::string_view input) {
     for (const json& f : failures) r.failures.push_back(failure(f));
     if (auto it = j.find("fatal"); it != j.end()) r.fatal = failure(*it);
     r.summary = text(j, "summary", true, kMaxRecordSummaryBytes);
+    if (auto g = j.find("goodput"); g != j.end()) {  // absent from a record that predates it
+      if (!GoodputTotals::from_array(*g)) throw Bad{"\"goodput\" must be an array of non-negative numbers"};
+      r.goodput = g->get<std::vector<double>>();
+    }
     if (r.failing && r.failures.empty() && !r.fatal) throw Bad{"a failing job without any failure"};
     if (r.state == JobRecord::State::running) {
       if (r.generation == 0) throw Bad{"a running job with generation 0"};

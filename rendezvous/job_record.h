@@ -54,6 +54,8 @@ struct JobRecord {
   std::string master_addr;
   int master_port = 0;
   std::vector<RecordMember> members;
+  // The job's goodput account when the record was written (GoodputTotals::to_array; empty = none).
+  std::vector<double> goodput;
 };
 
 // One etcd transaction of a replicated leader: the records of every job that changed since the

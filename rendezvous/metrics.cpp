@@ -97,6 +97,21 @@ std::string DaemonMetrics::render(const Gauges& g, std::size_t connections) cons
                                "others' median for --straggler_window)")
                          .Register(now);
   for (const auto& [job, n] : g.stragglers) stragglers.Add({{"job", job}}).Set(static_cast<double>(n));
+  // Gauges, not counters: a restart moves training already counted productive to lost.
+  auto& spent = prometheus::BuildGauge()
+                    .Name("ddp_rendezvous_goodput_seconds")
+                    .Help("Per job: its wall time so far by category (docs/goodput.md); the categories add up to it")
+                    .Register(now);
+  auto& ratio = prometheus::BuildGauge()
+                    .Name("ddp_rendezvous_goodput_ratio")
+                    .Help("Per job: productive time as a share of its wall time (0-1)")
+                    .Register(now);
+  for (const auto& [job, totals] : g.goodput) {
+    for (int i = 0; i < kSpentCount; ++i) {
+      spent.Add({{"job", job}, {"category", spent_name(static_cast<Spent>(i))}}).Set(totals.seconds[i]);
+    }
+    ratio.Add({{"job", job}}).Set(totals.percent() / 100.0);
+  }
   auto& conns = prometheus::BuildGauge()
                     .Name("ddp_rendezvous_connections")
                     .Help("Open client connections (agents and status queries)")

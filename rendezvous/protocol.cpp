@@ -1,6 +1,7 @@
 #include "rendezvous/protocol.h"
 
 #include "rendezvous/endpoint.h"
+#include "rendezvous/goodput.h"
 
 #include <algorithm>
 #include <cctype>
@@ -286,6 +287,13 @@ std::optional<std::string> read_assignment(const json& j, Assignment& a) {
   f.integer("restart_count", a.restart_count, 0, kMaxRestarts);
   f.integer("max_restarts", a.max_restarts, 0, kMaxRestarts);
   f.string("secret", a.secret, kMaxNonceBytes);
+  if (auto g = j.find("goodput"); g != j.end() && !f.error()) {
+    if (GoodputTotals::from_array(*g)) {
+      a.goodput = g->get<std::vector<double>>();
+    } else {
+      f.fail("goodput must be an array of " + std::to_string(GoodputTotals::kArraySize) + " non-negative numbers");
+    }
+  }
   if (!f.error()) {
     if (a.group_rank >= a.group_world_size) f.fail("group_rank must be below group_world_size");
     if (static_cast<long long>(a.rank_offset) >= a.world_size) f.fail("rank_offset must be below world_size");
@@ -352,11 +360,12 @@ std::optional<std::string> decode_connection_body(MessageType type, const json& 
       Fields f(j, "heartbeat");
       Heartbeat h;
       if (j.contains("step") || j.contains("checkpoint_step") || j.contains("checkpoint_interval") ||
-          j.contains("busy")) {
+          j.contains("busy") || j.contains("checkpoint_stall")) {
         NodeProgress p;
         f.integer("step", p.step, -1, kMaxReportedStep);
         f.integer("checkpoint_step", p.checkpoint_step, -1, kMaxReportedStep);
         f.number("checkpoint_interval", p.checkpoint_interval, 0, kMaxTimeoutSeconds);
+        f.number("checkpoint_stall", p.checkpoint_stall, 0, kMaxTimeoutSeconds);
         if (j.contains("busy") && f.require("busy_rank")) {
           f.number("busy", p.busy, 0, kMaxTimeoutSeconds);
           f.integer("busy_rank", p.busy_local_rank, 0, kMaxLocalWorldSize - 1);
@@ -459,6 +468,7 @@ std::optional<std::string> decode_round_body(MessageType type, const json& j, Me
       Fields f(j, "job_succeeded");
       JobSucceeded s;
       f.string("job_id", s.job_id, kMaxIdBytes);
+      if (j.contains("goodput")) f.string("goodput", s.goodput, kMaxReasonBytes, true);
       m.body = std::move(s);
       return f.error();
     }
@@ -469,6 +479,7 @@ std::optional<std::string> decode_round_body(MessageType type, const json& j, Me
         if (auto err = read_failure(*failure, jf.failure)) return err;
       }
       f.string("summary", jf.summary, kMaxReasonBytes, true);
+      if (j.contains("goodput")) f.string("goodput", jf.goodput, kMaxReasonBytes, true);
       m.body = std::move(jf);
       return f.error();
     }

@@ -178,12 +178,17 @@ struct Restart {
   // finish their step (docs/worker-sdk.md, "An abandoned round"). Absent on the wire: false.
   bool failure = false;
 };
+// job_succeeded and job_failed carry the job's goodput line ("goodput 97.4% of ...",
+// docs/goodput.md) to the node of group rank 0 only, which prints it for the whole job; absent
+// (empty) for the others and from servers that predate it.
 struct JobSucceeded {
   std::string job_id;
+  std::string goodput;
 };
 struct JobFailed {
   WorkerFailure failure;
   std::string summary;
+  std::string goodput;
 };
 struct StatusReply {
   nlohmann::json status;
@@ -295,8 +300,8 @@ Message make_error(const std::string& code, const std::string& message);
 Message make_round(const Assignment& assignment);
 Message make_restart(const std::string& reason, bool counted, int restart_count, int max_restarts,
                      bool failing = false, bool failure = false);
-Message make_job_succeeded(const std::string& job_id);
-Message make_job_failed(const WorkerFailure& first_failure, const std::string& summary);
+Message make_job_succeeded(const std::string& job_id, const std::string& goodput = "");
+Message make_job_failed(const WorkerFailure& first_failure, const std::string& summary, const std::string& goodput = "");
 Message make_heartbeat_ack();
 Message make_status_reply(nlohmann::json status);
 Message make_waiting(const Waiting& waiting);

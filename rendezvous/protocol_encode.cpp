@@ -88,9 +88,32 @@ void add_progress_fields(const NodeProgress& p, json& j) {
   j["step"] = p.step;
   j["checkpoint_step"] = p.checkpoint_step;
   j["checkpoint_interval"] = p.checkpoint_interval;
+  if (p.checkpoint_stall > 0) j["checkpoint_stall"] = p.checkpoint_stall;
   if (p.busy_local_rank >= 0) {
     j["busy"] = p.busy;
     j["busy_rank"] = p.busy_local_rank;
+  }
+}
+
+// What ends a round or a job: restart, job_succeeded, job_failed.
+void add_verdict_fields(const Message& m, json& j) {
+  if (m.type == MessageType::restart) {
+    const auto& r = std::get<Restart>(m.body);
+    j["reason"] = r.reason;
+    j["counted"] = r.counted;
+    if (r.failing) j["failing"] = true;  // absent: false (older agents ignore it)
+    if (r.failure) j["failure"] = true;  // the same
+    j["restart_count"] = r.restart_count;
+    j["max_restarts"] = r.max_restarts;
+  } else if (m.type == MessageType::job_succeeded) {
+    const auto& s = std::get<JobSucceeded>(m.body);
+    j["job_id"] = s.job_id;
+    if (!s.goodput.empty()) j["goodput"] = s.goodput;  // to one node of the job only
+  } else {
+    const auto& f = std::get<JobFailed>(m.body);
+    j["failure"] = f.failure;
+    j["summary"] = f.summary;
+    if (!f.goodput.empty()) j["goodput"] = f.goodput;
   }
 }
 
@@ -129,25 +152,11 @@ json to_json(const Message& m) {
     case MessageType::round:
       j["assignment"] = std::get<Assignment>(m.body);
       break;
-    case MessageType::restart: {
-      const auto& r = std::get<Restart>(m.body);
-      j["reason"] = r.reason;
-      j["counted"] = r.counted;
-      if (r.failing) j["failing"] = true;  // absent: false (older agents ignore it)
-      if (r.failure) j["failure"] = true;  // the same
-      j["restart_count"] = r.restart_count;
-      j["max_restarts"] = r.max_restarts;
-      break;
-    }
+    case MessageType::restart:
     case MessageType::job_succeeded:
-      j["job_id"] = std::get<JobSucceeded>(m.body).job_id;
+    case MessageType::job_failed:
+      add_verdict_fields(m, j);
       break;
-    case MessageType::job_failed: {
-      const auto& f = std::get<JobFailed>(m.body);
-      j["failure"] = f.failure;
-      j["summary"] = f.summary;
-      break;
-    }
     case MessageType::status_reply:
       j["status"] = std::get<StatusReply>(m.body).status;
       break;

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "rendezvous/goodput.h"
 #include "rendezvous/json_fields.h"
 #include "rendezvous/protocol.h"
 
@@ -80,6 +81,20 @@ Assignment decode_assignment(const json& j, const NodeSpec& node) {
   a.master_port = static_cast<int>(integer(j, "master_port", 0, 65535));
   a.max_restarts = static_cast<int>(integer(j, "max_restarts", node.max_restarts, node.max_restarts));
   a.restart_count = static_cast<int>(integer(j, "restart_count", 0, a.max_restarts));
+  if (auto g = j.find("goodput"); g != j.end()) {
+    if (!GoodputTotals::from_array(*g)) {
+      throw Bad{"\"goodput\" must be an array of " + std::to_string(GoodputTotals::kArraySize) + " non-negative numbers"};
+    }
+    a.goodput = g->get<std::vector<double>>();
+  }
+  if (auto age = j.find("round_age"); age != j.end()) {
+    if (!age->is_number() || !std::isfinite(age->get<double>()) || age->get<double>() < 0 ||
+        age->get<double>() > kMaxResumeSeconds) {
+      throw Bad{"\"round_age\" must be a finite number of seconds in [0, " +
+                std::to_string(static_cast<long long>(kMaxResumeSeconds)) + "]"};
+    }
+    a.round_age = age->get<double>();
+  }
   return a;
 }
 

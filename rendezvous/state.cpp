@@ -125,40 +125,6 @@ void StateMachine::prune_finished(double now) {
   while (!finished_.empty() && finished_.front().forgotten_at <= now) finished_.pop_front();
 }
 
-void StateMachine::emit(const Job& job, const char* type, const std::string& cause, const std::string& node,
-                        std::vector<int> ranks, nlohmann::json fields, const std::string& message) {
-  metrics::Event e;
-  e.type = type;
-  e.job = job.id;
-  e.node = node;
-  e.generation = job.generation;
-  e.ranks = std::move(ranks);
-  e.cause = cause;
-  e.message = message;
-  e.fields = std::move(fields);
-  out_.event(e);
-}
-
-void StateMachine::job_ended(Job& job, const std::string& summary) {
-  job.ended_at = clock_.now();
-  job.end_summary = summary;
-  // What is kept of its nodes once they are gone: the first kKeptNodeRows by group rank, without
-  // fingerprints, so that 256 kept jobs of 10,000 nodes stay a few MB (docs/rendezvous.md).
-  nlohmann::json status = job_status(job, job.ended_at);
-  nlohmann::json& rows = status["nodes"];
-  job.end_env = std::move(status["env"]);  // the verdict on the nodes it ended with
-  job.end_nodes = nlohmann::json::array();
-  for (auto& n : rows) {
-    if (job.end_nodes.size() == kKeptNodeRows) break;
-    n.erase("fingerprint");
-    n["last_heartbeat_age"] = nullptr;  // no heartbeats after the end
-    job.end_nodes.push_back(std::move(n));
-  }
-  job.end_nodes_omitted = rows.size() - job.end_nodes.size();
-  emit(job, "job_end", job.state == JobState::Succeeded ? "succeeded" : "failed", "", {},
-       {{"restarts_used", job.restarts_used}, {"max_restarts", job.max_restarts}}, summary);
-}
-
 // The job's policy is set by its first node; every other node must ask for the same, instead of
 // the first joiner silently winning. heartbeat_interval and shutdown_timeout are each agent's own.
 std::optional<std::string> StateMachine::policy_mismatch(const Job& job, const NodeSpec& spec) const {
@@ -257,6 +223,7 @@ StateMachine::Job& StateMachine::job_for(const NodeSpec& spec, double now) {
   job.timeouts = spec.timeouts;
   job.straggler = spec.straggler;
   job.gather_since = now;
+  job.goodput = GoodputAccount(now, spec.timeouts.heartbeat_interval);
   out_.log("job " + job.id + ": created (nnodes " + std::to_string(job.min_nodes) + ":" +
            std::to_string(job.max_nodes) + ", max_restarts " + std::to_string(job.max_restarts) + ")");
   return job;
@@ -346,6 +313,7 @@ void StateMachine::admit_newcomers(Job& job, const std::string& reason) {
 void StateMachine::end_round(Job& job, const std::string& reason, bool counted, const std::string& cause) {
   if (counted) ++job.restarts_used;
   changed(job);
+  job.goodput.round_ended(clock_.now());
   const std::string why = !cause.empty() ? cause : counted ? "worker_failure" : "membership";
   if (!job.restart_since && (why == "worker_failure" || why == "node_lost" || why == "node_left" ||
                              why == "drain" || why == "straggler")) {
@@ -382,6 +350,9 @@ void StateMachine::maybe_complete(Job& job) {
   const std::size_t waiting = eligible(job);
   const auto min = static_cast<std::size_t>(job.min_nodes);
   const auto max = static_cast<std::size_t>(job.max_nodes);
+  // Nodes still stopping their workers come back: until then the job recovers, and it waits for
+  // nodes only when even they would not make MIN (or it never ran).
+  job.goodput.between_rounds(clock_.now(), job.generation == 0 || waiting + count(job, NodeState::Rejoining) < min);
   if (waiting >= max) {
     complete_round(job);
     return;
@@ -476,6 +447,7 @@ Assignment StateMachine::send_round(Job& job, const std::vector<std::pair<ConnId
   a.master_port = by_rank[0].second->spec.master_port;
   a.restart_count = job.restarts_used;
   a.max_restarts = job.max_restarts;
+  a.goodput = job.goodput.totals(clock_.now()).to_array();  // a rebuilt server carries it on
   job.straggler_unreplaced_said = false;
   int offset = 0;
   for (std::size_t r = 0; r < by_rank.size(); ++r) {
@@ -519,6 +491,12 @@ void StateMachine::complete_round(Job& job) {
   job.round_succeeded = 0;
   {
     const double now = clock_.now();
+    job.goodput.round_formed(now, n, static_cast<std::size_t>(job.max_nodes));
+    for (const auto& member : members) {
+      Node& node = *member.second;
+      node.stale_step = node.progress ? node.progress->step : -1;
+      node.fresh_step = false;
+    }
     nlohmann::json fields = {{"nodes", n}, {"world_size", a.world_size}, {"formation_seconds", now - job.gather_since},
                              {"restarts_used", job.restarts_used}, {"master", a.master_addr + ":" + std::to_string(a.master_port)}};
     if (job.restart_since) fields["failure_to_restart_seconds"] = now - *job.restart_since;
@@ -627,9 +605,11 @@ void StateMachine::finish_failing(Job& job) {
 }
 
 void StateMachine::fail_job(Job& job, const WorkerFailure& failure, const std::string& summary) {
+  job.goodput.ended(clock_.now());
   Frame frame = encode(make_job_failed(failure, summary));
+  const ConnId speaker = summary_node(job);
   for (auto& [conn, node] : job.nodes) {
-    out_.send(conn, frame);
+    out_.send(conn, conn == speaker ? encode(make_job_failed(failure, summary, goodput_line(job))) : frame);
     set_state(job, node, NodeState::Finished);
   }
   job.state = JobState::Failed;
@@ -655,9 +635,11 @@ void StateMachine::report_success(ConnId conn) {
   out_.log("job " + job->id + ": success on " + describe(node) + " (" + std::to_string(job->round_succeeded) + "/" +
            std::to_string(job->round_size) + ")");
   if (job->round_succeeded < job->round_size) return;
+  job->goodput.ended(clock_.now());
   Frame frame = encode(make_job_succeeded(job->id));
+  const ConnId speaker = summary_node(*job);
   for (auto& [c, n] : job->nodes) {
-    out_.send(c, frame);
+    out_.send(c, c == speaker ? encode(make_job_succeeded(job->id, goodput_line(*job))) : frame);
     set_state(*job, n, NodeState::Finished);
   }
   job->state = JobState::Succeeded;

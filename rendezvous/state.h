@@ -59,6 +59,7 @@
 
 #include "metrics/event.h"
 #include "rendezvous/clock.h"
+#include "rendezvous/goodput.h"
 #include "rendezvous/job_record.h"
 #include "rendezvous/protocol.h"
 #include "rendezvous/resume.h"
@@ -107,6 +108,7 @@ struct Gauges {
   std::map<std::string, double> oldest_heartbeat_age;  // per live job: the silence of its most silent node (s)
   std::map<std::string, std::size_t> spares;  // per live job: nodes waiting beside its running round
   std::map<std::string, std::size_t> stragglers;  // per live job: nodes named stragglers
+  std::map<std::string, GoodputTotals> goodput;  // per live job: where its wall time went
   std::size_t finished_jobs_kept = 0;
 };
 
@@ -263,6 +265,10 @@ class StateMachine {
     bool straggler = false;
     double busy_ratio = 0;
     double busy_median = 0;
+    // The step its heartbeats carried when its round formed: a report of it is the last
+    // round's, sent before the node heard of this one (goodput counts fresh steps only).
+    std::int64_t stale_step = -1;
+    bool fresh_step = false;
   };
 
   struct Job {
@@ -339,6 +345,9 @@ class StateMachine {
     int round_world_size = 0;
     std::string round_master_addr;
     int round_master_port = 0;
+    // Where its wall time went (goodput.h), told by the state machine as the job goes.
+    GoodputAccount goodput{0.0, 1.0};
+    bool goodput_adopted = false;  // carried on from a resume (a server rebuilt from them)
     bool loaded = false;    // loaded from etcd by this replica when it became the leader
     double hold_until = 0;  // a loaded job with no node is not forgotten before this
   };
@@ -408,6 +417,8 @@ class StateMachine {
   void erase_if_empty(const std::string& job_id);
   bool report_pending_failure(Job& job, const WorkerFailure& failure);
   void restore_job(ConnId conn, const ResumeRequest& r);
+  // Carries the job's goodput account on from a resume of its round (once per job).
+  void adopt_goodput(Job& job, const ResumeRequest& r);
   void resume_restoring(Job& job, ConnId conn, const ResumeRequest& r);
   void resume_live(Job& job, ConnId conn, const ResumeRequest& r);
   void add_resumed(Job& job, ConnId conn, const ResumeRequest& r, NodeState state);
@@ -419,6 +430,12 @@ class StateMachine {
   static int group_rank_of(const Job& job, int rank);
   nlohmann::json job_status(const Job& job, double now) const;
   void job_ended(Job& job, const std::string& summary);
+  // The node that says the job's goodput line for all (its lowest group rank; state_status.cpp),
+  // and the line: "job J: goodput 97.4% of ...".
+  static ConnId summary_node(const Job& job);
+  static std::string goodput_line(const Job& job) {
+    return "job " + job.id + ": " + job.goodput.totals(job.ended_at).summary();
+  }
   void emit(const Job& job, const char* type, const std::string& cause, const std::string& node = "",
             std::vector<int> ranks = {}, nlohmann::json fields = nlohmann::json::object(),
             const std::string& message = "");

@@ -62,6 +62,7 @@ std::optional<JobRecord> StateMachine::record(const std::string& job_id) const {
   }
   r.fatal = job.fatal;
   r.summary = job.end_summary;
+  r.goodput = job.goodput.totals(clock_.now()).to_array();
   switch (job.state) {
     case JobState::Gathering: r.state = JobRecord::State::gathering; break;
     case JobState::Succeeded: r.state = JobRecord::State::succeeded; break;
@@ -107,6 +108,14 @@ bool StateMachine::load(const JobRecord& r) {
   job.loaded = true;
   job.hold_until = now + kLoadedHoldSeconds;
   job.gather_since = now;
+  // The account as the record left it; a running round's resumes carry it on from the round's
+  // start (adopt_goodput). The time between the record's write and this load is not known.
+  job.goodput = GoodputAccount(now, job.timeouts.heartbeat_interval);
+  if (auto totals = GoodputTotals::from_array(r.goodput)) {
+    job.goodput.restore(now, *totals, r.state == JobRecord::State::running, static_cast<std::size_t>(r.group_world_size),
+                        static_cast<std::size_t>(r.max_nodes));
+    if (r.state == JobRecord::State::succeeded || r.state == JobRecord::State::failed) job.goodput.ended(now);
+  }
   switch (r.state) {
     case JobRecord::State::gathering: job.state = JobState::Gathering; break;
     case JobRecord::State::succeeded: job.state = JobState::Succeeded; job.ended_at = now; break;

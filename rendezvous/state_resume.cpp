@@ -60,6 +60,18 @@ void StateMachine::resume(ConnId conn, const ResumeRequest& r) {
 }
 
 // A job nobody here knows: the first resume defines it, with its policy and its round.
+void StateMachine::adopt_goodput(Job& job, const ResumeRequest& r) {
+  const Assignment& a = r.assignment;
+  if (job.goodput_adopted || a.generation != job.generation) return;
+  auto totals = GoodputTotals::from_array(a.goodput);
+  if (!totals) return;
+  // The account when the round formed, and the round's time since as training: the old server's
+  // finer split of it (start-up, checkpoint stalls) went with it.
+  job.goodput.restore(clock_.now() - a.round_age, *totals, true, static_cast<std::size_t>(a.group_world_size),
+                      static_cast<std::size_t>(job.max_nodes));
+  job.goodput_adopted = true;
+}
+
 void StateMachine::restore_job(ConnId conn, const ResumeRequest& r) {
   const double now = clock_.now();
   Job& job = jobs_[r.job_id];
@@ -78,6 +90,8 @@ void StateMachine::restore_job(ConnId conn, const ResumeRequest& r) {
   job.rebuilt_at = now;
   job.restore_deadline = now + job.timeouts.heartbeat_timeout;
   job.gather_since = now;
+  job.goodput = GoodputAccount(now, job.timeouts.heartbeat_interval);
+  adopt_goodput(job, r);
   out_.log("job " + job.id + ": rebuilt from the resume of " + who(r) + " (restarts " +
            std::to_string(job.restarts_used) + "/" + std::to_string(job.max_restarts) + "); waiting up to " +
            seconds_text(job.timeouts.heartbeat_timeout) + " for the other " +
@@ -105,6 +119,7 @@ void StateMachine::resume_restoring(Job& job, ConnId conn, const ResumeRequest& 
   // The restart count is the highest any node saw: a restart the old server counted stays
   // counted even when the node that heard of it comes back last.
   job.restarts_used = std::max(job.restarts_used, a.restart_count);
+  adopt_goodput(job, r);
   if (a.generation > job.generation) {
     // A newer round than the nodes so far resumed: it wins; their older round is over.
     out_.log("job " + job.id + ": " + who(r) + " ran a newer round than generation " +

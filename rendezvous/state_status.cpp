@@ -1,6 +1,7 @@
 // What the state machine shows and how it compares nodes' environments: the status of jobs
-// (status(), gauges()), what nodes' heartbeats tell it (touch(), progress()), and the environment
-// check as a RoundCheck. Pure, like state.cpp.
+// (status(), gauges(), what is kept of a job when it ends, with its goodput account, and its
+// events), what nodes' heartbeats tell it (touch(), progress()), and the environment check as a
+// RoundCheck. Pure, like state.cpp.
 #include "rendezvous/state.h"
 
 #include <algorithm>
@@ -119,8 +120,15 @@ void StateMachine::progress(ConnId conn, const NodeProgress& progress) {
   if (!job) return;
   auto it = job->nodes.find(conn);
   if (it == job->nodes.end()) return;
-  it->second.progress = progress;
-  if (progress.busy_local_rank >= it->second.spec.local_world_size) it->second.progress->busy_local_rank = -1;
+  Node& node = it->second;
+  node.progress = progress;
+  if (progress.busy_local_rank >= node.spec.local_world_size) node.progress->busy_local_rank = -1;
+  // The goodput account takes the steps of the round that runs, not a report of the last one.
+  if (job->state == JobState::Running && node.state == NodeState::Running && progress.step >= 0 &&
+      (node.fresh_step || progress.step != node.stale_step)) {
+    node.fresh_step = true;
+    job->goodput.step(clock_.now(), progress.step, progress.checkpoint_stall);
+  }
   judge_stragglers(*job, clock_.now());
 }
 
@@ -194,6 +202,7 @@ nlohmann::json StateMachine::job_status(const Job& job, double now) const {
                     {"min_nodes", job.min_nodes},
                     {"max_nodes", job.max_nodes},
                     {"restarts_used", job.restarts_used},
+                    {"goodput", job.goodput.totals(now).to_json()},
                     {"max_restarts", job.max_restarts},
                     {"straggler_policy", job.straggler},
                     {"stragglers", std::move(stragglers)},
@@ -201,6 +210,58 @@ nlohmann::json StateMachine::job_status(const Job& job, double now) const {
                     {"rebuilt_seconds_ago", job.rebuilt_at ? nlohmann::json(now - *job.rebuilt_at) : nlohmann::json()},
                     {"nodes", std::move(nodes)}};
   }
+}
+
+void StateMachine::emit(const Job& job, const char* type, const std::string& cause, const std::string& node,
+                        std::vector<int> ranks, nlohmann::json fields, const std::string& message) {
+  metrics::Event e;
+  e.type = type;
+  e.job = job.id;
+  e.node = node;
+  e.generation = job.generation;
+  e.ranks = std::move(ranks);
+  e.cause = cause;
+  e.message = message;
+  e.fields = std::move(fields);
+  out_.event(e);
+}
+
+void StateMachine::job_ended(Job& job, const std::string& summary) {
+  job.ended_at = clock_.now();
+  job.goodput.ended(job.ended_at);
+  job.end_summary = summary;
+  // What is kept of its nodes once they are gone: the first kKeptNodeRows by group rank, without
+  // fingerprints, so that 256 kept jobs of 10,000 nodes stay a few MB (docs/rendezvous.md).
+  nlohmann::json status = job_status(job, job.ended_at);
+  nlohmann::json& rows = status["nodes"];
+  job.end_env = std::move(status["env"]);  // the verdict on the nodes it ended with
+  job.end_nodes = nlohmann::json::array();
+  for (auto& n : rows) {
+    if (job.end_nodes.size() == kKeptNodeRows) break;
+    n.erase("fingerprint");
+    n["last_heartbeat_age"] = nullptr;  // no heartbeats after the end
+    job.end_nodes.push_back(std::move(n));
+  }
+  job.end_nodes_omitted = rows.size() - job.end_nodes.size();
+  const GoodputTotals goodput = job.goodput.totals(job.ended_at);
+  out_.log(goodput_line(job));
+  emit(job, "job_end", job.state == JobState::Succeeded ? "succeeded" : "failed", "", {},
+       {{"restarts_used", job.restarts_used}, {"max_restarts", job.max_restarts}, {"goodput", goodput.to_json()}},
+       summary);
+}
+
+ConnId StateMachine::summary_node(const Job& job) {
+  ConnId best = 0;
+  int best_rank = -1;
+  for (const auto& [conn, node] : job.nodes) {
+    const bool better = best == 0 || (node.group_rank >= 0 && (best_rank < 0 || node.group_rank < best_rank)) ||
+                        (node.group_rank == best_rank && conn < best);
+    if (better) {
+      best = conn;
+      best_rank = node.group_rank;
+    }
+  }
+  return best;
 }
 
 nlohmann::json StateMachine::status() const {
@@ -246,6 +307,7 @@ Gauges StateMachine::gauges() const {
     g.oldest_heartbeat_age[id] = oldest;
     g.spares[id] = spares;
     g.stragglers[id] = stragglers;
+    g.goodput[id] = job.goodput.totals(now);
   }
   for (const auto& f : finished_) {
     if (f.forgotten_at > now) ++g.finished_jobs_kept;

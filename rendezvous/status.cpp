@@ -17,6 +17,7 @@
 
 #include "rendezvous/auth.h"
 #include "rendezvous/client.h"
+#include "rendezvous/goodput.h"
 #include "rendezvous/protocol.h"
 
 namespace ddp::rdzv {
@@ -283,6 +284,14 @@ void write_stragglers(std::ostream& os, const nlohmann::json& job, const char* i
   }
 }
 
+// "goodput 97.4% of 5m 2s: 12.1 s lost to 3 restarts, ..." (docs/goodput.md), when the daemon
+// keeps the job's account.
+void write_goodput(std::ostream& os, const nlohmann::json& job, const char* indent) {
+  auto it = job.find("goodput");
+  if (it == job.end()) return;
+  if (auto totals = GoodputTotals::from_json(*it)) os << indent << totals->summary() << "\n";
+}
+
 // A node's state as the tables show it: a node waiting beside a running round is a spare.
 std::string node_state(const nlohmann::json& n) {
   auto spare = n.find("spare");
@@ -346,6 +355,7 @@ std::string format_watch(const nlohmann::json& status, const std::string& header
       os << "    checkpoints every " << interval_text(job.at("checkpoint_interval").get<double>())
          << " (the workers' automatic cadence)\n";
     }
+    write_goodput(os, job, "    ");
     write_stragglers(os, job, "    ");
     std::snprintf(line, sizeof line, "    %-5s %-24s %-10s %-11s %-10s %s\n", "RANK", "HOST", "STATE", "HEARTBEAT",
                   "LAST STEP", "CHECKPOINT");
@@ -460,6 +470,7 @@ std::string format_status(const nlohmann::json& status) {
       os << "  checkpoints every " << interval_text(job.at("checkpoint_interval").get<double>())
          << " (the workers' automatic cadence)\n";
     }
+    write_goodput(os, job, "  ");
     write_stragglers(os, job, "  ");
     std::snprintf(line, sizeof line, "  %-10s %-24s %-40s %-7s %-10s %-14s %-10s %s\n", "group_rank", "host", "address",
                   "workers", "state", "last_heartbeat", "last_step", "checkpoint");

@@ -89,6 +89,8 @@ void to_json(nlohmann::json& j, const Assignment& v) {
        {"restart_count", v.restart_count},
        {"max_restarts", v.max_restarts}};
   if (!v.secret.empty()) j["secret"] = v.secret;
+  if (!v.goodput.empty()) j["goodput"] = v.goodput;
+  if (v.round_age > 0) j["round_age"] = v.round_age;
 }
 
 void from_json(const nlohmann::json& j, Assignment& v) {
@@ -102,6 +104,8 @@ void from_json(const nlohmann::json& j, Assignment& v) {
   read_opt(j, "restart_count", v.restart_count);
   read_opt(j, "max_restarts", v.max_restarts);
   read_opt(j, "secret", v.secret);
+  read_opt(j, "goodput", v.goodput);
+  read_opt(j, "round_age", v.round_age);
 }
 
 void to_json(nlohmann::json& j, const WorkerFailure& v) {

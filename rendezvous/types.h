@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -77,6 +78,11 @@ struct Assignment {
   // The per-node secret the server issues with a round (hex); the node proves itself with it in
   // a resume. Sent in the round message to its node only; empty from LocalRendezvous.
   std::string secret;
+  // The job's goodput account when the round formed (GoodputTotals::to_array: wall, the
+  // categories, restarts; empty = none), and, in a resume only, the seconds since the node got
+  // the round: a server rebuilt from the resumes carries the account on from them.
+  std::vector<double> goodput;
+  double round_age = 0;
 };
 
 // The first failure of a job, as reported by the agent whose worker failed.
@@ -116,7 +122,8 @@ void from_json(const nlohmann::json& j, WorkerFailure& v);
 // What a node's workers reported on their progress slots (contracts/progress_slot.h), carried by
 // its agent's heartbeats for `status` to show. Optional fields on the wire: "step",
 // "checkpoint_step" (integers, -1 = none), "checkpoint_interval" (seconds, 0 = none), "busy"
-// (seconds) and "busy_rank" (a local rank; both absent when no worker measured its busy time).
+// (seconds) and "busy_rank" (a local rank; both absent when no worker measured its busy time),
+// "checkpoint_stall" (seconds; absent when 0).
 inline constexpr std::int64_t kMaxReportedStep = std::int64_t{1} << 62;  // a step or checkpoint on the wire
 struct NodeProgress {
   std::int64_t step = -1;             // the highest step a local worker reported this round
@@ -126,9 +133,12 @@ struct NodeProgress {
   // that rank's local rank; -1 = no worker measured it.
   double busy = 0;
   int busy_local_rank = -1;
+  // How long its workers' steps stood still for checkpoints since they started (s; the most of any
+  // local worker): the goodput account's checkpoint stalls.
+  double checkpoint_stall = 0;
   bool operator==(const NodeProgress& o) const {
     return step == o.step && checkpoint_step == o.checkpoint_step && checkpoint_interval == o.checkpoint_interval &&
-           busy == o.busy && busy_local_rank == o.busy_local_rank;
+           busy == o.busy && busy_local_rank == o.busy_local_rank && checkpoint_stall == o.checkpoint_stall;
   }
 };
 

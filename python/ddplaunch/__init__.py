@@ -52,6 +52,7 @@ _ABANDONED_OFFSET = 56
 _INTERVAL_OFFSET = 64  # checkpoint_interval_ms
 _FINAL_OFFSET = 72
 _BUSY_OFFSET = 80      # busy_us: busy time per step (python/ddplaunch_autostart.py measures it)
+_STALL_OFFSET = 88     # checkpoint_stall_us: the steps' standstill for checkpoints so far (save())
 _DONE_BEATS = 0xFFFFFFFFFFFFFFFF  # the worker finished its steps: not watched
 _BEATS_WORD, _STEP_WORD, _CHECKPOINT_WORD = _BEATS_OFFSET // 8, _STEP_OFFSET // 8, _CHECKPOINT_OFFSET // 8
 
@@ -187,6 +188,19 @@ def _set_final():
 
 def _final():
     return _bytes is not None and _bytes[_FINAL_OFFSET:_FINAL_OFFSET + 8].cast("Q")[0] != 0
+
+
+_stall_total = 0.0  # seconds save() has stood the caller still so far, in this process
+
+
+def _add_checkpoint_stall(seconds):
+    """Adds a save's stall to the slot's cumulative checkpoint_stall_us, which the daemon's
+    goodput account counts as checkpoint time (docs/goodput.md). Nothing without an agent."""
+    global _stall_total
+    _stall_total += max(0.0, float(seconds))
+    if _bytes is None:
+        return
+    _bytes[_STALL_OFFSET:_STALL_OFFSET + 8].cast("Q")[0] = max(0, min(int(round(_stall_total * 1e6)), 10 ** 13))
 
 
 def _set_busy(seconds):

@@ -594,9 +594,11 @@ def save(state, dir, step=None, keep=3):
         with _lock:
             _current = write
             write.thread.start()
-    from . import cadence
+    from . import cadence, _add_checkpoint_stall
+    stall = time.monotonic() - began
+    _add_checkpoint_stall(stall)
     try:
-        cadence._saved(path, time.monotonic() - began)  # the stall: what checkpoint_due weighs
+        cadence._saved(path, stall)  # the stall: what checkpoint_due weighs
     except Exception as e:  # noqa: B902 - the write is under way: said, not raised as its failure
         _say("checkpoint cadence: %s" % e)
     _stop_after_save(step)

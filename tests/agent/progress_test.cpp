@@ -86,6 +86,7 @@ TEST_SUITE("progress heartbeats decide when a rank hangs") {
     CHECK(s.checkpoint_interval_ms == 90500);
     CHECK(s.final);
     CHECK(s.busy_us == 412000);
+    CHECK(s.checkpoint_stall_us == 2500000);
     CHECK(board.abandoned(1));
 
     board.reset();
@@ -95,6 +96,7 @@ TEST_SUITE("progress heartbeats decide when a rank hangs") {
     written.checkpoint_interval_ms = 90500;
     written.final = true;
     written.busy_us = 412000;
+    written.checkpoint_stall_us = 2500000;
     board.write(1, written);
     board.abandon_slot(1);
     CHECK(slot_bytes(board, 1) == golden);
@@ -157,6 +159,18 @@ TEST_SUITE("progress heartbeats decide when a rank hangs") {
     CHECK(got->busy_local_rank == 1);
     got = summarize({sample(5, std::numeric_limits<uint64_t>::max())});  // bounded as the wire bounds it
     CHECK(got->busy == doctest::Approx(1e7));
+  }
+
+  TEST_CASE("a node's checkpoint stall for the goodput account: the most of any local rank, bounded") {
+    ProgressSample a, b;
+    a.beats = b.beats = 3;
+    a.checkpoint_stall_us = 1500000;
+    b.checkpoint_stall_us = 2500000;
+    auto got = summarize({a, b});
+    REQUIRE(got);
+    CHECK(got->checkpoint_stall == doctest::Approx(2.5));
+    b.checkpoint_stall_us = std::numeric_limits<uint64_t>::max();  // a worker's garbage, bounded as the wire bounds it
+    CHECK(summarize({a, b})->checkpoint_stall == doctest::Approx(1e7));
   }
 
   TEST_CASE("an abandoned round is seen in every slot, survives the workers' writes, and ends with the round") {

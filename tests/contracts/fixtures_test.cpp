@@ -108,6 +108,7 @@ TEST_SUITE("the golden fixtures are what both sides read and write") {
     CHECK(static_cast<std::int64_t>(u64_at(bytes, kIntervalOffset)) == 90500);
     CHECK(u64_at(bytes, kFinalOffset) == 1);
     CHECK(u64_at(bytes, kBusyOffset) == 412000);
+    CHECK(u64_at(bytes, kCheckpointStallOffset) == 2500000);
 
     std::string slot(kSlotSize, '\0');
     put_u64_at(slot, kBeatsOffset, 7);
@@ -118,6 +119,7 @@ TEST_SUITE("the golden fixtures are what both sides read and write") {
     put_u64_at(slot, kIntervalOffset, 90500);
     put_u64_at(slot, kFinalOffset, 1);
     put_u64_at(slot, kBusyOffset, 412000);
+    put_u64_at(slot, kCheckpointStallOffset, 2500000);
     CHECK(slot == bytes);
   }
 }

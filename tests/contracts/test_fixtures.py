@@ -107,6 +107,7 @@ class ProgressSlot(unittest.TestCase):
         self.assertEqual(ddplaunch._get_checkpoint_interval(), 90.5)
         self.assertTrue(ddplaunch._final())
         self.assertEqual(ddplaunch._get_busy(), 0.412)
+        self.assertEqual(ddplaunch._bytes[ddplaunch._STALL_OFFSET:ddplaunch._STALL_OFFSET + 8].cast("Q")[0], 2500000)
 
     def test_the_package_writes_the_golden_slot(self):
         path = self.slot_file(bytes(len(self.golden)))
@@ -118,6 +119,8 @@ class ProgressSlot(unittest.TestCase):
         ddplaunch._set_checkpoint_interval(90.5)
         ddplaunch._set_final()
         ddplaunch._set_busy(0.412)
+        ddplaunch._add_checkpoint_stall(1.5)
+        ddplaunch._add_checkpoint_stall(1.0)
         with open(path, "rb") as f:
             written = f.read()
         # The abandoned word is the agent's to write (agent/progress.h): all but it is the worker's.

@@ -243,6 +243,50 @@ TEST_CASE("every message survives encode then decode with its data") {
   CHECK(decode_json(bad).error);
 }
 
+TEST_CASE("the goodput account travels with a round and a verdict, checked like every other field") {
+  Assignment a;
+  a.master_addr = "10.1.2.3";
+  a.goodput = {60, 50, 4, 3, 1, 0, 2, 0, 1};
+  auto round = decode(payload_of(encode(make_round(a))));
+  REQUIRE_FALSE(round.error);
+  CHECK(std::get<Assignment>(round.message->body).goodput == a.goodput);
+  for (const json& garbage : {json::array({1, 2}), json("97%"), json::array({1, 2, 3, 4, 5, 6, 7, 8, -1}),
+                              json::array({1, 2, 3, 4, 5, 6, 7, 8, nullptr}),
+                              json::array({1e300, 0, 0, 0, 0, 0, 0, 0, 0})}) {
+    json bad = to_json(make_round(a));
+    bad["assignment"]["goodput"] = garbage;
+    auto d = decode_json(bad);
+    REQUIRE(d.error);
+    CHECK(d.error->message.find("goodput") != std::string::npos);
+  }
+  const std::string line = "job j: goodput 83.3% of 1m 0s: 4.0 s lost to 1 restart";
+  auto ok = decode(payload_of(encode(make_job_succeeded("j", line))));
+  REQUIRE_FALSE(ok.error);
+  CHECK(std::get<JobSucceeded>(ok.message->body).goodput == line);
+  CHECK(payload_of(encode(make_job_succeeded("j"))).find("goodput") == std::string::npos);  // the others' verdict
+  auto failed = decode(payload_of(encode(make_job_failed(WorkerFailure{}, "summary", line))));
+  REQUIRE_FALSE(failed.error);
+  CHECK(std::get<JobFailed>(failed.message->body).goodput == line);
+  CHECK(decode(R"({"type":"job_succeeded","job_id":"j","goodput":7})").error);
+  auto long_line = decode(R"({"type":"job_succeeded","job_id":"j","goodput":")" + std::string(1 << 17, 'x') + "\"}");
+  REQUIRE_FALSE(long_line.error);  // cut with a marker, like a summary
+  CHECK(std::get<JobSucceeded>(long_line.message->body).goodput.size() < (1u << 17));
+}
+
+TEST_CASE("a heartbeat's checkpoint stall is optional, and range-checked") {
+  NodeProgress p;
+  p.step = 5;
+  p.checkpoint_stall = 2.5;
+  auto hb = decode(payload_of(encode(make_heartbeat(p))));
+  REQUIRE_FALSE(hb.error);
+  CHECK(std::get<Heartbeat>(hb.message->body).progress->checkpoint_stall == 2.5);
+  CHECK(payload_of(encode(make_heartbeat(NodeProgress{}))).find("checkpoint_stall") == std::string::npos);
+  CHECK(decode(R"({"type":"heartbeat","checkpoint_stall":-1})").error);
+  CHECK(decode(R"({"type":"heartbeat","checkpoint_stall":1e300})").error);
+  CHECK(decode(R"({"type":"heartbeat","checkpoint_stall":"long"})").error);
+  CHECK(std::get<Heartbeat>(decode(R"({"type":"heartbeat","checkpoint_stall":3})").message->body).progress->checkpoint_stall == 3);
+}
+
 TEST_CASE("waiting carries the counts and the seconds left, and its ranges are checked") {
   Waiting w;
   w.job_id = "j";

@@ -116,6 +116,36 @@ TEST_CASE("a restarted daemon rebuilds the job from every node's resume and the 
   CHECK(f.out.of(100, "job_succeeded").size() == 1);
 }
 
+TEST_CASE("a restarted daemon carries the job's goodput account on from the resumes; one node hears the line") {
+  auto known = run_first_round(3, 3, /*restarts_before=*/1);
+  for (auto& k : known) {
+    REQUIRE(k.round.goodput.size() == GoodputTotals::kArraySize);  // the account when the round formed
+    CHECK(k.round.goodput.back() == 1);                              // one restart so far
+    k.round.round_age = 40;  // the round ran 40 s before the daemon died
+  }
+  Fresh f;
+  for (int i = 0; i < 3; ++i) {
+    f.sm.resume(100 + i, known[i].request());
+    f.clock.advance(0.1);
+  }
+  const nlohmann::json g = f.job()["goodput"];
+  CHECK(g["wall_seconds"].get<double>() == doctest::Approx(40.3));
+  CHECK(g["seconds"]["productive"].get<double>() == doctest::Approx(40.3));
+  CHECK(g["restarts"] == 1);
+  for (int i = 0; i < 3; ++i) f.sm.report_success(100 + i);
+  int told = 0;
+  for (int i = 0; i < 3; ++i) {
+    auto ends = f.out.of(100 + i, "job_succeeded");
+    REQUIRE(ends.size() == 1);
+    if (ends[0].contains("goodput")) {
+      ++told;
+      CHECK(ends[0]["goodput"].get<std::string>().rfind("job job: goodput 100.0% of 40.3 s", 0) == 0);
+      CHECK(i == 0);  // group rank 0's node
+    }
+  }
+  CHECK(told == 1);
+}
+
 TEST_CASE("a node that does not resume within the grace period is lost: the others form a smaller round") {
   auto known = run_first_round(3, 2);
   Fresh f;
@@ -325,6 +355,14 @@ TEST_CASE("decode_resume refuses garbage, wrong types and absurd values with bad
   CHECK(refused(with("/resume/node/host", std::string(5000, 'h'))));
   CHECK(refused(with("/resume/node", nlohmann::json::array({1, 2}))));
   CHECK(refused(with("/resume/assignment", nullptr)));
+  CHECK(refused(with("/resume/assignment/goodput", nlohmann::json::array({1, 2}))));
+  CHECK(refused(with("/resume/assignment/goodput", nlohmann::json::array({1, 2, 3, 4, 5, 6, 7, -8, 0}))));
+  CHECK(refused(with("/resume/assignment/goodput", nlohmann::json::array({1, 2, 3, 4, 5, 6, 7, 8, 0.5}))));
+  CHECK(refused(with("/resume/assignment/goodput", nlohmann::json::array({1e300, 0, 0, 0, 0, 0, 0, 0, 0}))));
+  CHECK(refused(with("/resume/assignment/goodput", "97%")));
+  CHECK(refused(with("/resume/assignment/round_age", -1)));
+  CHECK(refused(with("/resume/assignment/round_age", 1e300)));
+  CHECK(refused(with("/resume/assignment/round_age", "old")));
 }
 
 namespace {

@@ -88,6 +88,12 @@ void Progress::busy(double seconds) noexcept {
   slot_[word(contracts::kBusyOffset)].store(static_cast<uint64_t>(busy_ * 1e6 + 0.5), std::memory_order_relaxed);
 }
 
+void Progress::checkpoint_stall(double total_seconds) noexcept {
+  if (!slot_ || !(total_seconds >= 0) || total_seconds > 1e7) return;
+  slot_[word(contracts::kCheckpointStallOffset)].store(static_cast<uint64_t>(total_seconds * 1e6 + 0.5),
+                                                       std::memory_order_relaxed);
+}
+
 void Progress::final_failure() noexcept {
   if (slot_) slot_[word(contracts::kFinalOffset)].store(1, std::memory_order_release);
 }

@@ -315,6 +315,7 @@ bool Trainer::save(Run& run, int64_t step, const SamplerPosition& position, bool
   auto stalled = [&] {
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     result.checkpoint_stall_seconds += seconds;
+    Progress::instance().checkpoint_stall(result.checkpoint_stall_seconds);
     ++result.checkpoints_saved;
     if (run.cadence) run.cadence->saved(seconds, who(*group_));
   };

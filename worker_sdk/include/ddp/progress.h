@@ -34,6 +34,9 @@ class Progress {
   // collective (the Trainer measures it). The slot holds a moving average over the recent steps,
   // which the daemon compares across nodes to find a straggler (--straggler).
   void busy(double seconds) noexcept;
+  // How long this worker's steps have stood still for checkpoints since it started, in seconds
+  // (cumulative): the daemon's goodput account counts it as checkpoint time, not training.
+  void checkpoint_stall(double total_seconds) noexcept;
   // Asks the agent to end the job when this worker exits with a failure, instead of restarting
   // it: a restart would fail the same way (`train` calls it before it exits 3 for a checkpoint
   // refused under a strict environment check, ddp::LineageError).
