@@ -12,7 +12,7 @@ double wall_time() {
   return duration<double>(system_clock::now().time_since_epoch()).count();
 }
 
-std::string to_json_line(const Event& e) {
+nlohmann::json to_json(const Event& e) {
   nlohmann::json j = {{"time", e.time},           {"type", e.type},   {"job", e.job},
                       {"node", e.node},           {"generation", e.generation},
                       {"ranks", e.ranks},         {"cause", e.cause}};
@@ -22,8 +22,12 @@ std::string to_json_line(const Event& e) {
       if (!j.contains(it.key())) j[it.key()] = it.value();  // the common keys cannot be overridden
     }
   }
+  return j;
+}
+
+std::string to_json_line(const Event& e) {
   // Text from workers and peers may be invalid UTF-8: replace, never throw.
-  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return to_json(e).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 void EventBus::record(const Event& event) {

@@ -32,8 +32,12 @@ struct Event {
   double time = 0;                 // seconds since the epoch (UTC); 0 = stamped by the recorder
 };
 
-// The event as one line of JSON (no newline): {"time":..., "type":..., "job":..., "node":...,
-// "generation":..., "ranks":[...], "cause":..., "message":..., plus its fields}.
+// The event as one JSON object: {"time":..., "type":..., "job":..., "node":..., "generation":...,
+// "ranks":[...], "cause":..., "message":... (when not empty), plus its fields}. Its text may hold
+// invalid UTF-8 (from workers and peers): dump it with error_handler_t::replace.
+nlohmann::json to_json(const Event& event);
+
+// to_json() as one line (no newline), invalid UTF-8 replaced.
 std::string to_json_line(const Event& event);
 
 // Seconds since the epoch, now.

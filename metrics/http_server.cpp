@@ -143,7 +143,9 @@ HttpResponse HttpServer::answer(const HttpRequest& request) const {
   if (it == routes_.end()) {
     HttpResponse r;
     r.status = 404;
-    r.body = "not found: " + request.path + " (served: /metrics, /healthz, /readyz)\n";
+    std::string served;
+    for (const auto& [path, route] : routes_) served += (served.empty() ? "" : ", ") + path;
+    r.body = "not found: " + request.path + " (served: " + served + ")\n";
     return r;
   }
   try {

@@ -19,6 +19,7 @@
 
 #include <boost/asio.hpp>
 
+#include "metrics/dashboard.h"
 #include "metrics/event.h"
 #include "metrics/exposition.h"
 #include "metrics/http_server.h"
@@ -109,13 +110,21 @@ ElectionOptions election_options(const Replication& rep) {
   return e;
 }
 
-// The event bus the state machine records into: the daemon's metrics (with --metrics_port) and
-// the event log (--event_log) consume it. Sets `metrics` when there are metrics to serve.
-void add_observers(const Observability& obs, ServerOptions& server, std::shared_ptr<DaemonMetrics>& metrics) {
+// What the metrics endpoint serves from the event bus: null without --metrics_port.
+struct Observers {
+  std::shared_ptr<DaemonMetrics> metrics;
+  std::shared_ptr<metrics::EventRing> recent;  // the dashboard's timeline
+};
+
+// The event bus the state machine records into: the daemon's metrics and the dashboard's recent
+// events (with --metrics_port) and the event log (--event_log) consume it.
+void add_observers(const Observability& obs, ServerOptions& server, Observers& observers) {
   auto bus = std::make_shared<metrics::EventBus>();
   if (obs.metrics_port >= 0) {
-    metrics = std::make_shared<DaemonMetrics>();
-    bus->add(metrics);
+    observers.metrics = std::make_shared<DaemonMetrics>();
+    observers.recent = std::make_shared<metrics::EventRing>();
+    bus->add(observers.metrics);
+    bus->add(observers.recent);
   }
   if (!obs.event_log.empty()) {
     try {
@@ -128,7 +137,7 @@ void add_observers(const Observability& obs, ServerOptions& server, std::shared_
 }
 
 // Everything the Server takes from the command line but the address it binds.
-ServerOptions server_options(const DaemonOptions& o, std::shared_ptr<DaemonMetrics>& metrics) {
+ServerOptions server_options(const DaemonOptions& o, Observers& observers) {
   ServerOptions server;
   server.replicated = !o.replication.etcd.empty();
   const TlsFiles& tls = o.listen.tls;
@@ -139,7 +148,7 @@ ServerOptions server_options(const DaemonOptions& o, std::shared_ptr<DaemonMetri
   }
   server.retention.keep_finished = o.observability.keep_finished;
   server.retention.max_finished = o.observability.max_finished;
-  add_observers(o.observability, server, metrics);
+  add_observers(o.observability, server, observers);
   if (const std::string path = flag_or_env(o.listen.token_file, "DDPLAUNCH_RDZV_TOKEN_FILE"); !path.empty()) {
     Expected<Secrets> secrets = Secrets::load(path);
     if (!secrets) throw usage_error(secrets.error() + " (--token_file)");
@@ -179,7 +188,7 @@ class Daemon {
 
   const DaemonOptions& options_;
   asio::io_context io_{1};
-  std::shared_ptr<DaemonMetrics> metrics_;
+  Observers observers_;
   ServerOptions server_options_;
   ElectionOptions election_options_;
   asio::ip::address address_;
@@ -197,7 +206,7 @@ Daemon::Daemon(const DaemonOptions& options) : options_(options) {
   const Observability& obs = options.observability;
   if (obs.metrics_port > 65535 || obs.metrics_port < -1) throw usage_error("--metrics_port: not a port (0-65535)");
   if (!options.replication.etcd.empty()) election_options_ = election_options(options.replication);
-  server_options_ = server_options(options, metrics_);
+  server_options_ = server_options(options, observers_);
   if (server_options_.replicated) {
     server_options_.write_records = [this](RecordWrite w) {
       if (election_) election_->write(std::move(w));
@@ -211,7 +220,7 @@ Daemon::Daemon(const DaemonOptions& options) : options_(options) {
     throw connect_error_exit("cannot listen on " + listen.host + ":" + std::to_string(listen.port) + ": " +
                              e.code().message());
   }
-  if (metrics_) serve_metrics();
+  if (observers_.metrics) serve_metrics();
   if (server_options_.replicated) start_election();
 }
 
@@ -226,7 +235,7 @@ void Daemon::serve_metrics() {
                              ": " + e.code().message() + " (--metrics_port)");
   }
   Server* server = server_.get();
-  http_->route("/metrics", [server, metrics = metrics_] {
+  http_->route("/metrics", [server, metrics = observers_.metrics] {
     metrics::HttpResponse r;
     r.content_type = metrics::kExpositionContentType;
     r.body = metrics->render(server->state().gauges(), server->connection_count());
@@ -237,6 +246,7 @@ void Daemon::serve_metrics() {
     return server->serving() ? metrics::HttpResponse{200, "text/plain; charset=utf-8", "ready\n"}
                              : metrics::HttpResponse{503, "text/plain; charset=utf-8", "stopping\n"};
   });
+  metrics::serve_dashboard(*http_, {[server] { return server->status(); }, observers_.recent});
 }
 
 // The election runs on its own thread; its news is applied on this loop.
@@ -306,7 +316,9 @@ void Daemon::announce() {
   log("listening on " + listen.host + ":" + std::to_string(server_->port()) +
       (open ? " (no token)" : " (token required)") + tls);
   if (http_) {
-    log("metrics on http://" + options_.observability.metrics_addr + ":" + std::to_string(http_->port()) + "/metrics");
+    const std::string base = "http://" + options_.observability.metrics_addr + ":" + std::to_string(http_->port());
+    log("metrics on " + base + "/metrics");
+    log("dashboard on " + base + "/");
   }
   if (open && !address_.is_loopback()) {
     const std::string warning =

@@ -295,9 +295,14 @@ void Server::handle_first(Session& session, const Message& message) {
   }
 }
 
-void Server::send_status(Session& session) {
+nlohmann::json Server::status() const {
   nlohmann::json status = state_->status();
   if (options_.replicated) status["replica"] = {{"leading", leading_}, {"leader", leading_ ? "" : leader_}};
+  return status;
+}
+
+void Server::send_status(Session& session) {
+  nlohmann::json status = this->status();
   if (!session.all_jobs) {  // a job's own secret shows that job only
     nlohmann::json mine = nlohmann::json::array();
     for (auto& job : status["jobs"]) {

@@ -95,6 +95,9 @@ class Server : private SessionHandler, private Outbox {
   const std::string& leader() const { return leader_; }
 
   const StateMachine& state() const { return *state_; }
+  // Every job's status as a `status` request of the cluster secret gets it (StateMachine::status(),
+  // plus "replica" on a replicated daemon): what `ddp-rendezvous status --json` prints.
+  nlohmann::json status() const;
   bool serving() const { return !stopped_; }
   std::size_t connection_count() const { return sessions_.size(); }
   std::size_t unauthenticated_count() const { return unauthenticated_; }
