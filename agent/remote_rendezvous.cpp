@@ -14,6 +14,7 @@
 
 #include <boost/asio.hpp>
 
+#include "metrics/event.h"
 #include "rendezvous/client.h"
 #include "rendezvous/replica.h"
 #include "rendezvous/server.h"
@@ -148,6 +149,9 @@ RemoteRendezvous::RemoteRendezvous(boost::asio::io_context& io, RemoteRendezvous
   }
   // Differences that --env_check=warn lets through are the user's business even when quiet.
   server_options.round_check = rdzv::make_env_round_check([this](const std::string& line) { log(line); });
+  if (options_.hosted_events) {
+    server_options.on_event = [sink = options_.hosted_events](const metrics::Event& e) { sink->record(e); };
+  }
   if (options_.etcd_replica) {
     start_replica(std::move(server_options));
     return;

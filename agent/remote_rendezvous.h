@@ -38,6 +38,10 @@
 #include "rendezvous/endpoint.h"
 #include "rendezvous/etcd.h"
 
+namespace ddp::metrics {
+class EventSink;
+}  // namespace ddp::metrics
+
 namespace ddp::rdzv {
 class Client;
 struct ClientEvents;
@@ -83,6 +87,9 @@ struct RemoteRendezvousOptions {
   // Host a replica of the job's rendezvous on etcd and use it (`endpoints` unused).
   // Unset (default): no replica.
   std::optional<EtcdReplicaOptions> etcd_replica;
+  // Where a server this agent hosts records its events (the dashboard's timeline with
+  // --metrics_port, docs/dashboard.md). Null (default): nowhere.
+  std::shared_ptr<metrics::EventSink> hosted_events;
 };
 
 class RemoteRendezvous final : public RendezvousHandler {
@@ -103,6 +110,9 @@ class RemoteRendezvous final : public RendezvousHandler {
 
   // The endpoints actually used (the free port with --standalone).
   const std::vector<rdzv::Endpoint>& endpoints() const { return endpoints_; }
+  // The server this agent hosts in-process (known once constructed; never a replica), or null.
+  // Lives as long as this object.
+  const rdzv::Server* hosted_server() const { return server_.get(); }
 
  private:
   void start_replica(rdzv::ServerOptions server_options);

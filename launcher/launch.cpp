@@ -20,16 +20,14 @@
 #include <boost/filesystem.hpp>
 
 #include "agent/fingerprint.h"
-#include "agent/metrics.h"
 #include "agent/local_rendezvous.h"
 #include "agent/logs.h"
 #include "agent/progress_line.h"
 #include "agent/remote_rendezvous.h"
 #include "rendezvous/env_check.h"
 #include "rendezvous/fingerprint_schema.h"
+#include "launcher/metrics_endpoint.h"
 #include "metrics/event.h"
-#include "metrics/exposition.h"
-#include "metrics/http_server.h"
 #include "rendezvous/status.h"
 
 namespace ddp::launcher {
@@ -289,8 +287,8 @@ agent::EtcdReplicaOptions etcd_replica(const LaunchConfig& config) {
 
 }  // namespace
 
-std::unique_ptr<agent::RendezvousHandler> make_rendezvous(boost::asio::io_context& io,
-                                                          const LaunchConfig& config) {
+std::unique_ptr<agent::RendezvousHandler> make_rendezvous(boost::asio::io_context& io, const LaunchConfig& config,
+                                                          std::shared_ptr<metrics::EventSink> hosted_events) {
   if (config.rdzv_backend == RendezvousBackend::kEtcd || config.rdzv_backend == RendezvousBackend::kEtcdV2) {
     agent::RemoteRendezvousOptions remote;
     remote.job_id = config.rdzv_id;
@@ -322,6 +320,7 @@ std::unique_ptr<agent::RendezvousHandler> make_rendezvous(boost::asio::io_contex
     const char* server_log = std::getenv("DDPLAUNCH_RDZV_SERVER_LOG");
     remote.echo_server_log = server_log != nullptr && *server_log != '\0' && std::string(server_log) != "0";
     if (config.is_host) remote.host_if_local = *config.is_host;
+    remote.hosted_events = std::move(hosted_events);
     return std::make_unique<agent::RemoteRendezvous>(io, remote);
   }
   agent::LocalRendezvousOptions opts;
@@ -690,41 +689,6 @@ int check_env(const LaunchConfig& config) {
                                                            "; the differences above do not break a job" + scope);
 }
 
-// --metrics_port: the agent's metrics, health and readiness on the agent's io_context
-// (docs/metrics.md), fed by the event bus and the workers' progress. Null without the flag.
-std::unique_ptr<metrics::HttpServer> serve_metrics(boost::asio::io_context& io, const LaunchConfig& config,
-                                                   metrics::EventBus& bus, agent::AgentOptions& options) {
-  if (!config.metrics_port) return nullptr;
-  auto agent_metrics = std::make_shared<agent::AgentMetrics>();
-  bus.add(agent_metrics);
-  std::unique_ptr<metrics::HttpServer> http;
-  boost::system::error_code ec;
-  const auto addr = boost::asio::ip::make_address(config.metrics_addr, ec);
-  if (ec) throw LaunchError(ExitCode::kUsage, "ddplaunch: --metrics_addr " + config.metrics_addr + ": not an IP address");
-  try {
-    http = std::make_unique<metrics::HttpServer>(
-        io, boost::asio::ip::tcp::endpoint(addr, static_cast<unsigned short>(*config.metrics_port)));
-  } catch (const boost::system::system_error& e) {
-    throw LaunchError(ExitCode::kUsage, "ddplaunch: --metrics_port: cannot listen on " + config.metrics_addr + ":" +
-                     std::to_string(*config.metrics_port) + ": " + e.code().message());
-  }
-  http->route("/metrics", [agent_metrics] {
-    return metrics::HttpResponse{200, metrics::kExpositionContentType, agent_metrics->render()};
-  });
-  http->route("/healthz", [] { return metrics::HttpResponse{200, "text/plain; charset=utf-8", "ok\n"}; });
-  http->route("/readyz", [agent_metrics] {
-    return agent_metrics->running() > 0
-               ? metrics::HttpResponse{200, "text/plain; charset=utf-8", "workers running\n"}
-               : metrics::HttpResponse{503, "text/plain; charset=utf-8", "no worker running\n"};
-  });
-  options.on_progress = [agent_metrics](int local_rank, int64_t step, double time) {
-    agent_metrics->set_progress(local_rank, static_cast<double>(step), time);
-  };
-  std::fprintf(stderr, "ddplaunch: metrics on http://%s:%u/metrics\n", config.metrics_addr.c_str(),
-               static_cast<unsigned>(http->port()));
-  return http;
-}
-
 int launch(const LaunchConfig& config) {
   if (!config.from_slurm.empty()) {
     std::string line;
@@ -745,7 +709,9 @@ int launch(const LaunchConfig& config) {
     }
   }
   boost::asio::io_context io(1);
-  auto rendezvous = make_rendezvous(io, config);
+  // Made first: a server the rendezvous hosts records into it from its start (the dashboard).
+  const HostedEvents hosted = hosted_events(config);
+  auto rendezvous = make_rendezvous(io, config, hosted.bus);
   std::string run_id = config.rdzv_id;
   if (run_id.empty()) run_id = "none";
   const std::string log_dir = resolve_log_dir(config);
@@ -778,7 +744,7 @@ int launch(const LaunchConfig& config) {
       throw LaunchError(ExitCode::kUsage, std::string("ddplaunch: --event_log: ") + e.what());
     }
   }
-  auto http = serve_metrics(io, config, *bus, options);
+  auto http = serve_metrics(io, config, *bus, options, *rendezvous, hosted);
   if (!bus->empty()) options.events = bus;
   agent::Agent agent(io, std::move(options), std::move(rendezvous));
   return agent.run();

@@ -12,6 +12,7 @@
 #include "agent/rendezvous_handler.h"
 #include "launcher/config.h"
 #include "launcher/program.h"
+#include "metrics/event.h"
 
 namespace ddp::launcher {
 
@@ -30,8 +31,9 @@ bool uses_local_rendezvous(const LaunchConfig& config);
 
 // The rendezvous the agent joins. Local (in-process) when uses_local_rendezvous(); otherwise the
 // multi-node client (RemoteRendezvous), which is wired here once rendezvous/ provides it.
-std::unique_ptr<agent::RendezvousHandler> make_rendezvous(boost::asio::io_context& io,
-                                                          const LaunchConfig& config);
+// `hosted_events` (may be null): where a rendezvous server this node hosts records its events.
+std::unique_ptr<agent::RendezvousHandler> make_rendezvous(boost::asio::io_context& io, const LaunchConfig& config,
+                                                          std::shared_ptr<metrics::EventSink> hosted_events = nullptr);
 
 // The CPUs and memory node of each local rank for --numa_binding, from this machine's sysfs.
 // Throws LaunchError (exit 2) when the mode cannot be satisfied here.
