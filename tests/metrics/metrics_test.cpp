@@ -10,6 +10,7 @@
 #include <prometheus/histogram.h>
 
 #include "agent/metrics.h"
+#include "metrics/dashboard.h"
 #include "metrics/event.h"
 #include "metrics/exposition.h"
 #include "metrics/http.h"
@@ -185,6 +186,38 @@ TEST_SUITE("events") {
     REQUIRE(b->got.size() == 1);
     CHECK(a->got[0].time > 1e9);
     CHECK(b->got[0].cause == "no progress for 300 s");
+  }
+  TEST_CASE("the dashboard's ring keeps the last events, oldest first, and counts every one") {
+    EventRing ring(3);
+    CHECK(ring.json()["events"].empty());
+    for (int i = 1; i <= 5; ++i) {
+      Event e;
+      e.type = "round";
+      e.job = "j";
+      e.generation = static_cast<std::uint64_t>(i);
+      e.message = i == 5 ? std::string("bad \xff utf8 <script>") : "";
+      ring.record(e);
+    }
+    const nlohmann::json j = ring.json();
+    CHECK(j["capacity"] == 3);
+    CHECK(j["recorded"] == 5);
+    REQUIRE(j["events"].size() == 3);
+    CHECK(j["events"][0]["generation"] == 3);
+    CHECK(j["events"][2]["generation"] == 5);
+    // Served as JSON whatever the text holds (invalid UTF-8 replaced, markup kept as text).
+    const std::string body = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    CHECK(body.find("<script>") != std::string::npos);
+  }
+  TEST_CASE("the dashboard page is self-contained: no markup from data, nothing fetched elsewhere") {
+    const std::string page(dashboard_page());
+    CHECK(page.rfind("<!DOCTYPE html>", 0) == 0);
+    CHECK(page.find("/api/status") != std::string::npos);
+    CHECK(page.find("/api/events") != std::string::npos);
+    for (const char* banned : {"innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "http://",
+                               "https://", "src=", "href=", "@import"}) {
+      INFO(banned);
+      CHECK(page.find(banned) == std::string::npos);
+    }
   }
 }
 

@@ -1,13 +1,14 @@
-"""The metrics HTTP server through the real binaries: /metrics, /healthz, /readyz of
-the daemon and of ddplaunch, values that follow a real job, and hostile clients (garbage, huge
+"""The metrics HTTP server through the real binaries: /metrics, /healthz, /readyz and the
+dashboard's routes (/, /api/status, /api/events) of the daemon and of ddplaunch, values that follow a real job, and hostile clients (garbage, huge
 heads, a slow client, a flood of idle connections) that neither stop the metrics nor the
 rendezvous. Loopback only; every wait has a deadline."""
 
+import json
 import socket
 import time
 import unittest
 
-from metrics_helpers import (RENDEZVOUS, MetricsTestCase, http_get, metrics_port_from, processes, raw_connection,
+from metrics_helpers import (PYTHON, RENDEZVOUS, WAITING_WORKER, MetricsTestCase, http_get, metrics_port_from, processes, raw_connection,
                              read_until_closed,
                              samples, wait_for)
 
@@ -46,6 +47,35 @@ class DaemonMetricsTest(MetricsTestCase):
         self.assertEqual(s['ddp_rendezvous_round_formation_seconds_bucket{le="+Inf"}'], 2)
         self.assertEqual(s["ddp_rendezvous_failure_to_restart_seconds_count"], 1)
         self.assertGreater(s["ddp_rendezvous_failure_to_restart_seconds_sum"], 0)
+
+    def test_the_dashboard_and_its_routes_follow_a_job_with_one_failure(self):
+        self.start_daemon()
+        status, ctype, page = http_get(self.metrics_port, "/")
+        self.assertEqual((status, ctype), (200, "text/html; charset=utf-8"))
+        self.assertIn("/api/status", page)
+        self.exit_code_for(1, 0, 7)
+        self.release()
+        r = self.launch(self.job_args("d1", max_restarts=1), timeout=120)
+        self.assertEqual(r.returncode, 0, r.describe())
+
+        def ended():
+            events = json.loads(http_get(self.metrics_port, "/api/events")[2])["events"]
+            return events if any(e["type"] == "job_end" and e["job"] == "d1" for e in events) else None
+        events = wait_for(ended, 20, "the job's end in /api/events")
+        types = [e["type"] for e in events if e["job"] == "d1"]
+        for t in ("round", "failure", "restart", "job_end"):
+            self.assertIn(t, types)
+        restart = next(e for e in events if e["type"] == "restart")
+        self.assertEqual((restart["cause"], restart["counted"]), ("worker_failure", True))
+        self.assertIn("exited with code 7", restart["message"])
+        api = json.loads(http_get(self.metrics_port, "/api/status")[2])
+        cli = processes.run([RENDEZVOUS, "status", "--endpoint", "127.0.0.1:%d" % self.port, "--json"], timeout=30)
+        self.assertEqual(cli.returncode, 0, cli.describe())
+        mine = [j for j in json.loads(cli.stdout)["jobs"] if j["job_id"] == "d1"]
+        shown = [j for j in api["jobs"] if j["job_id"] == "d1"]
+        self.assertEqual(len(shown), 1)
+        for key in ("state", "generation", "restarts_used", "max_restarts"):
+            self.assertEqual(shown[0][key], mine[0][key], key)
 
     def test_bad_metrics_flags_are_refused_naming_them(self):
         r = processes.run([RENDEZVOUS, "--host", "127.0.0.1", "--port", "0", "--metrics_port", "0",
@@ -89,6 +119,34 @@ class AgentMetricsTest(MetricsTestCase):
                      "a last step and a positive rate of local ranks 0 and 1 in the agent's metrics")
         # Workers step every 20 ms: no more than 50 a second (and the sampled rate is not made up).
         self.assertLessEqual(s['ddp_agent_steps_per_second{local_rank="0"}'], 60, s)
+        self.release()
+        self.assertEqual(proc.wait(60), 0, proc.describe())
+
+    def test_an_agent_without_a_hosted_rendezvous_says_where_the_dashboard_is(self):
+        self.start_daemon()
+        proc = self.spawn_launch(self.job_args("a4", extra=["--metrics_port=0"]))
+        port = wait_for(lambda: metrics_port_from(proc.stderr(), "ddplaunch: metrics"), 30, "ddplaunch's metrics line")
+        status, ctype, body = http_get(port, "/")
+        self.assertEqual((status, ctype), (200, "text/plain; charset=utf-8"))
+        self.assertIn("does not host the rendezvous server at 127.0.0.1:%d" % self.port, body)
+        self.assertEqual(http_get(port, "/api/status")[0], 404)
+        self.release()
+        self.assertEqual(proc.wait(60), 0, proc.describe())
+
+    def test_a_hosting_agent_serves_the_dashboard_of_its_rendezvous(self):
+        worker = self.script("worker.py", WAITING_WORKER)
+        proc = self.spawn_launch(["--standalone", "--nproc_per_node=1", "--metrics_port=0",
+                                  "--python", PYTHON, worker, self.out])
+        port = wait_for(lambda: metrics_port_from(proc.stderr(), "ddplaunch: metrics"), 30, "ddplaunch's metrics line")
+        self.assertIn("dashboard of the hosted rendezvous", proc.stderr())
+        wait_for(lambda: self.started(0, 0), 60, "the worker to start")
+        status, ctype, _ = http_get(port, "/")
+        self.assertEqual((status, ctype), (200, "text/html; charset=utf-8"))
+        jobs = json.loads(http_get(port, "/api/status")[2])["jobs"]
+        self.assertEqual([j["state"] for j in jobs], ["running"])  # --standalone names its job itself
+        events = json.loads(http_get(port, "/api/events")[2])["events"]
+        self.assertIn(("round", jobs[0]["job_id"]), [(e["type"], e["job"]) for e in events])
+        self.assertGreater(events[0]["time"], 1e9)  # stamped
         self.release()
         self.assertEqual(proc.wait(60), 0, proc.describe())
 
@@ -155,6 +213,42 @@ class HostileClientTest(MetricsTestCase):
         self.assertTrue(closed, "the slow client was still connected after %.1f s" % elapsed)
         self.assertLess(elapsed, 25)
         print("slow client cut off after %.1f s (request deadline 10 s)" % elapsed)
+        self.still_serving()
+
+    def test_the_dashboard_routes_refuse_what_metrics_refuses(self):
+        self.start_daemon()
+        for path in ("/", "/api/status", "/api/events"):
+            for method in ("POST", "PUT", "DELETE", "OPTIONS"):
+                self.assertEqual(http_get(self.metrics_port, path, method=method)[0], 405, (method, path))
+            # A body is refused before any route runs; so is a head over 8 KiB.
+            s = raw_connection(self.metrics_port)
+            s.sendall(("GET %s HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello" % path).encode())
+            self.assertTrue(read_until_closed(s, 10).startswith(b"HTTP/1.1 413 "), path)
+            s.close()
+            s = raw_connection(self.metrics_port)
+            try:
+                s.sendall(("GET %s HTTP/1.1\r\nX-Big: " % path).encode() + b"a" * 20000 + b"\r\n\r\n")
+                reply = read_until_closed(s, 10)
+                self.assertTrue(reply.startswith(b"HTTP/1.1 431 "), reply[:80])
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # closed while we were still sending: also a refusal
+            s.close()
+            s = raw_connection(self.metrics_port)
+            s.sendall(("GET %s\x00<script> HTTP/1.1\r\n\r\n" % path).encode())
+            self.assertTrue(read_until_closed(s, 10).startswith(b"HTTP/1.1 400 "), path)
+            s.close()
+            # HEAD: the length of what GET sends, no body.
+            s = raw_connection(self.metrics_port)
+            s.sendall(("HEAD %s HTTP/1.0\r\n\r\n" % path).encode())
+            head = read_until_closed(s, 10)
+            s.close()
+            self.assertTrue(head.startswith(b"HTTP/1.1 200 "), head[:80])
+            self.assertTrue(head.endswith(b"\r\n\r\n"), head[-80:])
+            self.assertIn(b"Content-Length: ", head)
+        # A query string is ignored, a path below a route is not one.
+        self.assertEqual(http_get(self.metrics_port, "/api/status?job=%3Cscript%3E")[0], 200)
+        status, _, body = http_get(self.metrics_port, "/api/status/../../metrics")
+        self.assertEqual(status, 404)
         self.still_serving()
 
     def test_a_flood_of_idle_connections_is_bounded(self):
