@@ -236,6 +236,8 @@ void Client::handle(Message& m) {
       Assignment& a = std::get<Assignment>(m.body);
       a.secret = seal_hex(seal_key_, a.secret);  // sealed under this connection's key (auth.h)
       if (!a.secret.empty()) secret_ = a.secret;
+      round_started_ = true;
+      round_first_step_ = progress_sent_ ? progress_sent_->step : -1;
       if (events_.on_round) events_.on_round(a);
       return;
     }
@@ -528,13 +530,14 @@ void Client::heartbeat() {
     }
     silence_seen_ = false;
     std::optional<NodeProgress> progress;
-    if (events_.progress && (!progress_sent_ || now - progress_sent_at_ >= kProgressEvery)) {
+    if (events_.progress && (!progress_sent_ || round_started_ || now - progress_sent_at_ >= kProgressEvery)) {
       progress = events_.progress();
       if (progress && progress == progress_sent_) {
         progress.reset();  // nothing new to say
       } else if (progress) {
         progress_sent_ = progress;
         progress_sent_at_ = now;
+        if (progress->step >= 0 && progress->step != round_first_step_) round_started_ = false;  // the round's own
       }
     }
     send(make_heartbeat(progress));

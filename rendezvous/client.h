@@ -158,9 +158,14 @@ class Client : public std::enable_shared_from_this<Client> {
   bool silence_seen_ = false;  // the last look found heartbeat_timeout passed (heartbeat())
   // The progress the last heartbeat carried, and when: a heartbeat carries it when it changed,
   // at most every kProgressEvery, so that a daemon of many nodes parses little more than before.
+  // After a round came, until the workers report a step of their own, every heartbeat carries
+  // what changed: the daemon's goodput account learns when the round's training began, and from
+  // which step, within a heartbeat interval (docs/goodput.md).
   std::optional<NodeProgress> progress_sent_;
   std::chrono::steady_clock::time_point progress_sent_at_;
-  static constexpr std::chrono::seconds kProgressEvery{2};
+  static constexpr std::chrono::seconds kProgressEvery{static_cast<int>(kProgressReportSeconds)};
+  bool round_started_ = false;
+  std::int64_t round_first_step_ = -1;  // the step the heartbeats carried when the round came
   double retry_delay_ = 0.05;
   std::chrono::steady_clock::time_point last_retry_log_{};
   bool welcomed_ = false;

@@ -112,8 +112,8 @@ std::string GoodputTotals::summary() const {
   return text;
 }
 
-GoodputAccount::GoodputAccount(double now, double heartbeat_interval)
-    : heartbeat_interval_(heartbeat_interval), began_(now), since_(now) {}
+GoodputAccount::GoodputAccount(double now, double report_period)
+    : report_period_(report_period), began_(now), since_(now) {}
 
 void GoodputAccount::restore(double now, const GoodputTotals& totals, bool running, std::size_t nodes,
                              std::size_t max_nodes) {
@@ -182,7 +182,7 @@ void GoodputAccount::step(double now, std::int64_t step, double checkpoint_stall
     phase_ = Phase::training;
     ever_stepped_ = true;
     round_.steps.emplace_back(now, step);
-    resolve_rollback(step);
+    if (rollback_pending_ && resolve_rollback(step)) rollback_pending_ = false;
     // The stall so far is the start-up's (or an earlier round's, in a worker that lived on).
     stall_seen_ = std::max(stall_seen_, checkpoint_stall);
   } else {
@@ -194,6 +194,9 @@ void GoodputAccount::step(double now, std::int64_t step, double checkpoint_stall
         round_.steps.resize(kept);
       }
       round_.steps.emplace_back(now, step);
+      const auto& [first_at, first_step] = round_.steps.front();
+      per_step_ = (now - first_at) / static_cast<double>(step - first_step);
+      if (rollback_pending_ && resolve_rollback(first_step)) rollback_pending_ = false;
     }
   }
   if (checkpoint_stall > stall_seen_) {
@@ -202,13 +205,26 @@ void GoodputAccount::step(double now, std::int64_t step, double checkpoint_stall
   }
 }
 
-void GoodputAccount::resolve_rollback(std::int64_t resumed_at) {
-  if (!rollback_pending_) return;
-  rollback_pending_ = false;
+double GoodputAccount::reached(std::int64_t step) const {
   const auto& steps = previous_.steps;
-  auto reached = std::find_if(steps.begin(), steps.end(), [&](const auto& s) { return s.second >= resumed_at; });
-  if (reached == steps.end()) return;  // it goes on beyond anything the ended round did
-  move(Spent::productive, Spent::lost, (previous_.end - reached->first) * previous_.capacity);
+  auto after = std::find_if(steps.begin(), steps.end(), [&](const auto& s) { return s.second >= step; });
+  if (after == steps.begin()) return steps.front().first;
+  if (after != steps.end()) {  // between two reports
+    const auto& [t0, s0] = *(after - 1);
+    const auto& [t1, s1] = *after;
+    return t0 + (t1 - t0) * static_cast<double>(step - s0) / static_cast<double>(s1 - s0);
+  }
+  const double rate = previous_.per_step > 0 ? previous_.per_step : per_step_;
+  if (rate <= 0) return -1;
+  return std::min(previous_.end, steps.back().first + rate * static_cast<double>(step - steps.back().second));
+}
+
+bool GoodputAccount::resolve_rollback(std::int64_t resumed_at) {
+  if (previous_.steps.empty()) return true;
+  const double at = reached(resumed_at);
+  if (at < 0) return false;
+  move(Spent::productive, Spent::lost, std::max(0.0, previous_.end - at) * previous_.capacity);
+  return true;
 }
 
 void GoodputAccount::round_ended(double now) {
@@ -220,7 +236,8 @@ void GoodputAccount::round_ended(double now) {
     const double per_step = last_step > first_step ? (last_at - first_at) / static_cast<double>(last_step - first_step) : 0;
     const double silence = now - last_at;
     round_.end = now;
-    if (silence > 2 * per_step + 2 * heartbeat_interval_) {  // hung since its last step
+    round_.per_step = per_step;
+    if (silence > 2 * per_step + 2 * report_period_) {  // hung since its last step
       move(Spent::productive, Spent::hang, silence * round_.capacity);
       move(Spent::reduced_capacity, Spent::hang, silence * (1 - round_.capacity));
       round_.end = last_at;

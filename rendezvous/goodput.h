@@ -11,11 +11,14 @@
 //    running time is training.
 //  - Training: productive, but for the share of the nodes missing from MAX (reduced_capacity),
 //    the checkpoint stalls the workers report (checkpoint), and at a restart:
-//      hang   the silence since the last step, when it is longer than a step and two heartbeats
+//      hang   the silence since the last step, when it is longer than two steps and two reports
 //             take (a hang, until it was detected);
-//      lost   the training the next round does again: from the moment the ended round first
-//             reached the step the next round resumes at (its first report), to the end.
-//    The steps come from the nodes' heartbeats, so each moment is known to a heartbeat interval.
+//      lost   the training the next round does again: from the moment the ended round reached
+//             the step the next round resumes at (its first report), to the end; between two
+//             reports the moment is interpolated, after the last one extrapolated at the rate
+//             the steps went.
+//    The steps come from the nodes' heartbeats: at most every report_period seconds, and at a
+//    round's start every heartbeat until its first step.
 #pragma once
 
 #include <cstddef>
@@ -55,9 +58,9 @@ struct GoodputTotals {
 
 class GoodputAccount {
  public:
-  // `heartbeat_interval`: how late a step can be seen (a silence longer than a step and two of
+  // `report_period`: how late a step can be seen (a silence longer than two steps and two of
   // these is a hang).
-  GoodputAccount(double now, double heartbeat_interval);
+  GoodputAccount(double now, double report_period);
   // Carries on a job's account from `totals` (a job record, a resume): its wall time is taken as
   // already spent, and the job is between rounds (or training, when `running`) from `now`.
   void restore(double now, const GoodputTotals& totals, bool running, std::size_t nodes, std::size_t max_nodes);
@@ -84,17 +87,23 @@ class GoodputAccount {
     std::vector<std::pair<double, std::int64_t>> steps;  // (when, step) at each report that advanced
     double capacity = 1;  // nodes / MAX
     double end = 0;       // when its training ended (a hang's start, else the restart)
+    double per_step = 0;  // seconds per step between its first and last report; 0 = unknown
   };
   static constexpr std::size_t kMaxSteps = 4096;  // of a round's timeline (thinned beyond)
 
   void commit(double now);
   void add_training(double span, double capacity);
   void move(Spent from, Spent to, double seconds);
-  void resolve_rollback(std::int64_t resumed_at);
+  // Moves the ended round's training after `resumed_at` to lost, once the moment it reached that
+  // step is known (false: not yet, for want of a rate to extrapolate with).
+  bool resolve_rollback(std::int64_t resumed_at);
+  // When the ended round reached `step` (interpolated, or extrapolated at `per_step`); -1: unknown.
+  double reached(std::int64_t step) const;
   // The open span's category when it is not training.
   Spent open_category() const;
 
-  double heartbeat_interval_;
+  double report_period_;
+  double per_step_ = 0;  // the last rate measured (s per step), for a round too short to have its own
   double began_;
   double since_;  // the open span's start
   double ended_at_ = 0;

@@ -223,7 +223,7 @@ StateMachine::Job& StateMachine::job_for(const NodeSpec& spec, double now) {
   job.timeouts = spec.timeouts;
   job.straggler = spec.straggler;
   job.gather_since = now;
-  job.goodput = GoodputAccount(now, spec.timeouts.heartbeat_interval);
+  job.goodput = new_account(now, spec.timeouts);
   out_.log("job " + job.id + ": created (nnodes " + std::to_string(job.min_nodes) + ":" +
            std::to_string(job.max_nodes) + ", max_restarts " + std::to_string(job.max_restarts) + ")");
   return job;

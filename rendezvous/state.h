@@ -44,6 +44,7 @@
 //    and in docs/rendezvous.md.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -363,6 +364,11 @@ class StateMachine {
   static constexpr double kChurnMaxDelay = 30.0;  // s, the longest a newcomer waits
 
   Job* job_of(ConnId conn);
+  // A new goodput account for a job with these timeouts: steps are seen every heartbeat, and
+  // at most every kProgressReportSeconds.
+  static GoodputAccount new_account(double now, const Timeouts& t) {
+    return GoodputAccount(now, std::max(t.heartbeat_interval, kProgressReportSeconds));
+  }
   // A node enters (in) or leaves the counts of its state: counts[], and spares[] for a --spare.
   static void tally(Job& job, const Node& node, bool in) {
     const int s = static_cast<int>(node.state);

@@ -110,7 +110,7 @@ bool StateMachine::load(const JobRecord& r) {
   job.gather_since = now;
   // The account as the record left it; a running round's resumes carry it on from the round's
   // start (adopt_goodput). The time between the record's write and this load is not known.
-  job.goodput = GoodputAccount(now, job.timeouts.heartbeat_interval);
+  job.goodput = new_account(now, job.timeouts);
   if (auto totals = GoodputTotals::from_array(r.goodput)) {
     job.goodput.restore(now, *totals, r.state == JobRecord::State::running, static_cast<std::size_t>(r.group_world_size),
                         static_cast<std::size_t>(r.max_nodes));

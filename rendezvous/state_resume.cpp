@@ -90,7 +90,7 @@ void StateMachine::restore_job(ConnId conn, const ResumeRequest& r) {
   job.rebuilt_at = now;
   job.restore_deadline = now + job.timeouts.heartbeat_timeout;
   job.gather_since = now;
-  job.goodput = GoodputAccount(now, job.timeouts.heartbeat_interval);
+  job.goodput = new_account(now, job.timeouts);
   adopt_goodput(job, r);
   out_.log("job " + job.id + ": rebuilt from the resume of " + who(r) + " (restarts " +
            std::to_string(job.restarts_used) + "/" + std::to_string(job.max_restarts) + "); waiting up to " +

@@ -124,6 +124,9 @@ void from_json(const nlohmann::json& j, WorkerFailure& v);
 // "checkpoint_step" (integers, -1 = none), "checkpoint_interval" (seconds, 0 = none), "busy"
 // (seconds) and "busy_rank" (a local rank; both absent when no worker measured its busy time),
 // "checkpoint_stall" (seconds; absent when 0).
+// An agent's heartbeats carry new progress at most this often (but every heartbeat at a round's
+// start, until its workers' first step): rendezvous/client.h.
+inline constexpr double kProgressReportSeconds = 2.0;
 inline constexpr std::int64_t kMaxReportedStep = std::int64_t{1} << 62;  // a step or checkpoint on the wire
 struct NodeProgress {
   std::int64_t step = -1;             // the highest step a local worker reported this round

@@ -63,6 +63,29 @@ TEST_CASE("a restart: the training the next round does again is lost, the gap is
   CHECK(t.summary() == "goodput 57.5% of 40.0 s: 9.0 s lost to 1 restart, 8.0 s recovering");
 }
 
+TEST_CASE("reports every 2 s: the moment a resumed step was reached is extrapolated at the round's rate") {
+  GoodputAccount a(0, 2.0);
+  a.round_formed(0, 1, 1);
+  a.step(2, 0, 0);
+  a.step(4, 100, 0);    // 0.02 s a step
+  a.round_ended(5.4);   // the crash: 1.4 s after the last report, at about step 170
+  a.round_formed(6, 1, 1);
+  a.step(8, 150, 0);    // resumed at step 150, reached at 4 + 50 x 0.02 = 5.0
+  CHECK(a.totals(8)[Spent::lost] == doctest::Approx(0.4));
+  CHECK(a.totals(8)[Spent::hang] == 0);
+
+  // A round too short for a rate of its own: the next round's rate, once it has one.
+  GoodputAccount b(0, 2.0);
+  b.round_formed(0, 1, 1);
+  b.step(2, 13, 0);
+  b.round_ended(3.4);
+  b.round_formed(4, 1, 1);
+  b.step(6, 61, 0);
+  CHECK(b.totals(6)[Spent::lost] == 0);  // not known yet
+  b.step(8, 161, 0);                     // 0.02 s a step: step 61 was reached at 2 + 48 x 0.02
+  CHECK(b.totals(8)[Spent::lost] == doctest::Approx(3.4 - 2.96));
+}
+
 TEST_CASE("a round that resumes beyond where the last one ended (in-memory state) lost nothing") {
   GoodputAccount a(0, 1.0);
   a.round_formed(0, 1, 1);
