@@ -110,6 +110,41 @@ TEST_CASE("a record written by one leader gives the next the same policy, restar
   CHECK(b.out.of(11, "restart").back()["restart_count"] == 2);
 }
 
+TEST_CASE("the goodput account goes with the record and the running round's resumes to the next leader") {
+  Replica a;
+  a.sm.join(1, spec(1, 2, 3));
+  a.clock.advance(4);  // waiting for node2
+  a.sm.join(2, spec(2, 2, 3));
+  a.clock.advance(10);
+  JobRecord r = a.through_etcd();
+  REQUIRE(r.goodput.size() == GoodputTotals::kArraySize);
+  CHECK(r.goodput[0] == doctest::Approx(14));  // written now: 14 s of wall time
+
+  // A job between rounds: the next leader goes on from the record's account.
+  a.sm.report_failure(1, failure("node1"));
+  a.clock.advance(1);
+  Replica b;
+  REQUIRE(b.sm.load(a.through_etcd()));
+  b.clock.advance(2);
+  const json g = b.job()["goodput"];
+  CHECK(g["wall_seconds"].get<double>() == doctest::Approx(15 + 2));
+  CHECK(g["restarts"] == 1);
+  CHECK(g["seconds"]["waiting"].get<double>() == doctest::Approx(4));
+  CHECK(g["seconds"]["recovery"].get<double>() == doctest::Approx(1 + 2));
+
+  // A running round: the resumes say how long it has run.
+  Replica c;
+  REQUIRE(c.sm.load(r));
+  for (int i : {1, 2}) {
+    ResumeRequest req = resume_of(a, static_cast<ConnId>(i), i, 2, 3);
+    req.assignment.round_age = 30;
+    c.sm.resume(static_cast<ConnId>(10 + i), req);
+  }
+  CHECK(c.job()["state"] == "running");
+  CHECK(c.job()["goodput"]["wall_seconds"].get<double>() == doctest::Approx(4 + 30));
+  CHECK(c.job()["goodput"]["seconds"]["productive"].get<double>() == doctest::Approx(30));
+}
+
 TEST_CASE("a resume with another secret than the record holds for its rank is refused") {
   Replica a;
   a.sm.join(1, spec(1, 2, 0));
@@ -238,6 +273,9 @@ TEST_CASE("a corrupt record is refused with what is wrong, never thrown") {
   refused(with([](json& j) { j["timeouts"]["heartbeat_timeout"] = -5; }), "heartbeat_timeout");
   refused(with([](json& j) { j["timeouts"] = 7; }), "timeouts");
   refused(with([](json& j) { j["failing"] = true; }), "failing job without any failure");
+  refused(with([](json& j) { j["goodput"] = json::array({1, 2}); }), "goodput");
+  refused(with([](json& j) { j["goodput"] = json::array({1, 2, 3, 4, 5, 6, 7, -8, 0}); }), "goodput");
+  refused(with([](json& j) { j["goodput"] = "97%"; }), "goodput");
   refused(with([](json& j) { j["failures"] = json::array({json{{"rank", "x"}}}); }), "rank");
   refused(with([](json& j) { j.erase("round"); }), "round");
   refused(with([](json& j) { j["round"]["members"].erase(1); }), "lists 1 nodes for a round of 2");
