@@ -111,6 +111,7 @@ int Agent::Impl::run() {
     r.counted = counted;
     r.failing = failing;
     r.failure = failure;
+    r.quiet = options.log_dedup && rendezvous->said_elsewhere();
     if (counted) {
       // After a failed round: did any rank get beyond the job's best step or checkpoint?
       sample_progress(monotonic_seconds());
@@ -122,7 +123,7 @@ int Agent::Impl::run() {
   events.on_job_succeeded = [this] { deliver(event::JobSucceeded{}); };
   events.on_job_failed = [this](const rdzv::WorkerFailure& f, const std::string& s) {
     before_decision();
-    deliver(event::JobFailed{f, s});
+    deliver(event::JobFailed{f, s, options.log_dedup && rendezvous->said_elsewhere()});
   };
   events.on_rendezvous_error = [this](const std::string& m) {
     before_decision();

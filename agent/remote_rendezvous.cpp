@@ -279,6 +279,8 @@ std::string RemoteRendezvous::endpoint_list() const {
 
 void RemoteRendezvous::set_events(RendezvousEvents events) { events_ = std::move(events); }
 
+bool RemoteRendezvous::said_elsewhere() const { return client_ && client_->quiet(); }
+
 void RemoteRendezvous::set_progress_source(std::function<std::optional<rdzv::NodeProgress>()> source) {
   progress_source_ = std::move(source);
 }

@@ -107,6 +107,7 @@ class RemoteRendezvous final : public RendezvousHandler {
   bool hears_stalls() const override { return true; }
   void report_stall(double stalled_for) override;
   void close() override;
+  bool said_elsewhere() const override;
 
   // The endpoints actually used (the free port with --standalone).
   const std::vector<rdzv::Endpoint>& endpoints() const { return endpoints_; }

@@ -56,6 +56,9 @@ class RendezvousHandler {
   virtual bool hears_stalls() const { return false; }
   // The local workers made no progress for `stalled_for` seconds.
   virtual void report_stall(double stalled_for) { (void)stalled_for; }
+  // Whether another node of the job prints the reason of the restart or failure just heard in
+  // full (the daemon names one node for the whole job; --log_dedup then says one short line).
+  virtual bool said_elsewhere() const { return false; }
 };
 
 }  // namespace ddp::agent

@@ -156,7 +156,7 @@ void Supervisor::step_any(const Event& e) {
                  },
                  [this](const event::Restart& r) { restart(r); },
                  [this](const event::JobSucceeded&) { finish(0); },
-                 [this](const event::JobFailed& f) { job_failed(f.first, f.summary); },
+                 [this](const event::JobFailed& f) { job_failed(f.first, f.summary, f.quiet); },
                  [this](const event::RendezvousError& r) {
                    say("rendezvous failed: " + r.message);
                    when_stopped(Then::make(Then::Do::kExit, kRendezvousFailed), false);
@@ -185,7 +185,7 @@ void Supervisor::round(const rdzv::Assignment& a) {
     say("the rendezvous started a new round despite this node's decision; leaving the job");
     emit(effect::CloseRendezvous{});
     if (reported_) {
-      job_failed(*reported_, crash_loop_.reason());
+      job_failed(*reported_, crash_loop_.reason(), false);
     } else {
       say("job failed: " + crash_loop_.reason());
       finish(kJobFailed);
@@ -327,7 +327,12 @@ void Supervisor::restart(const event::Restart& r) {
     return;
   }
   if (r.failure && state_ == State::kRunning) emit(effect::AbandonRound{});
-  say((r.failing ? "stopping the workers: " : "restarting the workers: ") + r.reason);
+  if (r.quiet) {
+    say(std::string(r.failing ? "stopping the workers" : "restarting the workers") +
+        " (another node of the job prints why: --log_dedup)");
+  } else {
+    say((r.failing ? "stopping the workers: " : "restarting the workers: ") + r.reason);
+  }
   record("restart", r.failing ? "job_failing" : r.counted ? "worker_failure" : "membership", {},
          {{"counted", r.counted}}, r.reason);
   when_stopped(Then::make(Then::Do::kJoin), /*park=*/!r.failing);
@@ -350,11 +355,12 @@ void Supervisor::end_job_everywhere() {
   when_stopped(Then::make(Then::Do::kRejoin), false);
 }
 
-void Supervisor::job_failed(const rdzv::WorkerFailure& first, const std::string& summary) {
+void Supervisor::job_failed(const rdzv::WorkerFailure& first, const std::string& summary, bool quiet) {
   if (state_ == State::kRunning) emit(effect::AbandonRound{});
   Then then = Then::make(Then::Do::kJobFailed);
   then.first = first;
   then.summary = summary;
+  then.quiet = quiet;
   when_stopped(std::move(then), false);
 }
 
@@ -567,8 +573,13 @@ void Supervisor::run(Then then) {
       finish(0, "drained");
       return;
     case Then::Do::kJobFailed: {
-      const SummaryParts parts = summary_parts(last_failures_, then.first);
       emit(effect::FlushLines{});
+      if (then.quiet) {  // the node of the failure (or the job's first) prints the summary
+        say("job failed (another node of the job prints the summary: --log_dedup)");
+        finish(kJobFailed);
+        return;
+      }
+      const SummaryParts parts = summary_parts(last_failures_, then.first);
       emit(effect::Console{
           format_failure_summary(config_.program, then.first, parts.error_file, parts.others, parts.log_files)});
       if (!then.summary.empty()) say("job failed: " + then.summary);

@@ -131,10 +131,11 @@ struct ChannelLost { int pid = 0; std::string problem; };  // empty: the worker 
 struct Hung { int pid = 0; };
 struct Due { Deadline deadline; };
 struct Posted { Later what; };
-struct Restart { std::string reason; bool counted = false, failing = false, failure = false;
+// quiet: another node of the job prints the reason in full (--log_dedup with a daemon).
+struct Restart { std::string reason; bool counted = false, failing = false, failure = false, quiet = false;
                  std::int64_t best_step = -1, best_checkpoint = -1; };
 struct JobSucceeded {};
-struct JobFailed { rdzv::WorkerFailure first; std::string summary; };
+struct JobFailed { rdzv::WorkerFailure first; std::string summary; bool quiet = false; };
 struct RendezvousError { std::string message; };
 struct Drained { std::string message; };  // an operator took this node out of the job
 struct Signal { int signo = 0; };
@@ -182,6 +183,7 @@ class Supervisor {
     int code = 0;
     rdzv::WorkerFailure first;
     std::string summary;
+    bool quiet = false;  // kJobFailed: another node prints the summary
     static Then make(Do what, int code = 0) {
       Then t;
       t.what = what;
@@ -202,7 +204,7 @@ class Supervisor {
   void report_failure();
   void restart(const event::Restart& r);
   void end_job_everywhere();
-  void job_failed(const rdzv::WorkerFailure& first, const std::string& summary);
+  void job_failed(const rdzv::WorkerFailure& first, const std::string& summary, bool quiet);
   void signal(int signo);
   void drained(const std::string& message);
   void parked(const event::Parked& p);

@@ -155,7 +155,8 @@ const std::vector<OptionSpec> kOptions = {
   {"log_dedup", 0, true, nullptr, nullptr,
    Group::kLogs, "Write a line that several local ranks print alike within "
    "--log_dedup_window once, as [ranks 0-3] LINE; other lines keep their [default0]: prefix. "
-   "Log files stay complete (docs/agent.md)."},
+   "With a rendezvous server, one node of the job prints a restart's reason and the failure "
+   "summary. Log files stay complete (docs/agent.md)."},
   {"log_dedup_window", 0, false, "SECONDS", "0.25",
    Group::kLogs, "How long --log_dedup holds a line for the other ranks to print it too."},
   {"duplicate_stdout_filters", 0, false, "TEXT,TEXT,...", "none",

@@ -243,6 +243,7 @@ void Client::handle(Message& m) {
     }
     case MessageType::restart: {
       const Restart& r = std::get<Restart>(m.body);
+      quiet_ = r.quiet;
       if (events_.on_restart) events_.on_restart(r.reason, r.counted, r.failing, r.failure);
       return;
     }
@@ -263,6 +264,7 @@ void Client::handle(Message& m) {
       finished_ = true;
       const JobFailed& f = std::get<JobFailed>(m.body);
       goodput_ = f.goodput;
+      quiet_ = f.quiet;
       if (events_.on_job_failed) events_.on_job_failed(f.failure, f.summary);
       return;
     }

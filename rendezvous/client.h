@@ -101,6 +101,8 @@ class Client : public std::enable_shared_from_this<Client> {
   // The job's goodput line the server sent with its verdict (to group rank 0's node only); empty
   // when none came.
   const std::string& goodput() const { return goodput_; }
+  // The last restart or job_failed said that another node of the job prints its reason in full.
+  bool quiet() const { return quiet_; }
   // Before the server's welcome these are queued and sent after the resume or join.
   void report_failure(const WorkerFailure& failure);
   void report_success();
@@ -177,6 +179,7 @@ class Client : public std::enable_shared_from_this<Client> {
   std::vector<Message> pending_reports_;  // failure/success said before the welcome
   std::string secret_;
   std::string goodput_;  // the verdict's goodput line (goodput())
+  bool quiet_ = false;   // quiet()
   bool connect_timed_out_ = false;   // the connect deadline cut the attempt in flight short
   std::string last_connect_error_;
   std::string resolve_error_;

@@ -459,6 +459,7 @@ std::optional<std::string> decode_round_body(MessageType type, const json& j, Me
       f.boolean("counted", r.counted);
       f.boolean("failing", r.failing);
       f.boolean("failure", r.failure);
+      f.boolean("quiet", r.quiet);
       f.integer("restart_count", r.restart_count, 0, kMaxRestarts);
       f.integer("max_restarts", r.max_restarts, 0, kMaxRestarts);
       m.body = std::move(r);
@@ -480,6 +481,7 @@ std::optional<std::string> decode_round_body(MessageType type, const json& j, Me
       }
       f.string("summary", jf.summary, kMaxReasonBytes, true);
       if (j.contains("goodput")) f.string("goodput", jf.goodput, kMaxReasonBytes, true);
+      f.boolean("quiet", jf.quiet);
       m.body = std::move(jf);
       return f.error();
     }

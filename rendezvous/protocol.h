@@ -177,6 +177,9 @@ struct Restart {
   // change of membership: the workers' collectives may never complete, so they must not wait to
   // finish their step (docs/worker-sdk.md, "An abandoned round"). Absent on the wire: false.
   bool failure = false;
+  // Another node of the job says the reason in full (the failed one, else the lowest group rank):
+  // an agent with --log_dedup says one short line. Absent on the wire: false.
+  bool quiet = false;
 };
 // job_succeeded and job_failed carry the job's goodput line ("goodput 97.4% of ...",
 // docs/goodput.md) to the node of group rank 0 only, which prints it for the whole job; absent
@@ -189,6 +192,7 @@ struct JobFailed {
   WorkerFailure failure;
   std::string summary;
   std::string goodput;
+  bool quiet = false;  // another node prints the job's failure summary (as in Restart)
 };
 struct StatusReply {
   nlohmann::json status;
@@ -301,7 +305,8 @@ Message make_round(const Assignment& assignment);
 Message make_restart(const std::string& reason, bool counted, int restart_count, int max_restarts,
                      bool failing = false, bool failure = false);
 Message make_job_succeeded(const std::string& job_id, const std::string& goodput = "");
-Message make_job_failed(const WorkerFailure& first_failure, const std::string& summary, const std::string& goodput = "");
+Message make_job_failed(const WorkerFailure& first_failure, const std::string& summary, const std::string& goodput = "",
+                        bool quiet = false);
 Message make_heartbeat_ack();
 Message make_status_reply(nlohmann::json status);
 Message make_waiting(const Waiting& waiting);

@@ -105,6 +105,7 @@ void add_verdict_fields(const Message& m, json& j) {
     if (r.failure) j["failure"] = true;  // the same
     j["restart_count"] = r.restart_count;
     j["max_restarts"] = r.max_restarts;
+    if (r.quiet) j["quiet"] = true;  // absent: false
   } else if (m.type == MessageType::job_succeeded) {
     const auto& s = std::get<JobSucceeded>(m.body);
     j["job_id"] = s.job_id;
@@ -114,6 +115,7 @@ void add_verdict_fields(const Message& m, json& j) {
     j["failure"] = f.failure;
     j["summary"] = f.summary;
     if (!f.goodput.empty()) j["goodput"] = f.goodput;
+    if (f.quiet) j["quiet"] = true;
   }
 }
 

@@ -250,8 +250,9 @@ Message make_restart(const std::string& reason, bool counted, int restart_count,
 Message make_job_succeeded(const std::string& job_id, const std::string& goodput) {
   return message(MessageType::job_succeeded, JobSucceeded{job_id, goodput});
 }
-Message make_job_failed(const WorkerFailure& first_failure, const std::string& summary, const std::string& goodput) {
-  return message(MessageType::job_failed, JobFailed{first_failure, summary, goodput});
+Message make_job_failed(const WorkerFailure& first_failure, const std::string& summary, const std::string& goodput,
+                        bool quiet) {
+  return message(MessageType::job_failed, JobFailed{first_failure, summary, goodput, quiet});
 }
 Message make_heartbeat_ack() { return message(MessageType::heartbeat_ack, Empty{}); }
 Message make_status_reply(json status) { return message(MessageType::status_reply, StatusReply{std::move(status)}); }

@@ -328,7 +328,14 @@ void StateMachine::end_round(Job& job, const std::string& reason, bool counted, 
       set_state(job, node, NodeState::Rejoining);
     }
   }
-  out_.broadcast(told, encode(make_restart(reason, counted, job.restarts_used, job.max_restarts, why == "job_failing", failure)));
+  // One node says the reason in full: the failed one when it is told, else the lowest group rank.
+  Message restart = make_restart(reason, counted, job.restarts_used, job.max_restarts, why == "job_failing", failure);
+  const WorkerFailure* root = job.fatal ? &*job.fatal : !job.round_failures.empty() ? &job.round_failures.back() : nullptr;
+  const ConnId speaker = speaker_of(job, told, root);
+  if (speaker != 0) out_.send(speaker, encode(restart));
+  std::get<Restart>(restart.body).quiet = true;
+  told.erase(std::remove(told.begin(), told.end(), speaker), told.end());
+  out_.broadcast(told, encode(restart));
   job.state = JobState::Gathering;
   job.gather_since = clock_.now();
   job.min_reached_at.reset();
@@ -606,8 +613,10 @@ void StateMachine::finish_failing(Job& job) {
 
 void StateMachine::fail_job(Job& job, const WorkerFailure& failure, const std::string& summary) {
   job.goodput.ended(clock_.now());
-  Frame frame = encode(make_job_failed(failure, summary));
-  const ConnId speaker = summary_node(job);
+  Frame frame = encode(make_job_failed(failure, summary, "", /*quiet=*/true));
+  std::vector<ConnId> conns;
+  for (const auto& entry : job.nodes) conns.push_back(entry.first);
+  const ConnId speaker = speaker_of(job, conns, &failure);
   for (auto& [conn, node] : job.nodes) {
     out_.send(conn, conn == speaker ? encode(make_job_failed(failure, summary, goodput_line(job))) : frame);
     set_state(job, node, NodeState::Finished);
@@ -637,7 +646,9 @@ void StateMachine::report_success(ConnId conn) {
   if (job->round_succeeded < job->round_size) return;
   job->goodput.ended(clock_.now());
   Frame frame = encode(make_job_succeeded(job->id));
-  const ConnId speaker = summary_node(*job);
+  std::vector<ConnId> conns;
+  for (const auto& entry : job->nodes) conns.push_back(entry.first);
+  const ConnId speaker = speaker_of(*job, conns, nullptr);
   for (auto& [c, n] : job->nodes) {
     out_.send(c, c == speaker ? encode(make_job_succeeded(job->id, goodput_line(*job))) : frame);
     set_state(*job, n, NodeState::Finished);

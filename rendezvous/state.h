@@ -436,9 +436,11 @@ class StateMachine {
   static int group_rank_of(const Job& job, int rank);
   nlohmann::json job_status(const Job& job, double now) const;
   void job_ended(Job& job, const std::string& summary);
-  // The node that says the job's goodput line for all (its lowest group rank; state_status.cpp),
-  // and the line: "job J: goodput 97.4% of ...".
-  static ConnId summary_node(const Job& job);
+  // Of `among`, the node that says a restart's reason or the job's verdict and goodput line in
+  // full for the whole job (the others are quiet): the node of `root`'s rank when it is among
+  // them, else the lowest group rank (state_status.cpp); 0 when `among` is empty. And the line:
+  // "job J: goodput 97.4% of ...".
+  static ConnId speaker_of(const Job& job, const std::vector<ConnId>& among, const WorkerFailure* root);
   static std::string goodput_line(const Job& job) {
     return "job " + job.id + ": " + job.goodput.totals(job.ended_at).summary();
   }

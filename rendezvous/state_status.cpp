@@ -250,10 +250,15 @@ void StateMachine::job_ended(Job& job, const std::string& summary) {
        summary);
 }
 
-ConnId StateMachine::summary_node(const Job& job) {
+ConnId StateMachine::speaker_of(const Job& job, const std::vector<ConnId>& among, const WorkerFailure* root) {
+  const int root_rank = root != nullptr ? group_rank_of(job, root->rank) : -1;
   ConnId best = 0;
   int best_rank = -1;
-  for (const auto& [conn, node] : job.nodes) {
+  for (ConnId conn : among) {
+    auto it = job.nodes.find(conn);
+    if (it == job.nodes.end()) continue;
+    const Node& node = it->second;
+    if (root_rank >= 0 && node.group_rank == root_rank) return conn;
     const bool better = best == 0 || (node.group_rank >= 0 && (best_rank < 0 || node.group_rank < best_rank)) ||
                         (node.group_rank == best_rank && conn < best);
     if (better) {

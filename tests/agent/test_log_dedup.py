@@ -1,7 +1,8 @@
 """--log_dedup: a line that several local ranks print alike reaches the console once, as
 "[ranks 0-2] LINE"; other lines keep their prefix; each rank's lines keep their order; log files
 stay complete; a held line is written when its window ends, and before the agent speaks of a
-failure."""
+failure. With a daemon, a restart's reason and the job's failure summary are printed in full by
+one node of the job, not by every node."""
 
 import os
 import sys
@@ -35,6 +36,16 @@ while not os.path.exists(release):
 
 # Rank 1 says why it fails and exits 1; rank 0 waits to be stopped.
 FAILS = """
+import os, sys, time
+if os.environ["RANK"] == "1":
+    sys.stderr.write("rank 1 fails here\\n")
+    sys.exit(1)
+time.sleep(120)
+"""
+
+
+# Rank 1 (the second node's worker) says why and exits 1 in every attempt; rank 0 waits.
+FAILS_ON_NODE_TWO = """
 import os, sys, time
 if os.environ["RANK"] == "1":
     sys.stderr.write("rank 1 fails here\\n")
@@ -104,6 +115,27 @@ class LogDedup(LaunchTestCase):
         self.assertIn("[default1]:rank 1 fails here", err)
         self.assertIn("exited with code 1", err)
         self.assertLess(err.index("[default1]:rank 1 fails here"), err.index("exited with code 1"), err)
+
+    def test_with_a_daemon_one_node_prints_the_restart_reason_and_the_failure_summary(self):
+        port = self.start_rendezvous_daemon()
+        script = self.script("fails_on_two.py", FAILS_ON_NODE_TWO)
+        args = ["--nnodes=2", "--nproc_per_node=1", "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:%d" % port,
+                "--rdzv_id=quiet", "--max_restarts=1", "--log_dedup", "--standby=off", "--shutdown_timeout=5",
+                "--python", PYTHON, script]
+        agents = [self.spawn_launch(args) for _ in range(2)]
+        for a in agents:
+            self.assertEqual(a.wait(120), 1, a.describe())
+        outputs = [a.output() for a in agents]
+        both = "\n".join(outputs)
+        # The node whose worker failed says why, both times; the other says that it does.
+        self.assertEqual(both.count("restarting the workers: worker rank 1"), 1, both)
+        self.assertEqual(both.count("restarting the workers (another node of the job prints why: --log_dedup)"), 1,
+                         both)
+        self.assertEqual(both.count("job failed (another node of the job prints the summary: --log_dedup)"), 1, both)
+        speaker = next(o for o in outputs if "restarting the workers: worker rank 1" in o)
+        self.assertIn("[default0]:rank 1 fails here", speaker)
+        self.assertIn("job failed: job quiet failed after 1 of 1 restarts", speaker)
+        self.assertEqual(both.count("job failed: "), 1, both)
 
     def test_one_worker_on_the_console_says_there_is_nothing_to_collapse(self):
         script = self.script("hi.py", "print('hi')\n")

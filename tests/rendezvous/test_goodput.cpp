@@ -1,6 +1,7 @@
 // The goodput account (rendezvous/goodput.h) on a manual clock: each category from the moments
 // that define it, the categories adding up to the wall time, and the state machine telling the
-// account what its job does (status, gauges, the job_end event).
+// account what its job does (status, gauges, the job_end event); one node of the job hears the
+// goodput line, a restart's reason and the verdict in full (the others: quiet).
 #include <doctest/doctest.h>
 
 #include <numeric>
@@ -238,4 +239,37 @@ TEST_CASE("the state machine keeps each job's account: status, gauges and the jo
   bool said = false;
   for (const auto& line : out.lines) said = said || line.find("job job: goodput 44.4% of 18.0 s") == 0;
   CHECK(said);
+}
+
+TEST_CASE("the node whose worker failed speaks for the job: restart and verdict in full, the others quiet") {
+  ManualClock clock;
+  EventOutbox out;
+  StateMachine sm(clock, out);
+  NodeSpec a = spec("node1"), b = spec("node2");
+  a.max_restarts = b.max_restarts = 1;
+  sm.join(1, a);
+  sm.join(2, b);
+  WorkerFailure f;
+  f.host = "node2";
+  f.rank = 1;  // node2 runs group rank 1 (one worker per node)
+  f.exit_code = 1;
+  sm.report_failure(2, f);
+  REQUIRE(out.of(1, "restart").size() == 1);
+  REQUIRE(out.of(2, "restart").size() == 1);
+  CHECK(out.of(1, "restart")[0].value("quiet", false));
+  CHECK_FALSE(out.of(2, "restart")[0].contains("quiet"));
+  sm.join(1, a);
+  sm.join(2, b);
+  sm.report_failure(2, f);  // the budget is spent: the job fails once both nodes stopped
+  CHECK(out.of(1, "restart").back().value("quiet", false));
+  CHECK_FALSE(out.of(2, "restart").back().contains("quiet"));
+  sm.join(1, a);
+  sm.join(2, b);
+  const auto v1 = out.of(1, "job_failed"), v2 = out.of(2, "job_failed");
+  REQUIRE(v1.size() == 1);
+  REQUIRE(v2.size() == 1);
+  CHECK(v1[0].value("quiet", false));
+  CHECK_FALSE(v1[0].contains("goodput"));
+  CHECK_FALSE(v2[0].contains("quiet"));
+  CHECK(v2[0]["goodput"].get<std::string>().rfind("job job: goodput ", 0) == 0);
 }

@@ -273,6 +273,19 @@ TEST_CASE("the goodput account travels with a round and a verdict, checked like 
   CHECK(std::get<JobSucceeded>(long_line.message->body).goodput.size() < (1u << 17));
 }
 
+TEST_CASE("quiet on a restart or a verdict: absent is false, and it must be a boolean") {
+  Message m = make_restart("node x lost", false, 1, 3);
+  CHECK(payload_of(encode(m)).find("quiet") == std::string::npos);
+  std::get<Restart>(m.body).quiet = true;
+  auto r = decode(payload_of(encode(m)));
+  REQUIRE_FALSE(r.error);
+  CHECK(std::get<Restart>(r.message->body).quiet);
+  auto v = decode(payload_of(encode(make_job_failed(WorkerFailure{}, "s", "", true))));
+  REQUIRE_FALSE(v.error);
+  CHECK(std::get<JobFailed>(v.message->body).quiet);
+  CHECK(decode(R"({"type":"restart","reason":"x","counted":false,"quiet":"yes","restart_count":1,"max_restarts":1})").error);
+}
+
 TEST_CASE("a heartbeat's checkpoint stall is optional, and range-checked") {
   NodeProgress p;
   p.step = 5;
