@@ -86,6 +86,7 @@ ProgressSample ProgressBoard::read(int slot) const {
   out.final = load_u64(p + contracts::kFinalOffset) != 0;
   out.busy_us = load_u64(p + contracts::kBusyOffset);
   out.checkpoint_stall_us = load_u64(p + contracts::kCheckpointStallOffset);
+  out.first_step = static_cast<int64_t>(load_u64(p + contracts::kFirstStepOffset)) - 1;  // 0 (none) reads -1
   for (std::size_t i = 0; i < kPhaseSize; ++i) {
     const char c = static_cast<char>(p[kPhaseOffset + i]);
     if (c == '\0') break;
@@ -104,6 +105,7 @@ void ProgressBoard::write(int slot, const ProgressSample& sample) {
   store_u64(p + contracts::kFinalOffset, sample.final ? 1 : 0);
   store_u64(p + contracts::kBusyOffset, sample.busy_us);
   store_u64(p + contracts::kCheckpointStallOffset, sample.checkpoint_stall_us);
+  store_u64(p + contracts::kFirstStepOffset, static_cast<uint64_t>(sample.first_step + 1));
   store_u64(p + contracts::kBeatsOffset, sample.beats);
 }
 
@@ -123,6 +125,10 @@ std::optional<rdzv::NodeProgress> summarize(const std::vector<ProgressSample>& s
     const double busy = static_cast<double>(std::min<uint64_t>(s.busy_us, uint64_t{10'000'000'000'000})) / 1e6;
     const double stall = static_cast<double>(std::min<uint64_t>(s.checkpoint_stall_us, uint64_t{10'000'000'000'000})) / 1e6;
     out->checkpoint_stall = std::max(out->checkpoint_stall, stall);
+    if (stepped && s.first_step >= 0 && s.first_step <= rdzv::kMaxReportedStep &&
+        (out->first_step < 0 || s.first_step < out->first_step)) {
+      out->first_step = s.first_step;  // the earliest: where the node's round resumed
+    }
     if (stepped && busy > 0 && busy > out->busy) {
       out->busy = busy;
       out->busy_local_rank = static_cast<int>(slot);

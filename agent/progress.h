@@ -30,6 +30,7 @@ struct ProgressSample {
   bool final = false;  // the worker asks that its failure end the job (a restart would repeat it)
   uint64_t busy_us = 0;  // the worker's busy time per step (us, a moving average); 0 = not measured
   uint64_t checkpoint_stall_us = 0;  // its steps' standstill for checkpoints so far (us, cumulative)
+  int64_t first_step = -1;  // the first step it reported since the slot was cleared; -1 = none
 };
 
 class ProgressBoard {

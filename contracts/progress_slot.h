@@ -26,7 +26,11 @@
 //                                      checkpoints since it started (microseconds, cumulative:
 //                                      a synchronous save whole, an async save's snapshot); the
 //                                      daemon's goodput account (docs/goodput.md)
-//   offset 96: reserved, zero (room for what a worker will report next, without a new layout)
+//   offset 96: uint64 first_step       the first step the worker reported since the agent cleared
+//                                      the slot (a round's start), plus one; 0 = none yet. The
+//                                      worker writes it at a step() that finds 0: the step its
+//                                      round resumed at, for the goodput account
+//   offset 104: reserved, zero (room for what a worker will report next, without a new layout)
 // The 64-bit fields are aligned words, stored and loaded as atomics. contracts/fixtures/
 // progress_slot.bin is one slot both the C++ and the Python tests read and write.
 // Constants only.
@@ -48,6 +52,7 @@ constexpr std::size_t kIntervalOffset = 64;
 constexpr std::size_t kFinalOffset = 72;
 constexpr std::size_t kBusyOffset = 80;
 constexpr std::size_t kCheckpointStallOffset = 88;
+constexpr std::size_t kFirstStepOffset = 96;
 
 // The word index of a 64-bit field, for a writer that sees the slot as an array of words.
 constexpr std::size_t word(std::size_t offset) { return offset / 8; }
@@ -59,11 +64,11 @@ constexpr std::uint64_t kDoneBeats = ~std::uint64_t{0};
 static_assert(kPhaseOffset == kCheckpointOffset + 8 && kAbandonedOffset == kPhaseOffset + kPhaseSize &&
                   kIntervalOffset == kAbandonedOffset + 8 && kFinalOffset == kIntervalOffset + 8 &&
                   kBusyOffset == kFinalOffset + 8 && kCheckpointStallOffset == kBusyOffset + 8 &&
-                  kCheckpointStallOffset + 8 <= kSlotSize,
+                  kFirstStepOffset == kCheckpointStallOffset + 8 && kFirstStepOffset + 8 <= kSlotSize,
               "the slot's fields follow each other without a gap");
 static_assert(kBeatsOffset % 8 == 0 && kStepOffset % 8 == 0 && kCheckpointOffset % 8 == 0 &&
                   kAbandonedOffset % 8 == 0 && kIntervalOffset % 8 == 0 && kFinalOffset % 8 == 0 &&
-                  kBusyOffset % 8 == 0 && kCheckpointStallOffset % 8 == 0,
+                  kBusyOffset % 8 == 0 && kCheckpointStallOffset % 8 == 0 && kFirstStepOffset % 8 == 0,
               "the 64-bit fields are aligned words");
 
 }  // namespace ddp::contracts

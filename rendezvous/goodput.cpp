@@ -13,7 +13,8 @@ constexpr const char* kSpentNames[kSpentCount] = {"productive", "lost",    "reco
                                                    "hang",       "waiting", "reduced_capacity"};
 constexpr double kMaxSeconds = 1e10;  // about 300 years: beyond it a record is not believed
 
-double rounded(double x, double unit) { return std::round(x / unit) * unit; }
+// x to 1/scale (10: a tenth), as the nearest double prints: 51.8, not 51.800000000000004.
+double rounded(double x, double scale) { return std::round(x * scale) / scale; }
 
 std::string one_decimal(double s) {
   char buf[32];
@@ -39,9 +40,9 @@ const char* spent_name(Spent s) { return kSpentNames[static_cast<int>(s)]; }
 
 nlohmann::json GoodputTotals::to_json() const {
   nlohmann::json by = nlohmann::json::object();
-  for (int i = 0; i < kSpentCount; ++i) by[kSpentNames[i]] = rounded(seconds[i], 0.001);
-  return {{"wall_seconds", rounded(wall, 0.001)},
-          {"percent", rounded(percent(), 0.1)},
+  for (int i = 0; i < kSpentCount; ++i) by[kSpentNames[i]] = rounded(seconds[i], 1000);
+  return {{"wall_seconds", rounded(wall, 1000)},
+          {"percent", rounded(percent(), 10)},
           {"seconds", std::move(by)},
           {"restarts", restarts}};
 }
@@ -70,8 +71,8 @@ std::optional<GoodputTotals> GoodputTotals::from_json(const nlohmann::json& j) {
 }
 
 std::vector<double> GoodputTotals::to_array() const {
-  std::vector<double> a{rounded(wall, 0.001)};
-  for (double s : seconds) a.push_back(rounded(s, 0.001));
+  std::vector<double> a{rounded(wall, 1000)};
+  for (double s : seconds) a.push_back(rounded(s, 1000));
   a.push_back(restarts);
   return a;
 }
@@ -173,16 +174,24 @@ void GoodputAccount::round_formed(double now, std::size_t nodes, std::size_t max
   stall_seen_ = 0;
 }
 
-void GoodputAccount::step(double now, std::int64_t step, double checkpoint_stall) {
+void GoodputAccount::step(double now, std::int64_t step, double checkpoint_stall, std::int64_t first_step) {
   if (phase_ != Phase::start_up && phase_ != Phase::training) return;
   if (phase_ == Phase::start_up) {
-    // The round's first step: until now it was starting (recovery), from now it trains.
-    if (now > since_) spent_[static_cast<int>(Spent::recovery)] += now - since_;
-    since_ = std::max(since_, now);
+    // The round's first report: it was starting (recovery) until its first step, which the
+    // report names with the step it resumed at; training began that many steps ago at the last
+    // rate measured (or now, without one).
+    const std::int64_t resumed = first_step >= 0 && first_step <= step ? first_step : step;
+    double began = now;
+    if (per_step_ > 0) began = std::max(since_, now - per_step_ * static_cast<double>(step - resumed));
+    if (began > since_) spent_[static_cast<int>(Spent::recovery)] += began - since_;
+    since_ = std::max(since_, began);
     phase_ = Phase::training;
     ever_stepped_ = true;
-    round_.steps.emplace_back(now, step);
-    if (rollback_pending_ && resolve_rollback(step)) rollback_pending_ = false;
+    round_.resumed = resumed;
+    if (per_step_ > 0) round_.steps.emplace_back(began, resumed);
+    if (round_.steps.empty() || step > resumed) round_.steps.emplace_back(now, step);
+    commit(now);
+    if (rollback_pending_ && resolve_rollback(resumed)) rollback_pending_ = false;
     // The stall so far is the start-up's (or an earlier round's, in a worker that lived on).
     stall_seen_ = std::max(stall_seen_, checkpoint_stall);
   } else {
@@ -194,9 +203,9 @@ void GoodputAccount::step(double now, std::int64_t step, double checkpoint_stall
         round_.steps.resize(kept);
       }
       round_.steps.emplace_back(now, step);
-      const auto& [first_at, first_step] = round_.steps.front();
-      per_step_ = (now - first_at) / static_cast<double>(step - first_step);
-      if (rollback_pending_ && resolve_rollback(first_step)) rollback_pending_ = false;
+      const auto& [first_at, first_seen] = round_.steps.front();
+      per_step_ = (now - first_at) / static_cast<double>(step - first_seen);
+      if (rollback_pending_ && resolve_rollback(round_.resumed)) rollback_pending_ = false;
     }
   }
   if (checkpoint_stall > stall_seen_) {

@@ -70,9 +70,10 @@ class GoodputAccount {
   void between_rounds(double now, bool waiting);
   // A round of `nodes` formed (MAX = `max_nodes`): start-up until its first step is reported.
   void round_formed(double now, std::size_t nodes, std::size_t max_nodes);
-  // The round's highest step (a node's report after the round formed), and the checkpoint stall
-  // its workers reported (cumulative for the round, seconds; the most of any node).
-  void step(double now, std::int64_t step, double checkpoint_stall);
+  // The round's highest step (a node's report after the round formed), the checkpoint stall its
+  // workers reported (cumulative, seconds; the most of any node), and the first step they
+  // reported this round (where it resumed; -1 = not known: the round's first report stands for it).
+  void step(double now, std::int64_t step, double checkpoint_stall, std::int64_t first_step = -1);
   // The round ended (a restart).
   void round_ended(double now);
   // The job ended (succeeded, failed or dropped): the account stops at `now`.
@@ -88,6 +89,7 @@ class GoodputAccount {
     double capacity = 1;  // nodes / MAX
     double end = 0;       // when its training ended (a hang's start, else the restart)
     double per_step = 0;  // seconds per step between its first and last report; 0 = unknown
+    std::int64_t resumed = -1;  // the step it resumed at (its first report's first step)
   };
   static constexpr std::size_t kMaxSteps = 4096;  // of a round's timeline (thinned beyond)
 

@@ -360,12 +360,13 @@ std::optional<std::string> decode_connection_body(MessageType type, const json& 
       Fields f(j, "heartbeat");
       Heartbeat h;
       if (j.contains("step") || j.contains("checkpoint_step") || j.contains("checkpoint_interval") ||
-          j.contains("busy") || j.contains("checkpoint_stall")) {
+          j.contains("busy") || j.contains("checkpoint_stall") || j.contains("first_step")) {
         NodeProgress p;
         f.integer("step", p.step, -1, kMaxReportedStep);
         f.integer("checkpoint_step", p.checkpoint_step, -1, kMaxReportedStep);
         f.number("checkpoint_interval", p.checkpoint_interval, 0, kMaxTimeoutSeconds);
         f.number("checkpoint_stall", p.checkpoint_stall, 0, kMaxTimeoutSeconds);
+        f.integer("first_step", p.first_step, -1, kMaxReportedStep);
         if (j.contains("busy") && f.require("busy_rank")) {
           f.number("busy", p.busy, 0, kMaxTimeoutSeconds);
           f.integer("busy_rank", p.busy_local_rank, 0, kMaxLocalWorldSize - 1);

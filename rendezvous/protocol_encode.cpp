@@ -89,6 +89,7 @@ void add_progress_fields(const NodeProgress& p, json& j) {
   j["checkpoint_step"] = p.checkpoint_step;
   j["checkpoint_interval"] = p.checkpoint_interval;
   if (p.checkpoint_stall > 0) j["checkpoint_stall"] = p.checkpoint_stall;
+  if (p.first_step >= 0) j["first_step"] = p.first_step;
   if (p.busy_local_rank >= 0) {
     j["busy"] = p.busy;
     j["busy_rank"] = p.busy_local_rank;

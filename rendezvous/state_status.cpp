@@ -127,7 +127,8 @@ void StateMachine::progress(ConnId conn, const NodeProgress& progress) {
   if (job->state == JobState::Running && node.state == NodeState::Running && progress.step >= 0 &&
       (node.fresh_step || progress.step != node.stale_step)) {
     node.fresh_step = true;
-    job->goodput.step(clock_.now(), progress.step, progress.checkpoint_stall);
+    job->goodput.step(clock_.now(), progress.step, progress.checkpoint_stall,
+                      progress.first_step >= 0 && progress.first_step <= progress.step ? progress.first_step : -1);
   }
   judge_stragglers(*job, clock_.now());
 }

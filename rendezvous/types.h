@@ -123,7 +123,8 @@ void from_json(const nlohmann::json& j, WorkerFailure& v);
 // its agent's heartbeats for `status` to show. Optional fields on the wire: "step",
 // "checkpoint_step" (integers, -1 = none), "checkpoint_interval" (seconds, 0 = none), "busy"
 // (seconds) and "busy_rank" (a local rank; both absent when no worker measured its busy time),
-// "checkpoint_stall" (seconds; absent when 0).
+// "checkpoint_stall" (seconds; absent when 0), "first_step" (the round's first step, where it
+// resumed; absent when not known).
 // An agent's heartbeats carry new progress at most this often (but every heartbeat at a round's
 // start, until its workers' first step): rendezvous/client.h.
 inline constexpr double kProgressReportSeconds = 2.0;
@@ -139,9 +140,13 @@ struct NodeProgress {
   // How long its workers' steps stood still for checkpoints since they started (s; the most of any
   // local worker): the goodput account's checkpoint stalls.
   double checkpoint_stall = 0;
+  // The first step its workers reported this round (the lowest of any local worker): the step the
+  // round resumed at; -1 = not known.
+  std::int64_t first_step = -1;
   bool operator==(const NodeProgress& o) const {
     return step == o.step && checkpoint_step == o.checkpoint_step && checkpoint_interval == o.checkpoint_interval &&
-           busy == o.busy && busy_local_rank == o.busy_local_rank && checkpoint_stall == o.checkpoint_stall;
+           busy == o.busy && busy_local_rank == o.busy_local_rank && checkpoint_stall == o.checkpoint_stall &&
+           first_step == o.first_step;
   }
 };
 

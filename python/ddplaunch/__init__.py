@@ -53,6 +53,7 @@ _INTERVAL_OFFSET = 64  # checkpoint_interval_ms
 _FINAL_OFFSET = 72
 _BUSY_OFFSET = 80      # busy_us: busy time per step (python/ddplaunch_autostart.py measures it)
 _STALL_OFFSET = 88     # checkpoint_stall_us: the steps' standstill for checkpoints so far (save())
+_FIRST_OFFSET = 96     # first_step + 1 since the agent cleared the slot (0 = none yet)
 _DONE_BEATS = 0xFFFFFFFFFFFFFFFF  # the worker finished its steps: not watched
 _BEATS_WORD, _STEP_WORD, _CHECKPOINT_WORD = _BEATS_OFFSET // 8, _STEP_OFFSET // 8, _CHECKPOINT_OFFSET // 8
 
@@ -63,8 +64,11 @@ _step = 0
 _explicit = False  # step() was called: the optimizer's steps no longer count
 
 
+_first = None  # memoryview of the slot's first_step word
+
+
 def _open():
-    global _words, _bytes
+    global _words, _bytes, _first
     path = os.environ.get("DDPLAUNCH_PROGRESS_FILE")
     slot = os.environ.get("DDPLAUNCH_PROGRESS_SLOT")
     if not path or slot is None:
@@ -86,6 +90,7 @@ def _open():
     view = memoryview(region)[slot * _SLOT_SIZE:(slot + 1) * _SLOT_SIZE]
     _bytes = view
     _words = view[:_PHASE_OFFSET].cast("Q")
+    _first = view[_FIRST_OFFSET:_FIRST_OFFSET + 8].cast("Q")
 
 
 _open()
@@ -124,6 +129,8 @@ def _optimizer_step():
 
 def _write_step():
     global _beats
+    if _first[0] == 0:  # the round's first step (the agent cleared the slot): where it resumed
+        _first[0] = (_step + 1) & 0xFFFFFFFFFFFFFFFF
     _words[_STEP_WORD] = _step
     _beats += 1
     _words[_BEATS_WORD] = _beats  # last: the agent sees the step with the beat

@@ -87,6 +87,7 @@ TEST_SUITE("progress heartbeats decide when a rank hangs") {
     CHECK(s.final);
     CHECK(s.busy_us == 412000);
     CHECK(s.checkpoint_stall_us == 2500000);
+    CHECK(s.first_step == 1228);
     CHECK(board.abandoned(1));
 
     board.reset();
@@ -97,6 +98,7 @@ TEST_SUITE("progress heartbeats decide when a rank hangs") {
     written.final = true;
     written.busy_us = 412000;
     written.checkpoint_stall_us = 2500000;
+    written.first_step = 1228;
     board.write(1, written);
     board.abandon_slot(1);
     CHECK(slot_bytes(board, 1) == golden);
@@ -171,6 +173,19 @@ TEST_SUITE("progress heartbeats decide when a rank hangs") {
     CHECK(got->checkpoint_stall == doctest::Approx(2.5));
     b.checkpoint_stall_us = std::numeric_limits<uint64_t>::max();  // a worker's garbage, bounded as the wire bounds it
     CHECK(summarize({a, b})->checkpoint_stall == doctest::Approx(1e7));
+  }
+
+  TEST_CASE("a node's first step of the round: the earliest of its stepping ranks, where the round resumed") {
+    ProgressSample a, b, idle;
+    a.beats = b.beats = 3;
+    a.step = 130;
+    b.step = 128;
+    a.first_step = 111;
+    b.first_step = 110;
+    idle.first_step = 5;  // never stepped (beats 0): stale
+    CHECK(summarize({a, b, idle})->first_step == 110);
+    a.first_step = b.first_step = -1;
+    CHECK(summarize({a, b})->first_step == -1);
   }
 
   TEST_CASE("an abandoned round is seen in every slot, survives the workers' writes, and ends with the round") {

@@ -109,6 +109,7 @@ TEST_SUITE("the golden fixtures are what both sides read and write") {
     CHECK(u64_at(bytes, kFinalOffset) == 1);
     CHECK(u64_at(bytes, kBusyOffset) == 412000);
     CHECK(u64_at(bytes, kCheckpointStallOffset) == 2500000);
+    CHECK(u64_at(bytes, kFirstStepOffset) == 1229);
 
     std::string slot(kSlotSize, '\0');
     put_u64_at(slot, kBeatsOffset, 7);
@@ -120,6 +121,7 @@ TEST_SUITE("the golden fixtures are what both sides read and write") {
     put_u64_at(slot, kFinalOffset, 1);
     put_u64_at(slot, kBusyOffset, 412000);
     put_u64_at(slot, kCheckpointStallOffset, 2500000);
+    put_u64_at(slot, kFirstStepOffset, 1229);
     CHECK(slot == bytes);
   }
 }

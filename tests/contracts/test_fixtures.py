@@ -108,6 +108,7 @@ class ProgressSlot(unittest.TestCase):
         self.assertTrue(ddplaunch._final())
         self.assertEqual(ddplaunch._get_busy(), 0.412)
         self.assertEqual(ddplaunch._bytes[ddplaunch._STALL_OFFSET:ddplaunch._STALL_OFFSET + 8].cast("Q")[0], 2500000)
+        self.assertEqual(ddplaunch._bytes[ddplaunch._FIRST_OFFSET:ddplaunch._FIRST_OFFSET + 8].cast("Q")[0], 1229)
 
     def test_the_package_writes_the_golden_slot(self):
         path = self.slot_file(bytes(len(self.golden)))

@@ -87,6 +87,21 @@ TEST_CASE("reports every 2 s: the moment a resumed step was reached is extrapola
   CHECK(b.totals(8)[Spent::lost] == doctest::Approx(3.4 - 2.96));
 }
 
+TEST_CASE("the first report names the step the round resumed at; its training began that many steps ago") {
+  GoodputAccount a(0, 2.0);
+  a.round_formed(0, 1, 1);
+  a.step(2, 0, 0);
+  a.step(4, 100, 0);       // 0.02 s a step
+  a.round_ended(5);        // at about step 150
+  a.round_formed(6, 1, 1);
+  a.step(9, 160, 0, 110);  // resumed at 110 (its checkpoint), 50 steps ago: training began at 8.0
+  const GoodputTotals t = a.totals(9);
+  CHECK(t[Spent::lost] == doctest::Approx(5 - (4 + 10 * 0.02)));  // 110 was reached at 4.2
+  CHECK(t[Spent::recovery] == doctest::Approx(2 + 1 + 2));         // start-up, between rounds, 6 -> 8
+  CHECK(t[Spent::productive] == doctest::Approx(3 - (5 - 4.2) + 1));
+  CHECK(sum(t) == doctest::Approx(9));
+}
+
 TEST_CASE("a round that resumes beyond where the last one ended (in-memory state) lost nothing") {
   GoodputAccount a(0, 1.0);
   a.round_formed(0, 1, 1);

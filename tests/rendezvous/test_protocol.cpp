@@ -298,6 +298,12 @@ TEST_CASE("a heartbeat's checkpoint stall is optional, and range-checked") {
   CHECK(decode(R"({"type":"heartbeat","checkpoint_stall":1e300})").error);
   CHECK(decode(R"({"type":"heartbeat","checkpoint_stall":"long"})").error);
   CHECK(std::get<Heartbeat>(decode(R"({"type":"heartbeat","checkpoint_stall":3})").message->body).progress->checkpoint_stall == 3);
+  p.first_step = 3;
+  auto first = decode(payload_of(encode(make_heartbeat(p))));
+  REQUIRE_FALSE(first.error);
+  CHECK(std::get<Heartbeat>(first.message->body).progress->first_step == 3);
+  CHECK(decode(R"({"type":"heartbeat","step":5,"first_step":-2})").error);
+  CHECK(decode(R"({"type":"heartbeat","step":5,"first_step":1e30})").error);
 }
 
 TEST_CASE("waiting carries the counts and the seconds left, and its ranges are checked") {

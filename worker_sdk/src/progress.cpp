@@ -53,6 +53,9 @@ Progress::Progress() {
 
 void Progress::step(int64_t step) noexcept {
   if (!slot_) return;
+  // The round's first step (the agent cleared the slot when the round began): where it resumed.
+  std::atomic<uint64_t>& first = slot_[word(contracts::kFirstStepOffset)];
+  if (first.load(std::memory_order_relaxed) == 0 && step >= 0) first.store(static_cast<uint64_t>(step) + 1, std::memory_order_relaxed);
   slot_[word(contracts::kStepOffset)].store(static_cast<uint64_t>(step), std::memory_order_relaxed);
   slot_[word(contracts::kBeatsOffset)].store(++beats_, std::memory_order_release);
 }
