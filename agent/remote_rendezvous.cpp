@@ -329,7 +329,8 @@ rdzv::ClientEvents RemoteRendezvous::client_events() {
         ") at " + endpoints_[current_].text() + ", " + secs(since(lost_at_)) +
         " after losing the rendezvous; no worker was restarted");
   };
-  // The job's goodput line comes to one node of the job (group rank 0's), which says it for all.
+  // The job's goodput line comes to one node of the job (the failed one, else the lowest group
+  // rank's), which says it for all.
   ev.on_job_succeeded = [this] {
     finished_ = true;
     end_progress();

@@ -98,7 +98,7 @@ class Client : public std::enable_shared_from_this<Client> {
   void resume(ResumeRequest request);
   // The per-node secret the server sent with the last round ("" before any round).
   const std::string& secret() const { return secret_; }
-  // The job's goodput line the server sent with its verdict (to group rank 0's node only); empty
+  // The job's goodput line the server sent with its verdict (to one node of the job only); empty
   // when none came.
   const std::string& goodput() const { return goodput_; }
   // The last restart or job_failed said that another node of the job prints its reason in full.

@@ -182,7 +182,7 @@ struct Restart {
   bool quiet = false;
 };
 // job_succeeded and job_failed carry the job's goodput line ("goodput 97.4% of ...",
-// docs/goodput.md) to the node of group rank 0 only, which prints it for the whole job; absent
+// docs/goodput.md) to one node only (the one that is not quiet), which prints it for the job; absent
 // (empty) for the others and from servers that predate it.
 struct JobSucceeded {
   std::string job_id;
