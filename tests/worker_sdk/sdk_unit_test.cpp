@@ -593,6 +593,49 @@ TEST_CASE("a background write of a host copy is the same file as a synchronous w
   CHECK(read(done->path) == read(sync_path));
 }
 
+TEST_CASE("a background save's copy can finish on the writer thread, and wait_copied waits for it") {
+  std::promise<void> release;
+  std::shared_future<void> gate = release.get_future().share();
+  std::vector<float> written;
+  ddp::AsyncCheckpointWriter writer([&](int64_t, const ddp::CheckpointState& state, const std::function<void(const std::string&)>&) {
+    written.push_back(state.tensor("model/weight")[0].item<float>());
+    return std::string("path");
+  });
+  auto weight = torch::full({4}, 1.0f);
+  auto buffer = torch::full({2}, 7.0f);
+  ddp::CheckpointState live;
+  live.put("model/weight", weight);
+  live.put("model/running_mean", buffer);
+  auto later = [](const ddp::CheckpointState::Entry& e) { return e.key == "model/weight"; };
+  // The part copied now: the buffer is a copy, the weight still the live tensor.
+  ddp::CheckpointState partial = ddp::host_copy(live, {}, [&](const ddp::CheckpointState::Entry& e) { return !later(e); });
+  CHECK(partial.tensor("model/weight").data_ptr() == weight.data_ptr());
+  CHECK(partial.tensor("model/running_mean").data_ptr() != buffer.data_ptr());
+  buffer.fill_(8.0f);  // the next forward changes a buffer at once
+  writer.start(3, std::move(partial), [&](ddp::CheckpointState rest) {
+    gate.wait();
+    return ddp::host_copy(rest, {}, later);
+  });
+  auto copied = std::async(std::launch::async, [&] { writer.wait_copied(); });
+  CHECK(copied.wait_for(std::chrono::milliseconds(100)) == std::future_status::timeout);
+  release.set_value();
+  REQUIRE(copied.wait_for(std::chrono::seconds(30)) == std::future_status::ready);
+  weight.fill_(2.0f);  // the update after the copy does not reach the checkpoint
+  auto done = writer.wait();
+  REQUIRE(done.has_value());
+  CHECK(written == std::vector<float>{1.0f});
+  CHECK(done->snapshot.tensor("model/weight").data_ptr() != weight.data_ptr());
+  CHECK(done->snapshot.tensor("model/running_mean")[0].item<float>() == 7.0f);
+  writer.wait_copied();  // nothing in flight: returns at once
+
+  writer.start(4, ddp::CheckpointState(), [](ddp::CheckpointState) -> ddp::CheckpointState {
+    throw ddp::CheckpointError("copy failed: out of memory");
+  });
+  writer.wait_copied();  // a failed copy ends the wait too
+  CHECK_THROWS_WITH_AS(writer.wait(), doctest::Contains("out of memory"), ddp::CheckpointError);
+  CHECK(written.size() == 1);  // nothing written after a failed copy
+}
+
 TEST_CASE("only rank 0 writes checkpoints") {
   TempDir dir;
   ddp::CheckpointManager manager({dir.path.string(), 3}, 1, [](const std::string&) {});

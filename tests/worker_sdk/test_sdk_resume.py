@@ -42,7 +42,11 @@ class ResumeTest(unittest.TestCase):
             dirs = {mode: os.path.join(d, mode) for mode in ("sync", "async")}
             sync = h.run(2, args + ["--checkpoint-dir", dirs["sync"],
                                     "--dump-params", os.path.join(d, "clean.params")])
-            background = h.run(2, args + ["--checkpoint-dir", dirs["async"], "--checkpoint-async"])
+            # The writer thread's copy of the parameters starts late, so every step after a save
+            # finds it unfinished: its bytes are still those of the saved step only if that step's
+            # update waits for the copy.
+            background = h.run(2, args + ["--checkpoint-dir", dirs["async"], "--checkpoint-async"],
+                               extra_env={"DDP_TEST_CHECKPOINT_COPY_DELAY_MS": "150"})
             for r in sync + background:
                 self.assertEqual(r.returncode, 0, r)
             # A periodic save that comes while the previous write is in flight is skipped, so the

@@ -68,7 +68,7 @@ bool AsyncCheckpointWriter::busy() const {
   return state_ == State::kWriting;
 }
 
-void AsyncCheckpointWriter::start(int64_t step, CheckpointState snapshot) {
+void AsyncCheckpointWriter::start(int64_t step, CheckpointState snapshot, CopyFn finish_copy) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (state_ == State::kWriting) {
@@ -82,8 +82,15 @@ void AsyncCheckpointWriter::start(int64_t step, CheckpointState snapshot) {
     state_ = State::kWriting;
     step_ = step;
     snapshot_ = std::move(snapshot);
+    finish_copy_ = std::move(finish_copy);
+    copying_ = static_cast<bool>(finish_copy_);
   }
   cv_.notify_all();
+}
+
+void AsyncCheckpointWriter::wait_copied() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [this] { return !copying_; });
 }
 
 std::optional<AsyncCheckpointWriter::Done> AsyncCheckpointWriter::poll() {
@@ -120,15 +127,31 @@ void AsyncCheckpointWriter::loop() {
     if (state_ != State::kWriting) return;  // stopping, nothing in flight
     const int64_t step = step_;
     CheckpointState snapshot = std::move(snapshot_);
+    CopyFn finish_copy = std::move(finish_copy_);
+    finish_copy_ = nullptr;
     lock.unlock();
     Done done;
     done.step = step;
     std::exception_ptr error;
     const auto start = std::chrono::steady_clock::now();
-    try {
-      done.path = write_(step, snapshot, [&done](const std::string& line) { done.notices.push_back(line); });
-    } catch (...) {
-      error = std::current_exception();
+    if (finish_copy) {
+      try {
+        snapshot = finish_copy(std::move(snapshot));
+      } catch (...) {
+        error = std::current_exception();
+      }
+      finish_copy = nullptr;  // nothing of the live state stays referenced from here
+      lock.lock();
+      copying_ = false;
+      lock.unlock();
+      cv_.notify_all();
+    }
+    if (!error) {
+      try {
+        done.path = write_(step, snapshot, [&done](const std::string& line) { done.notices.push_back(line); });
+      } catch (...) {
+        error = std::current_exception();
+      }
     }
     done.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     done.snapshot = std::move(snapshot);

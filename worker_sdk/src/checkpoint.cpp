@@ -471,7 +471,8 @@ void write_checkpoint(const std::string& path, const CheckpointState& state) {
   });
 }
 
-CheckpointState host_copy(const CheckpointState& state, CheckpointState recycled) {
+CheckpointState host_copy(const CheckpointState& state, CheckpointState recycled,
+                          const std::function<bool(const CheckpointState::Entry&)>& only) {
   std::unordered_map<std::string, torch::Tensor> spare;
   for (const auto& old : recycled.entries()) {
     if (old.kind == CheckpointState::Kind::kTensor) spare.emplace(old.key, old.tensor);
@@ -482,6 +483,10 @@ CheckpointState host_copy(const CheckpointState& state, CheckpointState recycled
   for (const auto& e : state.entries()) {
     switch (e.kind) {
       case CheckpointState::Kind::kTensor: {
+        if (only && !only(e)) {
+          copy.put(e.key, e.tensor);
+          break;
+        }
         const torch::Tensor source = e.tensor.detach();
         // A GPU tensor is copied into page-locked host memory: the copy from the device then runs
         // at the bus's speed instead of through a staging buffer (measured on an H200: 269 MB in

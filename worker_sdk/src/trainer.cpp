@@ -3,6 +3,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/version.h>
 
+#include <algorithm>
 #include <csignal>
 #include <chrono>
 #include <cmath>
@@ -12,12 +13,14 @@
 #include <limits>
 #include <sstream>
 #include <thread>
+#include <unordered_set>
 
 #include "ddp/checkpoint.h"
 #include "ddp/error.h"
 #include "ddp/lineage.h"
 #include "ddp/progress.h"
 #include "cadence.h"
+#include "model_state.h"
 #include "standby.h"
 
 namespace ddp {
@@ -46,133 +49,6 @@ class SigtermScope {
   bool enabled_;
   struct sigaction previous_ {};
 };
-
-#if TORCH_VERSION_MAJOR >= 2
-using StateKey = void*;  // 2.x keys optimizer state by the parameter's TensorImpl pointer
-StateKey state_key(const torch::Tensor& p) { return p.unsafeGetTensorImpl(); }
-#else
-using StateKey = std::string;  // 1.x: the pointer printed as a string
-StateKey state_key(const torch::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
-#endif
-
-std::string group_key(size_t g) { return "optimizer/group/" + std::to_string(g) + "/"; }
-std::string param_key(size_t g, size_t i) {
-  return group_key(g) + "param/" + std::to_string(i) + "/";
-}
-
-// Parameters and buffers as raw tensors under "model/<name>".
-void save_model(torch::nn::Module& model, CheckpointState& state) {
-  for (const auto& item : model.named_parameters()) state.put("model/" + item.key(), item.value());
-  for (const auto& item : model.named_buffers()) state.put("model/" + item.key(), item.value());
-}
-
-void load_model(torch::nn::Module& model, const CheckpointState& state) {
-  torch::NoGradGuard no_grad;
-  size_t used = 0;
-  auto load = [&](const std::string& name, torch::Tensor& target) {
-    const std::string key = "model/" + name;
-    if (!state.contains(key)) throw CheckpointError("it has no parameter or buffer '" + name + "'");
-    const torch::Tensor& saved = state.tensor(key);
-    if (saved.sizes() != target.sizes() || saved.scalar_type() != target.scalar_type()) {
-      std::ostringstream msg;
-      msg << "'" << name << "' is " << saved.sizes() << " " << saved.dtype() << " there, "
-          << target.sizes() << " " << target.dtype() << " here";
-      throw CheckpointError(msg.str());
-    }
-    target.copy_(saved);
-    ++used;
-  };
-  for (auto& item : model.named_parameters()) load(item.key(), item.value());
-  for (auto& item : model.named_buffers()) load(item.key(), item.value());
-  const size_t saved = state.keys("model/").size();
-  if (saved != used) {
-    throw CheckpointError("it has " + std::to_string(saved - used) +
-                          " parameters/buffers this model does not have");
-  }
-}
-
-// SGD (the common case) is stored as raw tensors: options per group and each parameter's
-// momentum buffer. Any other optimizer goes through its own torch::serialize archive.
-void save_optimizer(torch::optim::Optimizer& optimizer, CheckpointState& state) {
-  auto* sgd = dynamic_cast<torch::optim::SGD*>(&optimizer);
-  if (sgd == nullptr) {
-    torch::serialize::OutputArchive archive;
-    optimizer.save(archive);
-    std::ostringstream bytes;
-    archive.save_to(bytes);
-    state.put_bytes("optimizer/torch_archive", bytes.str());
-    return;
-  }
-  state.put_bytes("optimizer/type", "sgd");
-  const auto& groups = sgd->param_groups();
-  state.put_int("optimizer/groups", static_cast<int64_t>(groups.size()));
-  for (size_t g = 0; g < groups.size(); ++g) {
-    const auto& o = static_cast<const torch::optim::SGDOptions&>(groups[g].options());
-    state.put_double(group_key(g) + "lr", o.lr());
-    state.put_double(group_key(g) + "momentum", o.momentum());
-    state.put_double(group_key(g) + "dampening", o.dampening());
-    state.put_double(group_key(g) + "weight_decay", o.weight_decay());
-    state.put_int(group_key(g) + "nesterov", o.nesterov() ? 1 : 0);
-    state.put_int(group_key(g) + "params", static_cast<int64_t>(groups[g].params().size()));
-    for (size_t i = 0; i < groups[g].params().size(); ++i) {
-      auto found = sgd->state().find(state_key(groups[g].params()[i]));
-      if (found == sgd->state().end()) continue;
-      const auto& ps = static_cast<const torch::optim::SGDParamState&>(*found->second);
-      if (ps.momentum_buffer().defined()) {
-        state.put(param_key(g, i) + "momentum_buffer", ps.momentum_buffer());
-      }
-    }
-  }
-}
-
-void load_optimizer(torch::optim::Optimizer& optimizer, const CheckpointState& state) {
-  auto* sgd = dynamic_cast<torch::optim::SGD*>(&optimizer);
-  if (state.contains("optimizer/torch_archive")) {
-    if (sgd != nullptr) throw CheckpointError("it holds a non-SGD optimizer's state, this is SGD");
-    const std::string& bytes = state.get_bytes("optimizer/torch_archive");
-    torch::serialize::InputArchive archive;
-    archive.load_from(bytes.data(), bytes.size());
-    optimizer.load(archive);
-    return;
-  }
-  if (state.get_bytes("optimizer/type") != "sgd" || sgd == nullptr) {
-    throw CheckpointError("it holds SGD state, this optimizer is not SGD");
-  }
-  auto& groups = sgd->param_groups();
-  if (state.get_int("optimizer/groups") != static_cast<int64_t>(groups.size())) {
-    throw CheckpointError("it has " + std::to_string(state.get_int("optimizer/groups")) +
-                          " optimizer parameter groups, this optimizer has " +
-                          std::to_string(groups.size()));
-  }
-  for (size_t g = 0; g < groups.size(); ++g) {
-    if (state.get_int(group_key(g) + "params") != static_cast<int64_t>(groups[g].params().size())) {
-      throw CheckpointError("optimizer parameter group " + std::to_string(g) +
-                            " has a different number of parameters");
-    }
-    auto& o = static_cast<torch::optim::SGDOptions&>(groups[g].options());
-    o.lr(state.get_double(group_key(g) + "lr"));
-    o.momentum(state.get_double(group_key(g) + "momentum"));
-    o.dampening(state.get_double(group_key(g) + "dampening"));
-    o.weight_decay(state.get_double(group_key(g) + "weight_decay"));
-    o.nesterov(state.get_int(group_key(g) + "nesterov") != 0);
-    for (size_t i = 0; i < groups[g].params().size(); ++i) {
-      const auto& p = groups[g].params()[i];
-      const std::string key = param_key(g, i) + "momentum_buffer";
-      if (!state.contains(key)) {
-        sgd->state().erase(state_key(p));
-        continue;
-      }
-      const torch::Tensor& saved = state.tensor(key);
-      if (saved.sizes() != p.sizes()) {
-        throw CheckpointError("momentum buffer of optimizer parameter " + std::to_string(i) +
-                              " of group " + std::to_string(g) + " has another shape");
-      }
-      auto ps = std::make_unique<torch::optim::SGDParamState>();
-      ps->momentum_buffer(saved.to(p.device()).clone());  // own memory, not the file buffer
-      sgd->state()[state_key(p)] = std::move(ps);
-    }
-  }
-}
 
 // `from` names the state in errors: "checkpoint PATH", or the state a survivor sent.
 int64_t read_int(const CheckpointState& state, const std::string& key, const std::string& from) {
@@ -247,6 +123,8 @@ struct Trainer::Run {
   int64_t writing_step = -1;               // the write in flight
   SamplerPosition writing_position{0, 0};
   CheckpointState recycled;                // the last written snapshot, reused by the next copy
+  bool copy_pending = false;               // the writer thread still copies part of the state
+  double copy_stall = 0;                   // the training thread's part of that save so far
   std::unique_ptr<AsyncCheckpointWriter> writer;
 };
 
@@ -273,6 +151,19 @@ CheckpointState Trainer::capture(int64_t step, const SamplerPosition& position, 
 
 namespace {
 
+double since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// For tests only: DDP_TEST_CHECKPOINT_COPY_DELAY_MS=N starts the writer thread's part of each
+// background save's copy N ms late (at most 10 s), so that the next optimizer step finds it
+// unfinished and must wait for it.
+std::chrono::milliseconds test_copy_delay() {
+  const char* value = std::getenv("DDP_TEST_CHECKPOINT_COPY_DELAY_MS");
+  if (value == nullptr) return std::chrono::milliseconds(0);
+  return std::chrono::milliseconds(std::clamp(std::atol(value), 0L, 10000L));
+}
+
 cadence::Who who(const ProcessGroup& group) {
   return cadence::Who::of(group.rank(), group.env().restart_count, group.env().run_id);
 }
@@ -285,8 +176,27 @@ std::string describe_save(const std::string& path, int64_t step, const SamplerPo
 
 }  // namespace
 
+void Trainer::count_stall(Run& run, double seconds) {
+  run.result.checkpoint_stall_seconds += seconds;
+  Progress::instance().checkpoint_stall(run.result.checkpoint_stall_seconds);
+  ++run.result.checkpoints_saved;
+  if (run.cadence) run.cadence->saved(seconds, who(*group_));
+}
+
+void Trainer::settle_copy(Run& run) {
+  if (!run.copy_pending) return;
+  const auto start = std::chrono::steady_clock::now();
+  {
+    PhaseScope phase("checkpoint");
+    run.writer->wait_copied();
+  }
+  run.copy_pending = false;
+  count_stall(run, run.copy_stall + since(start));
+}
+
 void Trainer::collect_write(Run& run, bool wait) {
   if (!run.writer) return;
+  if (wait) settle_copy(run);
   std::optional<AsyncCheckpointWriter::Done> done;
   if (wait && run.writer->busy()) {
     log("waiting for the checkpoint write of step " + std::to_string(run.writing_step) + " in flight");
@@ -312,13 +222,6 @@ bool Trainer::save(Run& run, int64_t step, const SamplerPosition& position, bool
   if (group_->rank() != 0) return true;
   TrainResult& result = run.result;
   const auto start = std::chrono::steady_clock::now();
-  auto stalled = [&] {
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    result.checkpoint_stall_seconds += seconds;
-    Progress::instance().checkpoint_stall(result.checkpoint_stall_seconds);
-    ++result.checkpoints_saved;
-    if (run.cadence) run.cadence->saved(seconds, who(*group_));
-  };
   if (periodic && options_.checkpoint_async) {
     collect_write(run, false);  // a finished write's error surfaces here
     if (run.cadence) collect_write(run, true);  // checkpoint_auto waits: the wait is part of C
@@ -330,7 +233,22 @@ bool Trainer::save(Run& run, int64_t step, const SamplerPosition& position, bool
       return false;
     }
     PhaseScope phase("checkpoint");
-    CheckpointState snapshot = host_copy(capture(step, position, true), std::move(run.recycled));
+    // The parameters and SGD's momentum change only at the next optimizer step: the writer thread
+    // copies them while the next step computes, and that step waits for the copy before its
+    // update (settle_copy). The rest (buffers such as running statistics, which every forward
+    // changes, and a GPU's tensors, whose copy is quick and belongs on this thread's stream) is
+    // copied here.
+    const CheckpointState live = capture(step, position, true);
+    auto later = std::make_shared<const std::unordered_set<std::string>>(update_only_keys(*model_, live));
+    auto copied_later = [later](const CheckpointState::Entry& e) { return later->count(e.key) > 0; };
+    CheckpointState spare_now, spare_later;  // the last copy's buffers, for the part that reuses each
+    for (const auto& e : run.recycled.entries()) {
+      if (e.kind != CheckpointState::Kind::kTensor) continue;
+      (copied_later(e) ? spare_later : spare_now).put(e.key, e.tensor);
+    }
+    run.recycled = CheckpointState();
+    CheckpointState snapshot = host_copy(live, std::move(spare_now),
+                                         [&](const CheckpointState::Entry& e) { return !copied_later(e); });
     if (!run.writer) {
       const CheckpointOptions options{options_.checkpoint_dir, options_.keep_last};
       run.writer = std::make_unique<AsyncCheckpointWriter>(
@@ -341,8 +259,14 @@ bool Trainer::save(Run& run, int64_t step, const SamplerPosition& position, bool
     }
     run.writing_step = step;
     run.writing_position = position;
-    run.writer->start(step, std::move(snapshot));
-    stalled();
+    run.writer->start(step, std::move(snapshot),
+                      [spare = std::move(spare_later), copied_later, delay = test_copy_delay()](
+                          CheckpointState partial) mutable {
+                        std::this_thread::sleep_for(delay);
+                        return host_copy(partial, std::move(spare), copied_later);
+                      });
+    run.copy_stall = since(start);
+    run.copy_pending = true;  // counted by settle_copy, with the wait for the rest of the copy
     return true;
   }
   collect_write(run, true);  // at most one write at a time, and none lost
@@ -351,7 +275,7 @@ bool Trainer::save(Run& run, int64_t step, const SamplerPosition& position, bool
   CheckpointManager manager({options_.checkpoint_dir, options_.keep_last}, group_->rank(), log);
   result.last_checkpoint = manager.save(step, state);
   Progress::instance().checkpoint(step);
-  if (periodic) stalled();
+  if (periodic) count_stall(run, since(start));
   log(describe_save(result.last_checkpoint, step, position, data_.size()));
   return true;
 }
@@ -511,6 +435,7 @@ std::vector<std::vector<int64_t>> next_micro_batches(DistributedSampler& sampler
 }  // namespace
 
 void Trainer::train_round(Run& run) {
+  settle_copy(run);  // before the round's state transfer and DDP's broadcast touch the model
   if (run.cadence) run.cadence->refresh(who(*group_));  // an in-memory restart is a failure
   resume(run);
   Round round(*this, run);
@@ -563,7 +488,9 @@ bool Trainer::train_step(Run& run, Round& round, int64_t epoch) {
   const double waited = round.ddp.stats().exposed_sync_seconds - synced_before +
                         std::chrono::duration<double>(std::chrono::steady_clock::now() - flag_wait_start).count();
   // Every collective of the step completed: only now the update, so that a round abandoned
-  // during the step leaves the model and optimizer at the last completed step.
+  // during the step leaves the model and optimizer at the last completed step; and only once
+  // the last checkpoint's copy of them is made.
+  settle_copy(run);
   optimizer_->step();
   const int64_t step = ++round.step;
   run.step = step;

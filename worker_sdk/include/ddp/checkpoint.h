@@ -94,7 +94,10 @@ CheckpointState read_checkpoint(const std::string& path);
 // earlier copy nobody else uses) whose key, dtype and shape match are reused as the
 // destinations, which spares the allocation and page faults of a fresh copy. A GPU tensor's
 // destination is page-locked (pinned) memory, which the copy from the device needs for full speed.
-CheckpointState host_copy(const CheckpointState& state, CheckpointState recycled = {});
+// With `only`, just the tensors it accepts are copied; the others are taken over as they are (the
+// same tensors), for a later host_copy to copy.
+CheckpointState host_copy(const CheckpointState& state, CheckpointState recycled = {},
+                          const std::function<bool(const CheckpointState::Entry&)>& only = {});
 
 // The bytes a checkpoint file of `state` holds (header and payload), in a CPU uint8 tensor: what
 // a survivor of an in-memory restart sends to the ranks that hold no state (Trainer).
@@ -162,6 +165,8 @@ class AsyncCheckpointWriter {
   // `log` collects the notices the write produces; they are handed back in Done.
   using WriteFn = std::function<std::string(int64_t step, const CheckpointState& state,
                                             const std::function<void(const std::string&)>& log)>;
+  // Makes the rest of a snapshot's host copy, on the writer thread, before the write.
+  using CopyFn = std::function<CheckpointState(CheckpointState snapshot)>;
   struct Done {
     int64_t step = 0;
     std::string path;
@@ -179,7 +184,12 @@ class AsyncCheckpointWriter {
   bool busy() const;
   // Hands `snapshot` to the writer thread. REQUIRES: !busy() and the previous write collected
   // by poll() or wait() (else UsageError: at most one write in flight, none unreported).
-  void start(int64_t step, CheckpointState snapshot);
+  // `finish_copy`, when given, runs first on the writer thread and its result is written: the
+  // caller keeps the tensors it copies unchanged until wait_copied() returns. Its error is the
+  // write's error.
+  void start(int64_t step, CheckpointState snapshot, CopyFn finish_copy = {});
+  // Blocks until the write in flight, if any, has run its finish_copy (at once when none is).
+  void wait_copied();
   // The write that finished and was not yet collected; rethrows its error (a CheckpointError,
   // or whatever `write` threw) instead when it failed. nullopt when none finished, or one is in
   // flight.
@@ -202,6 +212,8 @@ class AsyncCheckpointWriter {
   bool stopping_ = false;         // guarded by mu_
   int64_t step_ = 0;              // guarded by mu_: the write in flight or finished
   CheckpointState snapshot_;      // guarded by mu_
+  CopyFn finish_copy_;            // guarded by mu_
+  bool copying_ = false;          // guarded by mu_: finish_copy_ has not yet returned
   std::optional<Done> done_;      // guarded by mu_: a finished write's result
   std::exception_ptr error_;      // guarded by mu_: a finished write's error
   std::thread thread_;            // last member: starts after the fields above exist

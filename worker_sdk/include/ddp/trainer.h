@@ -33,10 +33,12 @@ struct TrainerOptions {
   std::string checkpoint_dir;      // empty: no checkpoints, no resume
   int64_t checkpoint_every = 0;    // steps; 0: only at the end and on SIGTERM
   int keep_last = 3;               // default 3
-  // Periodic checkpoints are copied to host memory at the step and written by a background
-  // thread while training goes on; one write at a time, a periodic save that comes while one is
-  // in flight is skipped; the final and SIGTERM saves wait for it, then write synchronously
-  // (docs/worker-sdk.md, "Asynchronous checkpoints"). Default false.
+  // Periodic checkpoints are copied to host memory as of the step (the CPU parameters and SGD
+  // momentum by the writer thread while the next step computes; that step's update waits for
+  // it) and written by a background thread while training goes on; one write at a time, a
+  // periodic save that comes while one is in flight is skipped; the final and SIGTERM saves wait
+  // for it, then write synchronously (docs/worker-sdk.md, "Asynchronous checkpoints"). The loss
+  // function and hooks must then leave the parameters alone. Default false.
   bool checkpoint_async = false;
   // Checkpoints at the interval that the job's measured save stall and failure history call for
   // (docs/checkpoints.md, "How often": the Python side's policy and its DIR/cadence.json), checked
@@ -88,7 +90,8 @@ struct TrainResult {
   // Periodic checkpoints of this run (rank 0; the final and SIGTERM saves not counted): saved
   // (for checkpoint_async: handed to the writer thread), skipped because the previous write was
   // still in flight (checkpoint_async only), and the training thread's time in them (for
-  // checkpoint_async the host copy, for synchronous saves the whole write).
+  // checkpoint_async the host copy and the next step's wait for its background part, for
+  // synchronous saves the whole write).
   int64_t checkpoints_saved = 0;
   int64_t checkpoints_skipped = 0;
   double checkpoint_stall_seconds = 0;
@@ -143,6 +146,13 @@ class Trainer {
   // in flight, nothing (returns false: skipped; the only false). Otherwise (every final and
   // SIGTERM save) the write in flight is waited for, then this one is written synchronously.
   bool save(Run& run, int64_t step, const SamplerPosition& position, bool periodic);
+  // Rank 0's training thread spent `seconds` in a periodic save: counted in the result, told
+  // to the agent, and taken as the cadence's save cost.
+  void count_stall(Run& run, double seconds);
+  // Waits until the writer thread has copied what the last background save left to it (the
+  // parameters and the optimizer's state), before anything changes them; the wait is part of
+  // that save's stall.
+  void settle_copy(Run& run);
   // Reports the background write that finished (`wait`: waits for the one in flight first) and
   // rethrows its error.
   void collect_write(Run& run, bool wait);
