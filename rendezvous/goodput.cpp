@@ -13,6 +13,11 @@ constexpr const char* kSpentNames[kSpentCount] = {"productive", "lost",    "reco
                                                    "hang",       "waiting", "reduced_capacity"};
 constexpr double kMaxSeconds = 1e10;  // about 300 years: beyond it a record is not believed
 
+// A number of seconds a record may hold: finite, not negative, at most kMaxSeconds.
+bool believable(const nlohmann::json& v) {
+  return v.is_number() && std::isfinite(v.get<double>()) && v.get<double>() >= 0 && v.get<double>() <= kMaxSeconds;
+}
+
 // x to 1/scale (10: a tenth), as the nearest double prints: 51.8, not 51.800000000000004.
 double rounded(double x, double scale) { return std::round(x * scale) / scale; }
 
@@ -48,9 +53,6 @@ nlohmann::json GoodputTotals::to_json() const {
 }
 
 std::optional<GoodputTotals> GoodputTotals::from_json(const nlohmann::json& j) {
-  auto believable = [](const nlohmann::json& v) {
-    return v.is_number() && std::isfinite(v.get<double>()) && v.get<double>() >= 0 && v.get<double>() <= kMaxSeconds;
-  };
   if (!j.is_object()) return std::nullopt;
   auto wall = j.find("wall_seconds");
   auto by = j.find("seconds");
@@ -80,9 +82,7 @@ std::vector<double> GoodputTotals::to_array() const {
 std::optional<GoodputTotals> GoodputTotals::from_array(const nlohmann::json& j) {
   if (!j.is_array() || j.size() != kArraySize) return std::nullopt;
   for (const auto& v : j) {
-    if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() < 0 || v.get<double>() > kMaxSeconds) {
-      return std::nullopt;
-    }
+    if (!believable(v)) return std::nullopt;
   }
   const double restarts = j.back().get<double>();
   if (restarts != std::floor(restarts) || restarts > (1 << 30)) return std::nullopt;
@@ -150,9 +150,8 @@ void GoodputAccount::commit(double now) {
   const double span = now - since_;
   since_ = std::max(since_, now);
   if (span <= 0) return;
-  const bool trains = phase_ == Phase::training || (phase_ == Phase::start_up && !ever_stepped_);
   if (phase_ == Phase::ended) return;
-  if (trains) {
+  if (trains()) {
     add_training(span, round_.capacity);
   } else {
     spent_[static_cast<int>(open_category())] += span;
@@ -274,7 +273,7 @@ GoodputTotals GoodputAccount::totals(double now) const {
   t.wall = std::max(0.0, until - began_);
   const double span = phase_ == Phase::ended ? 0 : until - since_;
   if (span > 0) {
-    if (phase_ == Phase::training || (phase_ == Phase::start_up && !ever_stepped_)) {
+    if (trains()) {
       t.seconds[static_cast<int>(Spent::productive)] += span * round_.capacity;
       t.seconds[static_cast<int>(Spent::reduced_capacity)] += span * (1 - round_.capacity);
     } else {

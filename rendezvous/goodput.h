@@ -103,6 +103,9 @@ class GoodputAccount {
   double reached(std::int64_t step) const;
   // The open span's category when it is not training.
   Spent open_category() const;
+  // The open span is training: a round that trains, or the job's first start-up, which is dated
+  // at its first report and so counts as training until then.
+  bool trains() const { return phase_ == Phase::training || (phase_ == Phase::start_up && !ever_stepped_); }
 
   double report_period_;
   double per_step_ = 0;  // the last rate measured (s per step), for a round too short to have its own

@@ -5,6 +5,7 @@ script that runs until the test releases it."""
 import os
 import re
 import socket
+import subprocess
 import sys
 import urllib.error
 import urllib.request
@@ -85,6 +86,13 @@ class MetricsTestCase(LaunchTestCase):
         self.assertNotEqual(self.metrics_port, -1, self.daemon.describe())
         wait_for(lambda: processes.port_open(self.port), 20, "the daemon to listen")
         return self.daemon
+
+    def status(self, *extra):
+        """`ddp-rendezvous status` of the daemon start_daemon started; its stdout."""
+        r = subprocess.run([RENDEZVOUS, "status", "--endpoint", "127.0.0.1:%d" % self.port] + list(extra),
+                           capture_output=True, text=True, timeout=30)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        return r.stdout
 
     def job_args(self, job, nproc=2, max_restarts=0, extra=()):
         worker = self.script("worker.py", WAITING_WORKER)

@@ -7,10 +7,9 @@ job, not both, prints the goodput line at the end."""
 import json
 import os
 import re
-import subprocess
 import unittest
 
-from metrics_helpers import CONF, PYTHON, RENDEZVOUS, MetricsTestCase, http_get, samples, wait_for
+from metrics_helpers import CONF, PYTHON, MetricsTestCase, http_get, samples, wait_for
 
 # Steps every 20 ms up to step 260; rank 0 saves every 50 steps (a 16 MB tensor: its snapshot is
 # the save's stall), in the first attempt up to step 100 only; rank 1 exits 1 at step 140 of the
@@ -40,12 +39,6 @@ ddplaunch.wait_for_save()
 
 
 class GoodputTest(MetricsTestCase):
-    def status(self, *extra):
-        r = subprocess.run([RENDEZVOUS, "status", "--endpoint", "127.0.0.1:%d" % self.port] + list(extra),
-                           capture_output=True, text=True, timeout=30)
-        self.assertEqual(r.returncode, 0, r.stderr)
-        return r.stdout
-
     def job(self, finished):
         for j in json.loads(self.status("--json"))["jobs"]:
             if j["job_id"] == "gp" and bool(j.get("finished")) == finished:

@@ -7,10 +7,9 @@ daemon -> status, in text and in JSON."""
 import json
 import os
 import re
-import subprocess
 import unittest
 
-from metrics_helpers import CONF, PYTHON, RENDEZVOUS, MetricsTestCase, wait_for
+from metrics_helpers import CONF, PYTHON, MetricsTestCase, wait_for
 
 # Steps until OUT/release; saves once at step 5, then whenever checkpoint_due says so. The prior
 # MTBF of one second puts the interval at its lower bound (10 s) whatever the save costs here.
@@ -32,12 +31,6 @@ ddplaunch.wait_for_save()
 
 
 class StatusProgressTest(MetricsTestCase):
-    def status(self, *extra):
-        r = subprocess.run([RENDEZVOUS, "status", "--endpoint", "127.0.0.1:%d" % self.port] + list(extra),
-                           capture_output=True, text=True, timeout=30)
-        self.assertEqual(r.returncode, 0, r.stderr)
-        return r.stdout
-
     def test_status_shows_the_last_step_checkpoint_and_the_workers_checkpoint_interval(self):
         self.start_daemon()
         worker = self.script("saving_worker.py", SAVING_WORKER)
