@@ -40,9 +40,11 @@ inline constexpr std::size_t kMaxChallengeBytes = 4096;
 // Default size limit of one frame's payload; checked before any buffer is allocated.
 inline constexpr std::size_t kDefaultMaxFrameBytes = 1 << 20;
 inline constexpr std::size_t kFrameHeaderBytes = 4;
-// A connection's read buffers keep at most this much capacity between frames (a heartbeat's
-// fits); what a bigger frame grew them to is given back once it is handled.
-inline constexpr std::size_t kKeptBufferBytes = 512;
+// A connection's read buffers keep at most this much capacity between frames: none, so that an
+// idle connection holds no read buffer at all. (Keeping a heartbeat's 512 bytes kept a join's
+// two buffers, about 1 KB per agent, for the whole job; allocating them again costs a heartbeat
+// less than parsing it.)
+inline constexpr std::size_t kKeptBufferBytes = 0;
 
 // Limits every decoded message is held to before it touches any state (docs/protocol.md).
 inline constexpr int kMaxJsonDepth = 16;                    // nesting of arrays and objects
@@ -94,14 +96,15 @@ class FrameReader {
   // The next complete payload into `payload`, or need_more, or error (then error() says why and
   // the stream is unusable: the connection must close).
   Result next(std::string& payload);
-  const ProtocolError& error() const { return error_; }
+  // REQUIRES: next() returned error.
+  const ProtocolError& error() const { return *error_; }
   std::size_t buffered() const { return buf_.size() - pos_; }
 
  private:
   std::size_t max_frame_bytes_;
   std::string buf_;
   std::size_t pos_ = 0;  // start of the unparsed bytes in buf_
-  ProtocolError error_;
+  std::unique_ptr<ProtocolError> error_;  // set once, by the error; 8 bytes per connection until then
   bool failed_ = false;
 };
 

@@ -59,7 +59,7 @@ FrameReader::Result FrameReader::next(std::string& payload) {
   if (have < kFrameHeaderBytes) return Result::need_more;
   const std::uint32_t length = read_frame_header(reinterpret_cast<const unsigned char*>(buf_.data() + pos_));
   if (auto err = check_frame_length(length, max_frame_bytes_)) {
-    error_ = *err;
+    error_ = std::make_unique<ProtocolError>(*err);
     failed_ = true;
     buf_.clear();
     buf_.shrink_to_fit();
@@ -72,7 +72,7 @@ FrameReader::Result FrameReader::next(std::string& payload) {
   if (pos_ == buf_.size()) {
     buf_.clear();
     pos_ = 0;
-    // An idle connection keeps no buffer beyond a heartbeat's: 10,000 agents' joins would
+    // An idle connection keeps no read buffer (kKeptBufferBytes): 10,000 agents' joins would
     // otherwise stay allocated for the whole job.
     if (buf_.capacity() > kKeptBufferBytes) std::string().swap(buf_);
   }

@@ -31,9 +31,6 @@ Session::Session(std::unique_ptr<Stream> stream, std::uint64_t id, SessionHandle
   if (!ec) {
     peer_address_ = remote.address().to_string();
     peer_port_ = remote.port();
-    peer_ = peer_address_ + ":" + std::to_string(remote.port());
-  } else {
-    peer_ = "?";
   }
   socket.set_option(tcp::no_delay(true), ec);
   socket.non_blocking(true, ec);  // for the direct write in send()

@@ -71,7 +71,10 @@ class Session : public std::enable_shared_from_this<Session> {
   std::uint64_t id() const { return id_; }
   Phase phase() const { return phase_; }
   void set_phase(Phase p) { phase_ = p; }
-  const std::string& peer() const { return peer_; }
+  // "ADDRESS:PORT" (made when asked: a session keeps its address once), "?" when not known.
+  std::string peer() const {
+    return peer_address_.empty() ? "?" : peer_address_ + ":" + std::to_string(peer_port_);
+  }
   std::string peer_address() const { return peer_address_; }
   int peer_port() const { return peer_port_; }
   // Whether the peer's host has acknowledged every byte sent to it: nothing waits in this
@@ -80,7 +83,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // false when it cannot tell.
   bool peer_acknowledged_all();
   std::string job_id;      // from hello
-  std::string nonce;       // the challenge sent to this connection (hex)
+  std::string nonce;       // the challenge sent to this connection (hex); released once welcomed
   std::string seal_key;    // seals node secrets on this connection (auth.h); "" without a secret
   bool member = false;     // joined a job: the state machine watches its heartbeats
   bool redirected = false;     // told not_leader (a follower replica); ignored from then on
@@ -113,7 +116,6 @@ class Session : public std::enable_shared_from_this<Session> {
   bool close_when_flushed_ = false;
   std::chrono::steady_clock::time_point deadline_;
   bool deadline_armed_ = false;
-  std::string peer_;
   std::string peer_address_;
   int peer_port_ = 0;
 };

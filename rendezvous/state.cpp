@@ -258,10 +258,10 @@ std::optional<std::pair<std::string, std::string>> StateMachine::join_refusal(co
     running.reserve(job.nodes.size());
     for (const auto& [c, node] : job.nodes) running.push_back(&node);
     std::sort(running.begin(), running.end(), [](const Node* a, const Node* b) { return a->join_seq < b->join_seq; });
-    std::vector<const NodeSpec*> specs;  // the newcomer first: a tie names it first
+    std::vector<CheckedNode> specs;  // the newcomer first: a tie names it first
     specs.reserve(running.size() + 1);
-    specs.push_back(&spec);
-    for (const Node* node : running) specs.push_back(&node->spec);
+    specs.push_back({&spec, &spec.fingerprint});
+    for (const Node* node : running) specs.push_back(node->checked());
     if (auto refusal = round_check_(job.id, specs)) return std::make_pair(std::string("round_refused"), *refusal);
   }
   return std::nullopt;
@@ -279,7 +279,9 @@ StateMachine::Node& StateMachine::enter(Job& job, ConnId conn, NodeSpec spec, do
   }
   Node& node = nit->second;
   tally(job, node, false);  // counted again with its new spec: it may come back as a spare, or not
+  node.fingerprint = fingerprints_.intern(std::move(spec.fingerprint));
   node.spec = std::move(spec);
+  node.spec.fingerprint = nullptr;
   tally(job, node, true);
   node.last_seen = now;
   node.join_seq = next_join_seq_++;
@@ -475,9 +477,9 @@ Assignment StateMachine::send_round(Job& job, const std::vector<std::pair<ConnId
 void StateMachine::complete_round(Job& job) {
   const std::vector<std::pair<ConnId, Node*>> members = round_members(job);
   if (round_check_) {
-    std::vector<const NodeSpec*> specs;
+    std::vector<CheckedNode> specs;
     specs.reserve(members.size());
-    for (const auto& w : members) specs.push_back(&w.second->spec);
+    for (const auto& w : members) specs.push_back(w.second->checked());
     if (auto refusal = round_check_(job.id, specs)) {
       out_.log("job " + job.id + ": round refused: " + *refusal);
       for (const auto& w : members) {

@@ -60,6 +60,7 @@
 
 #include "metrics/event.h"
 #include "rendezvous/clock.h"
+#include "rendezvous/fingerprint_table.h"
 #include "rendezvous/goodput.h"
 #include "rendezvous/job_record.h"
 #include "rendezvous/protocol.h"
@@ -119,8 +120,14 @@ struct Gauges {
 // Jobs with at most this many nodes list each node's fingerprint in status().
 constexpr std::size_t kStatusFingerprintNodes = 64;
 
+// A member as a RoundCheck sees it: what it said when it joined, and its fingerprint (kept apart
+// from the spec by the state machine: one copy for every node whose fingerprint is identical).
+struct CheckedNode {
+  const NodeSpec* spec = nullptr;
+  const nlohmann::json* fingerprint = nullptr;  // an empty object when it sent none
+};
 using RoundCheck =
-    std::function<std::optional<std::string>(const std::string& job_id, const std::vector<const NodeSpec*>& members)>;
+    std::function<std::optional<std::string>(const std::string& job_id, const std::vector<CheckedNode>& members)>;
 
 // The environment check as a RoundCheck: compares the members' fingerprints
 // (members without one are not compared) under the first member's --env_check mode; refuses on
@@ -218,6 +225,8 @@ class StateMachine {
   bool is_member(ConnId conn) const { return conn_job_.count(conn) != 0; }
   std::size_t job_count() const { return jobs_.size(); }
   std::size_t node_count() const { return conn_job_.size(); }
+  // Distinct fingerprints held for the live nodes (identical ones are kept once).
+  std::size_t fingerprint_copies() const { return fingerprints_.size(); }
 
   // Job records (docs/etcd.md "Job records"): a replicated leader writes each job's record to etcd
   // before its agents hear of the change. With recording on, the jobs whose record changed (a
@@ -241,7 +250,10 @@ class StateMachine {
   enum class JobState { Gathering, Running, Succeeded, Failed, Restoring };
 
   struct Node {
-    NodeSpec spec;
+    NodeSpec spec;  // its fingerprint is moved to `fingerprint` (spec.fingerprint stays null)
+    FingerprintTable::Ref fingerprint;  // shared with the nodes whose fingerprint is identical
+    const nlohmann::json& fingerprint_json() const { return FingerprintTable::read(fingerprint); }
+    CheckedNode checked() const { return {&spec, &fingerprint_json()}; }
     NodeState state = NodeState::Waiting;
     int group_rank = -1;     // in the last round this node was part of; -1 = never
     double last_seen = 0;
@@ -494,6 +506,10 @@ class StateMachine {
   PeerCheck peer_check_;
   PeerPort peer_port_;
   std::uint64_t next_check_id_ = 0;
+  // One table for every job: the jobs of a cluster usually share one image, and an entry is
+  // immutable, so sharing it lets no node change what another node's fingerprint reads. Declared
+  // before jobs_ (destroyed after them); an entry goes with the last node that holds it.
+  FingerprintTable fingerprints_;
   std::map<std::string, Job> jobs_;
   std::unordered_map<ConnId, std::string> conn_job_;
   std::uint64_t next_join_seq_ = 0;

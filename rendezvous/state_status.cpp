@@ -20,18 +20,20 @@ namespace {
 // Only the top-level sections ("python", "program", "env", ...) that differ on some node are
 // copied: a section equal everywhere cannot show a difference, and copying 100 fingerprints with
 // their hashed libraries would cost more than the comparison (bench/results-envcheck.md).
-std::vector<NodeFingerprint> env_nodes(const std::vector<const NodeSpec*>& members) {
+std::vector<NodeFingerprint> env_nodes(const std::vector<CheckedNode>& members) {
   std::unordered_map<std::string, int> uses;
   const nlohmann::json* first = nullptr;
   std::set<std::string> differing;
-  for (const NodeSpec* spec : members) {
-    const nlohmann::json& fp = spec->fingerprint;
+  for (const CheckedNode& member : members) {
+    const NodeSpec* spec = member.spec;
+    const nlohmann::json& fp = *member.fingerprint;
     if (fp.empty()) continue;
     ++uses[spec->host.empty() ? spec->addr : spec->host];
     if (first == nullptr) {
       first = &fp;
       continue;
     }
+    if (&fp == first) continue;  // the same shared copy: nothing differs
     for (auto it = fp.begin(); it != fp.end(); ++it) {
       if (differing.count(it.key())) continue;
       auto there = first->find(it.key());
@@ -43,8 +45,9 @@ std::vector<NodeFingerprint> env_nodes(const std::vector<const NodeSpec*>& membe
   }
   std::vector<NodeFingerprint> prints;
   prints.reserve(members.size());
-  for (const NodeSpec* spec : members) {
-    const nlohmann::json& fp = spec->fingerprint;
+  for (const CheckedNode& member : members) {
+    const NodeSpec* spec = member.spec;
+    const nlohmann::json& fp = *member.fingerprint;
     if (fp.empty()) continue;
     nlohmann::json part = nlohmann::json::object();
     for (const std::string& key : differing) {
@@ -65,25 +68,27 @@ std::vector<NodeFingerprint> env_nodes(const std::vector<const NodeSpec*>& membe
 
 RoundCheck make_env_round_check(std::function<void(const std::string&)> log) {
   return [log = std::move(log)](const std::string& job_id,
-                                const std::vector<const NodeSpec*>& members) -> std::optional<std::string> {
+                                const std::vector<CheckedNode>& members) -> std::optional<std::string> {
     // The strictest mode any member asked for: the outcome does not depend on who came first,
     // and one node's --env_check=warn cannot switch the check off for nodes that want strict.
     // (A node with --env_check=off sends no fingerprint and is not compared.)
     EnvCheckMode mode = EnvCheckMode::off;
-    for (const NodeSpec* spec : members) {
-      EnvCheckMode m = parse_env_check_mode(spec->env_check).value_or(EnvCheckMode::strict);
+    for (const CheckedNode& member : members) {
+      EnvCheckMode m = parse_env_check_mode(member.spec->env_check).value_or(EnvCheckMode::strict);
       if (m == EnvCheckMode::strict || (m == EnvCheckMode::warn && mode == EnvCheckMode::off)) mode = m;
     }
     if (mode == EnvCheckMode::off) return std::nullopt;
     // The common case, a job that runs: every fingerprint equals the first. Decided by deep
-    // comparison without copying anything (copying 100 fingerprints costs more than comparing).
+    // comparison without copying anything (copying 100 fingerprints costs more than comparing);
+    // nodes that share one copy are equal without it.
     const nlohmann::json* first = nullptr;
     bool all_same = true;
-    for (const NodeSpec* spec : members) {
-      if (spec->fingerprint.empty()) continue;
+    for (const CheckedNode& member : members) {
+      const nlohmann::json* fp = member.fingerprint;
+      if (fp->empty()) continue;
       if (first == nullptr) {
-        first = &spec->fingerprint;
-      } else if (spec->fingerprint != *first) {
+        first = fp;
+      } else if (fp != first && *fp != *first) {
         all_same = false;
         break;
       }
@@ -167,8 +172,8 @@ nlohmann::json StateMachine::job_status(const Job& job, double now) const {
         nodes.back()["straggler"] = true;
         stragglers.push_back(straggler_line(node, first_rank_of(first, node), now));
       }
-      if (job.nodes.size() <= kStatusFingerprintNodes && !node.spec.fingerprint.empty()) {
-        nodes.back()["fingerprint"] = node.spec.fingerprint;
+      if (job.nodes.size() <= kStatusFingerprintNodes && !node.fingerprint_json().empty()) {
+        nodes.back()["fingerprint"] = node.fingerprint_json();
       }
     }
     std::sort(nodes.begin(), nodes.end(), [](const nlohmann::json& a, const nlohmann::json& b) {
@@ -182,9 +187,9 @@ nlohmann::json StateMachine::job_status(const Job& job, double now) const {
     members.reserve(job.nodes.size());
     for (const auto& [conn, node] : job.nodes) members.push_back(&node);
     std::sort(members.begin(), members.end(), [](const Node* a, const Node* b) { return a->join_seq < b->join_seq; });
-    std::vector<const NodeSpec*> specs;
+    std::vector<CheckedNode> specs;
     specs.reserve(members.size());
-    for (const Node* node : members) specs.push_back(&node->spec);
+    for (const Node* node : members) specs.push_back(node->checked());
     std::vector<NodeFingerprint> prints = env_nodes(specs);
     nlohmann::json env = {{"checked_nodes", prints.size()}, {"agree", true}};
     if (prints.size() > 1) {

@@ -182,8 +182,8 @@ int main(int argc, char** argv) {
                               {"make_env_round_check (strict), executables, all equal", &exe_same},
                               {"make_env_round_check (strict), executables, informational diff", &exe_info_off}}) {
     auto specs = specs_for(*prints, "strict");
-    std::vector<const NodeSpec*> members;
-    for (const auto& s : specs) members.push_back(&s);
+    std::vector<CheckedNode> members;
+    for (const auto& s : specs) members.push_back({&s, &s.fingerprint});
     RoundCheck check = make_env_round_check([](const std::string&) {});
     print(what, n, measure(reps, [&] { sink += check("bench", members).has_value(); }));
   }

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "rendezvous/env_check.h"
 #include "rendezvous/state.h"
 #include "tests/rendezvous/recording_outbox.h"
 
@@ -494,7 +495,7 @@ TEST_CASE("the round check can refuse a round and every member hears why") {
   ManualClock clock;
   RecordingOutbox out;
   std::size_t checked = 0;
-  StateMachine sm(clock, out, [&](const std::string& job, const std::vector<const NodeSpec*>& members) {
+  StateMachine sm(clock, out, [&](const std::string& job, const std::vector<CheckedNode>& members) {
     checked = members.size();
     return std::optional<std::string>("torch 1.13 on node1 differs from torch 2.1 on node2");
   });
@@ -1728,4 +1729,75 @@ TEST_CASE("a --spare node never counts toward MIN or MAX, never ends a round, an
   CHECK(f.out.of(8, "round").empty());
   CHECK(f.out.of(9, "round").empty());
   CHECK(f.sm.gauges().spares.at("job") == 2);
+}
+
+// ---- Interned fingerprints (rendezvous/fingerprint_table.h): one copy per distinct fingerprint.
+
+TEST_CASE("env check: many joins with the same fingerprint hold one interned copy; status shows it on every node") {
+  EnvFixture f;
+  const int n = 40;
+  for (int i = 10; i < 10 + n; ++i) {
+    f.sm.join(static_cast<ConnId>(i), env_spec("node" + std::to_string(i), n, n, "2.1.0+cu121"));
+  }
+  CHECK(f.sm.node_count() == static_cast<std::size_t>(n));
+  CHECK(f.sm.fingerprint_copies() == 1);
+  CHECK(f.out.dropped.empty());
+  nlohmann::json job = f.sm.status()["jobs"][0];
+  REQUIRE(job["nodes"].size() == static_cast<std::size_t>(n));
+  for (const nlohmann::json& node : job["nodes"]) CHECK(node["fingerprint"] == node_fingerprint("2.1.0+cu121"));
+  CHECK(job["env"]["agree"] == true);
+  CHECK(job["env"]["checked_nodes"] == n);
+  for (int i = 10; i < 10 + n; ++i) f.sm.leave(static_cast<ConnId>(i));
+  CHECK(f.sm.job_count() == 0);
+  CHECK(f.sm.fingerprint_copies() == 0);  // the job ended: its entry went with its last node
+}
+
+TEST_CASE("env check: interned fingerprints that differ give the verdict of comparing them directly") {
+  EnvFixture f;
+  f.sm.join(1, env_spec("node1", 3, 3, "2.1.0+cu121"));
+  f.sm.join(2, env_spec("node2", 3, 3, "2.1.0+cu118"));
+  CHECK(f.sm.fingerprint_copies() == 2);
+  f.sm.join(3, env_spec("node3", 3, 3, "2.1.0+cu121"));
+  const EnvCheckResult direct = compare_fingerprints({{"node1", "10.0.0.1", node_fingerprint("2.1.0+cu121")},
+                                                      {"node2", "10.0.0.2", node_fingerprint("2.1.0+cu118")},
+                                                      {"node3", "10.0.0.3", node_fingerprint("2.1.0+cu121")}});
+  REQUIRE(direct.has_breaking());
+  for (ConnId c : {1, 2, 3}) {
+    REQUIRE(f.out.dropped.count(c) == 1);
+    CHECK(f.out.dropped[c].message == "job job: " + refusal_message(direct));
+  }
+  CHECK(f.sm.fingerprint_copies() == 0);  // the refused members are gone, and their entries
+}
+
+TEST_CASE("env check: in warn mode status diffs interned fingerprints; a leaving node takes its entry") {
+  EnvFixture f;
+  f.sm.join(1, env_spec("node1", 3, 3, "2.1.0", "warn"));
+  f.sm.join(2, env_spec("node2", 3, 3, "2.2.0", "warn"));
+  f.sm.join(3, env_spec("node3", 3, 3, "2.1.0", "warn"));
+  CHECK(f.out.dropped.empty());
+  CHECK(f.sm.fingerprint_copies() == 2);
+  const nlohmann::json env = f.sm.status()["jobs"][0]["env"];
+  CHECK(env["agree"] == false);
+  CHECK(env["message"] == compare_fingerprints({{"node1", "10.0.0.1", node_fingerprint("2.1.0")},
+                                                {"node2", "10.0.0.2", node_fingerprint("2.2.0")},
+                                                {"node3", "10.0.0.3", node_fingerprint("2.1.0")}})
+                              .message());
+  f.sm.leave(2);
+  CHECK(f.sm.fingerprint_copies() == 1);
+}
+
+TEST_CASE("env check: a node that rejoins with another fingerprint does not change what its peers read") {
+  EnvFixture f;
+  f.sm.join(1, env_spec("node1", 1, 1, "2.1.0", "warn"));
+  f.sm.join(3, env_spec("node3", 1, 1, "2.1.0", "warn"));  // waits beside the running round
+  CHECK(f.sm.fingerprint_copies() == 1);
+  NodeSpec changed = env_spec("node3", 1, 1, "2.1.0", "warn");
+  changed.fingerprint["python"]["torch"] = "9.9.9";
+  f.sm.join(3, changed);
+  CHECK(f.sm.fingerprint_copies() == 2);
+  const nlohmann::json nodes = f.sm.status()["jobs"][0]["nodes"];
+  REQUIRE(nodes.size() == 2);
+  for (const nlohmann::json& node : nodes) {
+    CHECK(node["fingerprint"]["python"]["torch"] == (node["host"] == "node3" ? "9.9.9" : "2.1.0"));
+  }
 }
