@@ -616,9 +616,7 @@ void StateMachine::finish_failing(Job& job) {
 void StateMachine::fail_job(Job& job, const WorkerFailure& failure, const std::string& summary) {
   job.goodput.ended(clock_.now());
   Frame frame = encode(make_job_failed(failure, summary, "", /*quiet=*/true));
-  std::vector<ConnId> conns;
-  for (const auto& entry : job.nodes) conns.push_back(entry.first);
-  const ConnId speaker = speaker_of(job, conns, &failure);
+  const ConnId speaker = speaker_of(job, &failure);
   for (auto& [conn, node] : job.nodes) {
     out_.send(conn, conn == speaker ? encode(make_job_failed(failure, summary, goodput_line(job))) : frame);
     set_state(job, node, NodeState::Finished);
@@ -648,9 +646,7 @@ void StateMachine::report_success(ConnId conn) {
   if (job->round_succeeded < job->round_size) return;
   job->goodput.ended(clock_.now());
   Frame frame = encode(make_job_succeeded(job->id));
-  std::vector<ConnId> conns;
-  for (const auto& entry : job->nodes) conns.push_back(entry.first);
-  const ConnId speaker = speaker_of(*job, conns, nullptr);
+  const ConnId speaker = speaker_of(*job, nullptr);
   for (auto& [c, n] : job->nodes) {
     out_.send(c, c == speaker ? encode(make_job_succeeded(job->id, goodput_line(*job))) : frame);
     set_state(*job, n, NodeState::Finished);

@@ -453,6 +453,8 @@ class StateMachine {
   // them, else the lowest group rank (state_status.cpp); 0 when `among` is empty. And the line:
   // "job J: goodput 97.4% of ...".
   static ConnId speaker_of(const Job& job, const std::vector<ConnId>& among, const WorkerFailure* root);
+  // The same of all the job's nodes.
+  static ConnId speaker_of(const Job& job, const WorkerFailure* root);
   static std::string goodput_line(const Job& job) {
     return "job " + job.id + ": " + job.goodput.totals(job.ended_at).summary();
   }

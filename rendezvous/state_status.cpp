@@ -256,23 +256,52 @@ void StateMachine::job_ended(Job& job, const std::string& summary) {
        summary);
 }
 
+namespace {
+
+// Picks the node that speaks for a job from the nodes offered to it: the node of the root-cause
+// failure's group rank, else the lowest group rank (then the lowest connection).
+class SpeakerChoice {
+ public:
+  explicit SpeakerChoice(int root_rank) : root_rank_(root_rank) {}
+  // False once the root-cause failure's node is offered: nothing can beat it.
+  bool offer(ConnId conn, int group_rank) {
+    if (root_rank_ >= 0 && group_rank == root_rank_) {
+      best_ = conn;
+      return false;
+    }
+    const bool better = best_ == 0 || (group_rank >= 0 && (best_rank_ < 0 || group_rank < best_rank_)) ||
+                        (group_rank == best_rank_ && conn < best_);
+    if (better) {
+      best_ = conn;
+      best_rank_ = group_rank;
+    }
+    return true;
+  }
+  ConnId chosen() const { return best_; }
+
+ private:
+  int root_rank_;
+  ConnId best_ = 0;
+  int best_rank_ = -1;
+};
+
+}  // namespace
+
 ConnId StateMachine::speaker_of(const Job& job, const std::vector<ConnId>& among, const WorkerFailure* root) {
-  const int root_rank = root != nullptr ? group_rank_of(job, root->rank) : -1;
-  ConnId best = 0;
-  int best_rank = -1;
+  SpeakerChoice choice(root != nullptr ? group_rank_of(job, root->rank) : -1);
   for (ConnId conn : among) {
     auto it = job.nodes.find(conn);
-    if (it == job.nodes.end()) continue;
-    const Node& node = it->second;
-    if (root_rank >= 0 && node.group_rank == root_rank) return conn;
-    const bool better = best == 0 || (node.group_rank >= 0 && (best_rank < 0 || node.group_rank < best_rank)) ||
-                        (node.group_rank == best_rank && conn < best);
-    if (better) {
-      best = conn;
-      best_rank = node.group_rank;
-    }
+    if (it != job.nodes.end() && !choice.offer(conn, it->second.group_rank)) break;
   }
-  return best;
+  return choice.chosen();
+}
+
+ConnId StateMachine::speaker_of(const Job& job, const WorkerFailure* root) {
+  SpeakerChoice choice(root != nullptr ? group_rank_of(job, root->rank) : -1);
+  for (const auto& [conn, node] : job.nodes) {
+    if (!choice.offer(conn, node.group_rank)) break;
+  }
+  return choice.chosen();
 }
 
 nlohmann::json StateMachine::status() const {
