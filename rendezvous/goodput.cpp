@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 
 namespace ddp::rdzv {
 
@@ -47,7 +48,7 @@ nlohmann::json GoodputTotals::to_json() const {
   nlohmann::json by = nlohmann::json::object();
   for (int i = 0; i < kSpentCount; ++i) by[kSpentNames[i]] = rounded(seconds[i], 1000);
   return {{"wall_seconds", rounded(wall, 1000)},
-          {"percent", rounded(percent(), 10)},
+          {"percent", std::strtod(shown_percent().c_str(), nullptr)},
           {"seconds", std::move(by)},
           {"restarts", restarts}};
 }
@@ -93,10 +94,15 @@ std::optional<GoodputTotals> GoodputTotals::from_array(const nlohmann::json& j) 
   return t;
 }
 
+std::string GoodputTotals::shown_percent() const {
+  const double shown_wall = rounded(wall, 1000);
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f", shown_wall > 0 ? 100.0 * rounded(seconds[0], 1000) / shown_wall : 0.0);
+  return text;
+}
+
 std::string GoodputTotals::summary() const {
-  char head[64];
-  std::snprintf(head, sizeof head, "goodput %.1f%% of %s", percent(), wall_text(wall).c_str());
-  std::string text = head;
+  std::string text = "goodput " + shown_percent() + "% of " + wall_text(wall);
   const std::pair<Spent, std::string> parts[] = {
       {Spent::lost, " lost to " + std::to_string(restarts) + (restarts == 1 ? " restart" : " restarts")},
       {Spent::recovery, " recovering"},

@@ -42,6 +42,10 @@ struct GoodputTotals {
   double seconds[kSpentCount] = {};  // by category; they add up to wall
   int restarts = 0;                 // rounds that ended before the job did
   double percent() const { return wall > 0 ? 100.0 * seconds[0] / wall : 0.0; }
+  // The percent as every reader shows it ("97.4"): of the seconds rounded to the millisecond, as
+  // status --json holds them, to one decimal. The daemon's and agent's line and a status made
+  // from the JSON alone so print the same figure, even where rounding first would tip it.
+  std::string shown_percent() const;
   double operator[](Spent s) const { return seconds[static_cast<int>(s)]; }
   // {"wall_seconds", "percent", "seconds": {category: s}, "restarts"}
   nlohmann::json to_json() const;

@@ -4,7 +4,9 @@
 // goodput line, a restart's reason and the verdict in full (the others: quiet).
 #include <doctest/doctest.h>
 
+#include <cstdio>
 #include <numeric>
+#include <utility>
 
 #include "rendezvous/goodput.h"
 #include "rendezvous/state.h"
@@ -176,6 +178,23 @@ TEST_CASE("totals round-trip through JSON; malformed or unbelievable records are
   bad["wall_seconds"] = "12";
   CHECK_FALSE(GoodputTotals::from_json(bad));
   CHECK_FALSE(GoodputTotals::from_json(nlohmann::json::array()));
+
+  // Where rounding tips the percent (4.005 s of 10 s: 40.05 %; 5.9175 s of 14.776 s: 40.0 % of
+  // the exact seconds, 40.1 % of the milliseconds), the JSON, the line made from the exact totals
+  // and a status made from the JSON alone still show one figure.
+  for (const auto& [wall, productive] : {std::pair{10.0, 4.005}, std::pair{14.776, 5.9175}}) {
+    CAPTURE(productive);
+    GoodputTotals tipped;
+    tipped.wall = wall;
+    tipped.seconds[static_cast<int>(Spent::productive)] = productive;
+    tipped.seconds[static_cast<int>(Spent::recovery)] = wall - productive;
+    const auto reread = GoodputTotals::from_json(tipped.to_json());
+    REQUIRE(reread);
+    CHECK(reread->summary() == tipped.summary());
+    char json_percent[32];
+    std::snprintf(json_percent, sizeof json_percent, "%.1f", tipped.to_json()["percent"].get<double>());
+    CHECK(tipped.summary().rfind("goodput " + std::string(json_percent) + "% of ", 0) == 0);
+  }
 
   GoodputAccount restored(1000, 1.0);
   restored.restore(1000, *back, false, 0, 2);
