@@ -454,6 +454,29 @@ void Trainer::train_round(Run& run) {
   finish_round(run, round);
 }
 
+void Trainer::leave_if_abandoned(const Run& run, int64_t step) const {
+  if (run.in_memory && Progress::instance().round_abandoned()) {
+    throw RoundAbandoned("step " + std::to_string(step) + ": the agent abandoned the round");
+  }
+}
+
+PendingWork Trainer::start_step_flags(Run& run, Round& round) {
+  // A SIGTERM that came with an abandoned round (a drained node: its agent marks the round
+  // abandoned, then signals) ends this round here and must not reach the peers, who continue in
+  // memory: so the stop is read before the mark. The step's hook may have taken long since the
+  // step's first look at the mark (a straggler's does).
+  const bool stop = stop_requested();
+  leave_if_abandoned(run, round.step);
+  round.flag[0] = stop ? 1.0 : 0.0;
+  round.flag[1] = std::isnan(run.last_local_loss) ? 0.0 : run.last_local_loss;
+  // Rank 0's automatic cadence: whether a checkpoint is due (saved after this step), and the
+  // interval, which the other ranks report to their agents too.
+  const bool decides = run.cadence && round.rank == 0;
+  round.flag[2] = decides && run.cadence->due(who(*group_)) ? 1.0 : 0.0;
+  round.flag[3] = decides ? run.cadence->interval() : 0.0;
+  return group_->allreduce_sum_async(round.flag);
+}
+
 // One optimizer step; false when SIGTERM stops the training after it.
 bool Trainer::train_step(Run& run, Round& round, int64_t epoch) {
   TrainResult& result = run.result;
@@ -462,23 +485,11 @@ bool Trainer::train_step(Run& run, Round& round, int64_t epoch) {
   std::vector<std::vector<int64_t>> micro = next_micro_batches(round.sampler, options_, step_indices);
   // A restart that no collective of this rank waits through (a node joined, world size 1)
   // is seen here, before the step begins.
-  if (run.in_memory && progress.round_abandoned()) {
-    throw RoundAbandoned("step " + std::to_string(round.step) + ": the agent abandoned the round");
-  }
+  leave_if_abandoned(run, round.step);
   StepInfo info{round.step, epoch, round.rank, round.world, &step_indices, 0};
   if (on_step_begin) on_step_begin(info);
   progress.set_phase("forward/backward");
-
-  // Agreement on stopping (and the previous step's mean loss) travels in one small
-  // all-reduce that runs while this step computes.
-  round.flag[0] = stop_requested() ? 1.0 : 0.0;
-  round.flag[1] = std::isnan(run.last_local_loss) ? 0.0 : run.last_local_loss;
-  // So does rank 0's automatic cadence: whether a checkpoint is due (saved after this step), and
-  // the interval, which the other ranks report to their agents too.
-  const bool decides = run.cadence && round.rank == 0;
-  round.flag[2] = decides && run.cadence->due(who(*group_)) ? 1.0 : 0.0;
-  round.flag[3] = decides ? run.cadence->interval() : 0.0;
-  PendingWork flag_work = group_->allreduce_sum_async(round.flag);
+  PendingWork flag_work = start_step_flags(run, round);
 
   const double synced_before = round.ddp.stats().exposed_sync_seconds;
   const double loss_sum = forward_backward(round, micro);

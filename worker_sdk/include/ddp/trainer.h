@@ -137,6 +137,11 @@ class Trainer {
   struct Round;  // one round's DDP wrapper, sampler and throughput window (trainer.cpp)
   void train_round(Run& run);
   bool train_step(Run& run, Round& round, int64_t epoch);
+  // Throws RoundAbandoned when the agent abandoned the round (with in-memory restart).
+  void leave_if_abandoned(const Run& run, int64_t step) const;
+  // Starts the step's one small all-reduce, which runs while the step computes: whether any
+  // rank stops after it (SIGTERM), the previous step's mean loss, and rank 0's cadence decision.
+  PendingWork start_step_flags(Run& run, Round& round);
   double forward_backward(Round& round, std::vector<std::vector<int64_t>>& micro);
   void log_throughput(const Run& run, Round& round, int64_t epoch);
   void finish_round(Run& run, Round& round);
