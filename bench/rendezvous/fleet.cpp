@@ -2,8 +2,8 @@
 // itself, through a job's whole life at scale: connect (hello, HMAC when --token-file), join (one
 // round of K nodes), heartbeats, the daemon SIGKILLed and started again (every agent resumes),
 // one agent's death told to every survivor, and leave. Ends with one JSON line:
-//   {"agents":K, "procs":P, "connect_s":..., "round_s":..., "resume_s":..., "dead_broadcast_s":...,
-//    "rss_kb_per_agent":..., ...}
+//   {"agents":K, "procs":P, "connect_s":..., "round_s":..., "round_daemon_cpu_s":..., "resume_s":...,
+//    "dead_broadcast_s":..., "rss_kb_per_agent":..., ...}
 // and exits 1 when any phase fails or misses its deadline, so a small run is a test.
 //
 //   ddp-rdzv-fleet --daemon build/bin/ddp-rendezvous --agents 100000
@@ -28,6 +28,7 @@
 #include <deque>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <functional>
 #include <memory>
 #include <sstream>
@@ -434,6 +435,19 @@ long rss_kb(pid_t pid) {
   return -1;
 }
 
+// The CPU seconds (user + system) a process has used so far, from /proc/PID/stat: on a machine
+// whose cores the load processes share, the daemon's own cost of a phase.
+double cpu_s(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::istringstream rest(stat.substr(stat.rfind(')') + 2));  // the name may hold spaces
+  std::string field;
+  unsigned long long utime = 0, stime = 0;
+  for (int i = 3; i <= 13; ++i) rest >> field;  // state .. cmajflt
+  rest >> utime >> stime;
+  return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
 // One answer line from a child, within the deadline; its words after "ok".
 std::vector<long long> answer_of(Proc& p, const Options& o, const std::string& command) {
   const auto until = steady::now() + std::chrono::duration<double>(o.deadline);
@@ -588,7 +602,9 @@ int main(int argc, char** argv) {
   const long long t_connect = now_ns();
   const auto connected = all(procs, o, "connect");
   const long rss_connected = rss_kb(daemon);
+  const double cpu_before_round = cpu_s(daemon);
   const auto joined = all(procs, o, "join");
+  const double round_cpu = cpu_s(daemon) - cpu_before_round;
   long long first_join = joined.front().at(0);
   for (const auto& a : joined) first_join = std::min(first_join, a.at(0));
   const long rss = rss_kb(daemon);
@@ -596,6 +612,7 @@ int main(int argc, char** argv) {
   for (const auto& a : connected) retries += a.at(1);
   std::printf("{\"agents\":%d,\"procs\":%d,\"connect_s\":%.3f,\"connect_retries\":%lld,\"round_s\":%.3f", o.agents,
               o.procs, seconds(t_connect, latest(connected, 0)), retries, seconds(first_join, latest(joined, 1)));
+  std::printf(",\"round_daemon_cpu_s\":%.3f", round_cpu);
 
   if (!no_resume) {
     kill(daemon, SIGKILL);

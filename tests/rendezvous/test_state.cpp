@@ -68,6 +68,28 @@ TEST_CASE("a round completes at MAX nodes with ranks 0..n-1, rank offsets and ra
   }
 }
 
+TEST_CASE("each node's round message is its own assignment, with nothing left from the node before") {
+  Fixture f;
+  // Connection 2 has no key to seal under (a server leaves the secret out then); 1 and 3 do.
+  f.sm.set_secret_seal([](ConnId conn, const std::string& secret) {
+    return conn == 2 ? std::string() : "sealed" + std::to_string(conn) + ":" + secret;
+  });
+  f.sm.join(1, spec("node1", 3, 3, 2));
+  f.sm.join(2, spec("node2", 3, 3, 4));
+  f.sm.join(3, spec("node3", 3, 3, 1));
+  const Assignment a1 = f.out.round(1), a2 = f.out.round(2), a3 = f.out.round(3);
+  CHECK(a1.secret.rfind("sealed1:", 0) == 0);
+  CHECK(f.out.of(2, "round").at(0)["assignment"].count("secret") == 0);
+  CHECK(a3.secret.rfind("sealed3:", 0) == 0);
+  CHECK(a1.secret.substr(8) != a3.secret.substr(8));
+  for (const Assignment& a : {a1, a2, a3}) {
+    // The same message as encoding the node's assignment on its own.
+    CHECK(f.out.of(static_cast<ConnId>(a.group_rank + 1), "round").at(0) == to_json(make_round(a)));
+  }
+  CHECK(a3.group_rank == 2);
+  CHECK(a3.rank_offset == 6);
+}
+
 TEST_CASE("with MIN:MAX a round completes at MIN only after last_call_timeout") {
   Fixture f;
   f.sm.join(1, spec("node1", 2, 4));
