@@ -1,6 +1,12 @@
 // The encoder of the rendezvous protocol (rendezvous/protocol.h): a Message to its JSON object
-// and its frame. The decoder, which validates what a peer sends, is protocol.cpp.
+// and its frame, and the frames of one round spliced per node. The decoder, which validates what
+// a peer sends, is protocol.cpp.
 #include "rendezvous/protocol.h"
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <stdexcept>
 
 namespace ddp::rdzv {
 
@@ -188,5 +194,82 @@ json to_json(const Message& m) {
 }
 
 Frame encode(const Message& message) { return encode_frame(to_json(message)); }
+
+namespace {
+
+// Where a node's value goes in the round message dumped with group_rank 0, rank_offset 0 and
+// secret "0": the key's quoted name and ':' occur nowhere else in the text, because a string
+// value's quotes are escaped inside it. The secret's slot takes its comma (it is never the first
+// key: "generation" sorts before it), so that a node without one gets no secret field at all.
+struct Marker {
+  std::string_view text;  // as the dump writes the key with its placeholder
+  std::size_t kept;       // how much of it stays in the text before the slot
+};
+constexpr Marker kGroupRankMarker{"\"group_rank\":0", sizeof("\"group_rank\":") - 1};
+constexpr Marker kRankOffsetMarker{"\"rank_offset\":0", sizeof("\"rank_offset\":") - 1};
+constexpr Marker kSecretMarker{",\"secret\":\"0\"", 0};
+
+void append_int(std::string& out, int value) {
+  char digits[16];
+  const auto end = std::to_chars(digits, digits + sizeof digits, value).ptr;
+  out.append(digits, end);
+}
+
+}  // namespace
+
+RoundFrames::RoundFrames(Assignment shared) {
+  shared.group_rank = 0;
+  shared.rank_offset = 0;
+  shared.secret = "0";
+  const std::string text = to_json(make_round(shared)).dump(-1, ' ', false, json::error_handler_t::replace);
+  std::vector<std::pair<std::size_t, Slot>> slots;
+  for (const auto& [marker, slot] : {std::pair{kGroupRankMarker, Slot::group_rank},
+                                     std::pair{kRankOffsetMarker, Slot::rank_offset},
+                                     std::pair{kSecretMarker, Slot::secret}}) {
+    const std::size_t at = text.find(marker.text);
+    if (at == std::string::npos) throw std::logic_error("round message without " + std::string(marker.text));
+    slots.emplace_back(at, slot);
+  }
+  std::sort(slots.begin(), slots.end());
+  std::size_t from = 0;
+  for (const auto& [at, slot] : slots) {
+    const Marker& marker = slot == Slot::group_rank    ? kGroupRankMarker
+                           : slot == Slot::rank_offset ? kRankOffsetMarker
+                                                       : kSecretMarker;
+    pieces_.push_back({text.substr(from, at + marker.kept - from), slot});
+    from = at + marker.text.size();
+  }
+  pieces_.push_back({text.substr(from), Slot::none});
+  for (const Piece& p : pieces_) bytes_ += p.text.size();
+}
+
+Frame RoundFrames::frame(int group_rank, int rank_offset, const std::string& secret) const {
+  std::string out(kFrameHeaderBytes, '\0');
+  out.reserve(kFrameHeaderBytes + bytes_ + 2 * 11 + secret.size() + 16);
+  for (const Piece& p : pieces_) {
+    out += p.text;
+    switch (p.then) {
+      case Slot::group_rank:
+        append_int(out, group_rank);
+        break;
+      case Slot::rank_offset:
+        append_int(out, rank_offset);
+        break;
+      case Slot::secret:
+        if (secret.empty()) break;  // as to_json(Assignment) leaves it out
+        out += ",\"secret\":";
+        if (std::all_of(secret.begin(), secret.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)); })) {
+          out.append("\"").append(secret).append("\"");  // hex, as every secret is: nothing to escape
+        } else {
+          out += json(secret).dump(-1, ' ', false, json::error_handler_t::replace);
+        }
+        break;
+      case Slot::none:
+        break;
+    }
+  }
+  write_frame_header(static_cast<std::uint32_t>(out.size() - kFrameHeaderBytes), reinterpret_cast<unsigned char*>(out.data()));
+  return std::make_shared<const std::string>(std::move(out));
+}
 
 }  // namespace ddp::rdzv

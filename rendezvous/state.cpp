@@ -279,9 +279,7 @@ StateMachine::Node& StateMachine::enter(Job& job, ConnId conn, NodeSpec spec, do
   }
   Node& node = nit->second;
   tally(job, node, false);  // counted again with its new spec: it may come back as a spare, or not
-  node.fingerprint = fingerprints_.intern(std::move(spec.fingerprint));
-  node.spec = std::move(spec);
-  node.spec.fingerprint = nullptr;
+  node.take_spec(std::move(spec), fingerprints_);
   tally(job, node, true);
   node.last_seen = now;
   node.join_seq = next_join_seq_++;
@@ -458,11 +456,7 @@ Assignment StateMachine::send_round(Job& job, const std::vector<std::pair<ConnId
   a.max_restarts = job.max_restarts;
   a.goodput = job.goodput.totals(clock_.now()).to_array();  // a rebuilt server carries it on
   job.straggler_unreplaced_said = false;
-  // One message tree for the round: only a node's rank, offset and secret differ, so a round of
-  // n nodes builds the JSON once and changes three fields per node (the same bytes as
-  // encode(make_round(a)) for each).
-  nlohmann::json message = to_json(make_round(a));
-  nlohmann::json& fields = message["assignment"];
+  const RoundFrames frames(a);  // only a node's rank, offset and secret differ
   int offset = 0;
   for (std::size_t r = 0; r < by_rank.size(); ++r) {
     Node* node = by_rank[r].second;
@@ -474,14 +468,7 @@ Assignment StateMachine::send_round(Job& job, const std::vector<std::pair<ConnId
     offset += node->spec.local_world_size;
     set_state(job, *node, NodeState::Running);
     a.secret = seal_ ? seal_(by_rank[r].first, node->secret) : node->secret;  // proves this node in a resume
-    fields["group_rank"] = a.group_rank;
-    fields["rank_offset"] = a.rank_offset;
-    if (a.secret.empty()) {
-      fields.erase("secret");  // as to_json(Assignment) leaves it out
-    } else {
-      fields["secret"] = a.secret;
-    }
-    out_.send(by_rank[r].first, encode_frame(message));
+    out_.send(by_rank[r].first, frames.frame(a.group_rank, a.rank_offset, a.secret));
   }
   return a;
 }

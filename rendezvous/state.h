@@ -254,6 +254,12 @@ class StateMachine {
     FingerprintTable::Ref fingerprint;  // shared with the nodes whose fingerprint is identical
     const nlohmann::json& fingerprint_json() const { return FingerprintTable::read(fingerprint); }
     CheckedNode checked() const { return {&spec, &fingerprint_json()}; }
+    // Takes a join's or a resume's spec, its fingerprint kept once in `table` (shared).
+    void take_spec(NodeSpec&& from, FingerprintTable& table) {
+      fingerprint = table.intern(std::move(from.fingerprint));
+      spec = std::move(from);
+      spec.fingerprint = nullptr;
+    }
     NodeState state = NodeState::Waiting;
     int group_rank = -1;     // in the last round this node was part of; -1 = never
     double last_seen = 0;

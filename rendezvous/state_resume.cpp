@@ -208,9 +208,7 @@ void StateMachine::resume_live(Job& job, ConnId conn, const ResumeRequest& r) {
 
 void StateMachine::add_resumed(Job& job, ConnId conn, const ResumeRequest& r, NodeState state) {
   Node node;
-  node.spec = r.node;
-  node.fingerprint = fingerprints_.intern(std::move(node.spec.fingerprint));
-  node.spec.fingerprint = nullptr;
+  node.take_spec(NodeSpec(r.node), fingerprints_);
   node.state = state;
   node.group_rank = state == NodeState::Running ? r.assignment.group_rank : -1;
   node.last_seen = clock_.now();

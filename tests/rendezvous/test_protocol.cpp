@@ -1,6 +1,8 @@
 // Protocol unit tests: the typed codec (framing, limits, decoding, encoding) and the HMAC proofs.
 #include <doctest/doctest.h>
 
+#include <tuple>
+
 #include "rendezvous/auth.h"
 #include "rendezvous/protocol.h"
 
@@ -241,6 +243,36 @@ TEST_CASE("every message survives encode then decode with its data") {
   json bad = to_json(make_round(a));
   bad["assignment"]["group_rank"] = 5;
   CHECK(decode_json(bad).error);
+}
+
+TEST_CASE("a round's frames spliced per node are byte for byte the node's own encoding") {
+  Assignment plain;
+  plain.generation = 3;
+  plain.group_world_size = 100000;
+  plain.world_size = 800000;
+  plain.master_addr = "10.1.2.3";
+  plain.master_port = 29400;
+  Assignment rich = plain;
+  rich.goodput = {60.25, 50, 4, 3, 1, 0, 2, 0, 1};
+  rich.round_age = 1.5;
+  rich.restart_count = 2;
+  rich.max_restarts = 7;
+  Assignment tricky = plain;  // an address holding the very text the splice looks for
+  tricky.master_addr = R"("group_rank":0,"rank_offset":0,"secret":"0" é)";
+  for (const Assignment& shared : {plain, rich, tricky}) {
+    const RoundFrames frames(shared);
+    for (const auto& [rank, offset, secret] :
+         {std::tuple{0, 0, std::string()}, std::tuple{1, 8, std::string("0123abcdef")},
+          std::tuple{99999, 799992, std::string(64, 'f')}, std::tuple{-5, 2147483647, std::string("sealed\"x\n")},
+          std::tuple{7, 56, std::string("0")}}) {
+      Assignment own = shared;
+      own.group_rank = rank;
+      own.rank_offset = offset;
+      own.secret = secret;
+      CAPTURE(rank);
+      CHECK(*frames.frame(rank, offset, secret) == *encode(make_round(own)));
+    }
+  }
 }
 
 TEST_CASE("the goodput account travels with a round and a verdict, checked like every other field") {
