@@ -5,6 +5,7 @@
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 
+#include <array>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -46,6 +47,22 @@ std::string random_hex(std::size_t bytes) {
     throw std::runtime_error("OpenSSL RAND_bytes failed: no randomness for the rendezvous nonce");
   }
   return hex(reinterpret_cast<const unsigned char*>(raw.data()), raw.size());
+}
+
+std::string pooled_random_hex(std::size_t bytes) {
+  thread_local std::array<unsigned char, 4096> pool;
+  thread_local std::size_t next = pool.size();
+  if (bytes > pool.size()) return random_hex(bytes);
+  if (pool.size() - next < bytes) {
+    if (RAND_bytes(pool.data(), static_cast<int>(pool.size())) != 1) {
+      throw std::runtime_error("OpenSSL RAND_bytes failed: no randomness for a node secret");
+    }
+    next = 0;
+  }
+  std::string out = hex(pool.data() + next, bytes);
+  OPENSSL_cleanse(pool.data() + next, bytes);
+  next += bytes;
+  return out;
 }
 
 std::string auth_proof(std::string_view secret, std::string_view role, std::string_view server_nonce,

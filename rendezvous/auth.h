@@ -18,6 +18,10 @@ namespace ddp::rdzv {
 
 // `bytes` fresh random bytes from OpenSSL's generator, as lowercase hex.
 std::string random_hex(std::size_t bytes = 32);
+// The same for many small draws on one thread (a round's node secrets): the bytes come from a
+// pool of the thread that OpenSSL's generator refills 4 KiB at a time; each byte is handed out
+// once and wiped from the pool. (A process that forks must not draw in both parent and child.)
+std::string pooled_random_hex(std::size_t bytes);
 
 // Hex HMAC-SHA256 under `secret` of the role, both nonces and the job id.
 std::string auth_proof(std::string_view secret, std::string_view role, std::string_view server_nonce,

@@ -1,6 +1,7 @@
 // Protocol unit tests: the typed codec (framing, limits, decoding, encoding) and the HMAC proofs.
 #include <doctest/doctest.h>
 
+#include <set>
 #include <tuple>
 
 #include "rendezvous/auth.h"
@@ -659,6 +660,18 @@ TEST_CASE("proofs depend on the secret, the role, both nonces and the job") {
   CHECK_FALSE(proofs_equal(p, auth_proof("s3cret", "hello", "n1", "c1", "job2")));
   CHECK_FALSE(proofs_equal("", ""));
   CHECK(random_hex(32).size() == 64);
+}
+
+TEST_CASE("pooled random hex: fresh hex of the size asked, never repeated across the pool's refills") {
+  std::set<std::string> seen;
+  for (int i = 0; i < 1000; ++i) {  // 16 bytes each: almost four refills of the 4 KiB pool
+    const std::string h = pooled_random_hex(16);
+    CHECK(h.size() == 32);
+    CHECK(h.find_first_not_of("0123456789abcdef") == std::string::npos);
+    CHECK(seen.insert(h).second);
+  }
+  CHECK(pooled_random_hex(3000).size() == 6000);  // larger than what is left of the pool
+  CHECK(pooled_random_hex(5000).size() == 10000);  // larger than the pool: drawn directly
 }
 
 TEST_CASE("a node secret sealed under one connection key opens with that key only") {
