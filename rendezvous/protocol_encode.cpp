@@ -4,7 +4,6 @@
 #include "rendezvous/protocol.h"
 
 #include <algorithm>
-#include <cctype>
 #include <charconv>
 #include <stdexcept>
 
@@ -215,6 +214,9 @@ void append_int(std::string& out, int value) {
   out.append(digits, end);
 }
 
+// Not std::isalnum: a locale could count a byte over 0x7f, which the dump would replace.
+bool is_ascii_alnum(char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
+
 }  // namespace
 
 RoundFrames::RoundFrames(Assignment shared) {
@@ -258,7 +260,7 @@ Frame RoundFrames::frame(int group_rank, int rank_offset, const std::string& sec
       case Slot::secret:
         if (secret.empty()) break;  // as to_json(Assignment) leaves it out
         out += ",\"secret\":";
-        if (std::all_of(secret.begin(), secret.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)); })) {
+        if (std::all_of(secret.begin(), secret.end(), is_ascii_alnum)) {
           out.append("\"").append(secret).append("\"");  // hex, as every secret is: nothing to escape
         } else {
           out += json(secret).dump(-1, ' ', false, json::error_handler_t::replace);

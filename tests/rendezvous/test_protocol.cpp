@@ -265,7 +265,7 @@ TEST_CASE("a round's frames spliced per node are byte for byte the node's own en
     for (const auto& [rank, offset, secret] :
          {std::tuple{0, 0, std::string()}, std::tuple{1, 8, std::string("0123abcdef")},
           std::tuple{99999, 799992, std::string(64, 'f')}, std::tuple{-5, 2147483647, std::string("sealed\"x\n")},
-          std::tuple{7, 56, std::string("0")}}) {
+          std::tuple{7, 56, std::string("0")}, std::tuple{3, 24, std::string("caf\xc3\xa9 \xff")}}) {
       Assignment own = shared;
       own.group_rank = rank;
       own.rank_offset = offset;
