@@ -214,9 +214,6 @@ void append_int(std::string& out, int value) {
   out.append(digits, end);
 }
 
-// Not std::isalnum: a locale could count a byte over 0x7f, which the dump would replace.
-bool is_ascii_alnum(char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
-
 }  // namespace
 
 RoundFrames::RoundFrames(Assignment shared) {
@@ -224,22 +221,24 @@ RoundFrames::RoundFrames(Assignment shared) {
   shared.rank_offset = 0;
   shared.secret = "0";
   const std::string text = to_json(make_round(shared)).dump(-1, ' ', false, json::error_handler_t::replace);
-  std::vector<std::pair<std::size_t, Slot>> slots;
-  for (const auto& [marker, slot] : {std::pair{kGroupRankMarker, Slot::group_rank},
-                                     std::pair{kRankOffsetMarker, Slot::rank_offset},
-                                     std::pair{kSecretMarker, Slot::secret}}) {
-    const std::size_t at = text.find(marker.text);
-    if (at == std::string::npos) throw std::logic_error("round message without " + std::string(marker.text));
-    slots.emplace_back(at, slot);
+  struct Found {
+    std::size_t at;
+    const Marker* marker;
+    Slot slot;
+  };
+  std::vector<Found> found;
+  for (const auto& [marker, slot] : {std::pair{&kGroupRankMarker, Slot::group_rank},
+                                     std::pair{&kRankOffsetMarker, Slot::rank_offset},
+                                     std::pair{&kSecretMarker, Slot::secret}}) {
+    const std::size_t at = text.find(marker->text);
+    if (at == std::string::npos) throw std::logic_error("round message without " + std::string(marker->text));
+    found.push_back({at, marker, slot});
   }
-  std::sort(slots.begin(), slots.end());
+  std::sort(found.begin(), found.end(), [](const Found& a, const Found& b) { return a.at < b.at; });
   std::size_t from = 0;
-  for (const auto& [at, slot] : slots) {
-    const Marker& marker = slot == Slot::group_rank    ? kGroupRankMarker
-                           : slot == Slot::rank_offset ? kRankOffsetMarker
-                                                       : kSecretMarker;
-    pieces_.push_back({text.substr(from, at + marker.kept - from), slot});
-    from = at + marker.text.size();
+  for (const Found& f : found) {
+    pieces_.push_back({text.substr(from, f.at + f.marker->kept - from), f.slot});
+    from = f.at + f.marker->text.size();
   }
   pieces_.push_back({text.substr(from), Slot::none});
   for (const Piece& p : pieces_) bytes_ += p.text.size();
@@ -260,8 +259,8 @@ Frame RoundFrames::frame(int group_rank, int rank_offset, const std::string& sec
       case Slot::secret:
         if (secret.empty()) break;  // as to_json(Assignment) leaves it out
         out += ",\"secret\":";
-        if (std::all_of(secret.begin(), secret.end(), is_ascii_alnum)) {
-          out.append("\"").append(secret).append("\"");  // hex, as every secret is: nothing to escape
+        if (is_hex(secret)) {
+          out.append("\"").append(secret).append("\"");  // as every secret is: nothing to escape
         } else {
           out += json(secret).dump(-1, ' ', false, json::error_handler_t::replace);
         }

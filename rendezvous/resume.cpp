@@ -98,14 +98,14 @@ Assignment decode_assignment(const json& j, const NodeSpec& node) {
   return a;
 }
 
+}  // namespace
+
 bool is_hex(const std::string& s) {
   for (char c : s) {
     if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
   }
   return true;
 }
-
-}  // namespace
 
 json make_resume(const ResumeRequest& r) {
   return {{"type", "resume"},

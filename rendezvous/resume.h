@@ -37,6 +37,8 @@ inline constexpr std::size_t kMaxSecretChars = 128;
 inline constexpr int kMaxResumeNodes = 1 << 20;             // nnodes MAX, group world size
 inline constexpr int kMaxResumeRestarts = 1 << 20;          // --max_restarts
 inline constexpr double kMaxResumeSeconds = 1e7;            // any timeout (about 115 days)
+// Whether `s` is lowercase hex digits only, as a node secret is (sealed or not).
+bool is_hex(const std::string& s);
 
 
 // The JSON forms of the typed messages (protocol.h: make_resume_message, make_resumed_message),
