@@ -281,7 +281,7 @@ StateMachine::Node& StateMachine::enter(Job& job, ConnId conn, NodeSpec spec, do
   tally(job, node, false);  // counted again with its new spec: it may come back as a spare, or not
   node.take_spec(std::move(spec), fingerprints_);
   tally(job, node, true);
-  node.last_seen = now;
+  node.heard(now);
   node.join_seq = next_join_seq_++;
   if (node.spec.requested_rank >= 0) job.requested_ranks[node.spec.requested_rank] = conn;
   return node;
@@ -714,7 +714,13 @@ void StateMachine::stalled(double seconds) {
   if (!(seconds > 0)) return;
   const double now = clock_.now();
   for (auto& [id, job] : jobs_) {
-    for (auto& [conn, node] : job.nodes) node.last_seen = std::min(now, node.last_seen + seconds);
+    // The stall is not the nodes' silence: every time that measures one moves with it (a probe
+    // out stays unanswered: the node's answer is a flag, not a time).
+    for (auto& [conn, node] : job.nodes) {
+      node.last_seen = std::min(now, node.last_seen + seconds);
+      if (node.probed_at >= 0) node.probed_at = std::min(now, node.probed_at + seconds);
+    }
+    if (job.pending_stall) job.pending_stall->since = std::min(now, job.pending_stall->since + seconds);
     job.next_heartbeat_check += seconds;
     for (auto& probe : job.probes) probe.second += seconds;
   }

@@ -263,16 +263,23 @@ class StateMachine {
     NodeState state = NodeState::Waiting;
     int group_rank = -1;     // in the last round this node was part of; -1 = never
     double last_seen = 0;
+    // Every message from the node: it is alive now, and answered any probe out to it.
+    void heard(double now) {
+      last_seen = now;
+      answered_probe = true;
+    }
     std::uint64_t join_seq = 0;
     std::string secret;                  // issued with the first round; proves a resume
     std::uint64_t resumed_generation = 0;  // while restoring: the generation it resumed
     bool success_pending = false;        // while restoring: reported success, applied after
     std::optional<NodeProgress> progress;  // the last its heartbeats carried
-    // The last probe sent to it (stall(); -1: never) and whether its answer is still awaited;
-    // the indirect check of that probe (check_peer; 0: none), and the node that reached its host
-    // for it (0: none did).
+    // The last probe sent to it (stall(); -1: never), whether its answer is still awaited and
+    // whether the node spoke since it was sent (a flag, not last_seen >= probed_at: the server's
+    // own stall moves last_seen forward without the node saying a word); the indirect check of
+    // that probe (check_peer; 0: none), and the node that reached its host for it (0: none did).
     double probed_at = -1;
     bool probe_out = false;
+    bool answered_probe = false;
     std::uint64_t check_id = 0;
     ConnId vouched_by = 0;
     // Stragglers (state_straggler.cpp): since when its busy time stands at --straggler_factor x

@@ -63,10 +63,11 @@ void StateMachine::scan_for_silent(Job& job, const Job::StallReport& report, dou
       if (node.spec.peer_checks && helpers.size() < kMaxHelpers) helpers.push_back(c);
       continue;
     }
-    const bool answered_lately = node.probed_at > now - t.heartbeat_interval && node.last_seen >= node.probed_at;
+    const bool answered_lately = node.probed_at > now - t.heartbeat_interval && node.answered_probe;
     if (answered_lately) continue;
     node.probed_at = now;
     node.probe_out = true;
+    node.answered_probe = false;
     node.vouched_by = 0;
     job.probes.emplace_back(c, now + t.probe_timeout);
     out_.send(c, probe);
@@ -131,7 +132,7 @@ void StateMachine::conclude_probes(Job& job, double now) {
     node.probe_out = false;
     job.checks.erase(node.check_id);
     node.check_id = 0;
-    if (node.last_seen >= node.probed_at || node.state != NodeState::Running) continue;
+    if (node.answered_probe || node.state != NodeState::Running) continue;
     std::string alive_by;
     if (peer_check_ && peer_check_(c)) {
       alive_by = "its host acknowledged it";

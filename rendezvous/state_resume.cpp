@@ -229,7 +229,7 @@ void StateMachine::rebind(Job& job, ConnId old_conn, ConnId conn) {
   Node node = std::move(it->second);
   job.nodes.erase(it);
   conn_job_.erase(old_conn);
-  node.last_seen = clock_.now();
+  node.heard(clock_.now());
   int r = node.spec.requested_rank;
   if (r >= 0) {
     auto rt = job.requested_ranks.find(r);

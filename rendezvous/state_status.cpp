@@ -117,7 +117,7 @@ void StateMachine::touch(ConnId conn) {
   Job* job = job_of(conn);
   if (!job) return;
   auto it = job->nodes.find(conn);
-  if (it != job->nodes.end()) it->second.last_seen = clock_.now();
+  if (it != job->nodes.end()) it->second.heard(clock_.now());
 }
 
 void StateMachine::progress(ConnId conn, const NodeProgress& progress) {

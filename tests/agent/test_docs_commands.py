@@ -21,7 +21,6 @@ each with why).
 import os
 import re
 import sys
-import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ddplaunch_helpers import BUILD_DIR, LaunchTestCase, main, run  # noqa: E402

@@ -15,8 +15,6 @@ import json
 import os
 import re
 import shutil
-import socket
-import sys
 import tempfile
 import time
 import unittest

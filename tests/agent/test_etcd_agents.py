@@ -1,4 +1,4 @@
-"""Issue 14, part 2: torchrun's --rdzv_backend=etcd and etcd-v2, no head node (docs/etcd.md,
+"""torchrun's --rdzv_backend=etcd and etcd-v2, no head node (docs/etcd.md,
 "Agents on etcd").
 
 Every ddplaunch agent hosts a replica of its job's rendezvous in-process; the replicas elect

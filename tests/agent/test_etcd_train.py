@@ -1,4 +1,4 @@
-"""Issue 14's first check, as written: 3 replicated daemons on a 3-member etcd, a 3-node `train`
+"""Replicated daemons on etcd, end to end: 3 replicated daemons on a 3-member etcd, a 3-node `train`
 job; the leader is SIGKILLed during training; the job finishes with exit 0, no worker restarted,
 no step repeated or skipped, and status on any replica names the new leader.
 

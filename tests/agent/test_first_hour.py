@@ -12,10 +12,8 @@ import json
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
-import time
 import unittest
 
 import processes

@@ -4,7 +4,6 @@ Real processes on loopback; waits have deadlines, timings are measured, not slep
 import glob
 import json
 import os
-import signal
 import subprocess
 import sys
 import time

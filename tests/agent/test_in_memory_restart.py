@@ -15,7 +15,6 @@ import json
 import os
 import signal
 import sys
-import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ddplaunch_helpers import LaunchTestCase, main, pid_alive, wait_for  # noqa: E402

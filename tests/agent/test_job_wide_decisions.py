@@ -6,7 +6,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ddplaunch_helpers import BUILD_DIR, PYTHON, LaunchTestCase, main, wait_for  # noqa: E402
+from ddplaunch_helpers import PYTHON, LaunchTestCase, main  # noqa: E402
 
 # The worker of the "bad" node exits with EXIT_CODE at once on every attempt; the "good" node's
 # worker would run for ten minutes: only a job-wide verdict ends it in time.

@@ -1,4 +1,4 @@
-"""Issue 10: the rendezvous may restart, crash or fail over without stopping a single worker.
+"""The rendezvous may restart, crash or fail over without stopping a single worker.
 
 Real ddplaunch processes on loopback against real ddp-rendezvous daemons that are SIGKILLed and
 started again. Workers are tests/agent/mn_worker.py --loop --no-gloo: each writes a start

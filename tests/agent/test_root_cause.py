@@ -12,7 +12,6 @@ ddplaunch must report the killed worker and its signal as the root cause, never 
 import os
 import re
 import signal
-import unittest
 
 from ddplaunch_helpers import main
 from processes import wait_for

@@ -21,7 +21,7 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from elastic_job import HEADER_RE, ElasticJob, TimedTrainTest, programs_in  # noqa: E402
+from elastic_job import HEADER_RE, RDZV_CONF, ElasticJob, TimedTrainTest, programs_in  # noqa: E402
 from processes import wait_for  # noqa: E402
 
 # The job: no shard ever needs padding at 4 or 6 workers (SAMPLES is a multiple of 12 and
@@ -54,8 +54,8 @@ def train_pids(cluster, node, events=None):
 class FaultToleranceTest(TimedTrainTest, unittest.TestCase):
     maxDiff = None
 
-    def start_job(self, epochs, job_id):
-        job = ElasticJob(self, self.cluster, train_args(epochs), job_id=job_id, epochs=epochs)
+    def start_job(self, epochs, job_id, rdzv_conf=RDZV_CONF):
+        job = ElasticJob(self, self.cluster, train_args(epochs), job_id=job_id, epochs=epochs, rdzv_conf=rdzv_conf)
         self.job = job
         # The event log shows which workers were standbys.
         self.events = os.path.join(job.shared, "events.jsonl")
@@ -147,7 +147,7 @@ class FaultToleranceTest(TimedTrainTest, unittest.TestCase):
         self.assertIn("was killed by SIGKILL", job.agent(2).stderr(), job.describe())
 
     def test_the_daemon_sigkilled_and_restarted_after_2_s_restarts_no_worker_and_repeats_no_step(self):
-        # Issue 10: the rendezvous daemon's loss is a non-event for training. Enough epochs that
+        # The rendezvous daemon's loss is a non-event for training. Enough epochs that
         # training is still going when the daemon is back (checked: same worker pids).
         epochs = 8
         job = self.start_job(epochs, "daemon-restart")
@@ -190,7 +190,12 @@ class FaultToleranceTest(TimedTrainTest, unittest.TestCase):
 
     def test_a_cut_node_is_found_by_a_probe_when_the_job_stalls_and_rejoins_when_restored(self):
         epochs = 15
-        job = self.start_job(epochs, "cut-node")
+        # The probe must come before heartbeat_timeout, and on a loaded machine it can take 1.5 s:
+        # a stall is 5 of the workers' own step times (0.24 s seen on 2 busy cores), then the
+        # probe's 0.3 s. A node's last heartbeat can be a heartbeat_interval (1 s) older than the
+        # cut, so heartbeat_timeout 2 (the other scenarios') would leave the probe as little as
+        # 1 s; 5 (the default, and the silent-node tests') leaves it 4.
+        job = self.start_job(epochs, "cut-node", rdzv_conf=RDZV_CONF.replace("heartbeat_timeout=2", "heartbeat_timeout=5"))
         before = job.wait_for_steps(world=6, steps=FAULT_AFTER_STEPS, timeout=90)
         victim = next(n for n in (3, 2, 1) if n != self.rank0_node(job, before.generation))
         cut_at = time.monotonic()
@@ -212,7 +217,7 @@ class FaultToleranceTest(TimedTrainTest, unittest.TestCase):
         for n in survivors:
             self.assertIsNone(job.agent(n).poll(), "ddplaunch on node%d exited\n%s" % (n, job.describe()))
 
-        # The link returns. Issue 10: within reconnect_timeout (60 s) the cut node's ddplaunch
+        # The link returns. Within reconnect_timeout (60 s) the cut node's ddplaunch
         # reconnects, hears that its round is over, and rejoins by itself; past it, it has exited
         # non-zero (3) and is started again, as an operator would. It must not hang either way.
         self.cluster.restore(victim)

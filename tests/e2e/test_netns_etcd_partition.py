@@ -1,4 +1,4 @@
-"""Issue 14: a leader cut off from etcd stops leading, and no job round is driven by two
+"""A leader cut off from etcd stops leading, and no job round is driven by two
 replicas at once (network namespaces, scripts/netns-cluster; needs root and `ip netns`, skips
 with the reason otherwise).
 

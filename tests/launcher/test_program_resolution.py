@@ -6,7 +6,6 @@ start is refused with exit 2 before any worker starts.
 
 import os
 import shutil
-import stat
 import tempfile
 import unittest
 

@@ -9,7 +9,6 @@ place every run, so that ccache serves what an earlier run of any clone compiled
 import os
 import re
 import shutil
-import subprocess
 import sys
 import unittest
 import zipfile

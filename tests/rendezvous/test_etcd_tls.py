@@ -1,4 +1,4 @@
-"""Issue 14: TLS to etcd (rendezvous/etcd.*: https:// endpoints, the server verified against a CA
+"""TLS to etcd (rendezvous/etcd.*: https:// endpoints, the server verified against a CA
 and the endpoint's host, an optional client certificate; ddp-rendezvous --etcd_cacert,
 --etcd_cert, --etcd_key). A CA, a server and a client certificate are made with the openssl CLI
 in a temporary directory; a real etcd (one member) serves https on loopback with

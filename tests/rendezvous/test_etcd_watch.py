@@ -1,4 +1,4 @@
-"""Issue 14: replicas watch the leader key (rendezvous/election.*, docs/etcd.md), on a real
+"""Replicas watch the leader key (rendezvous/election.*, docs/etcd.md), on a real
 3-member etcd cluster on loopback; nothing is mocked at the etcd boundary.
 
 - With the watch, a follower learns of the leader key's deletion from the stream and campaigns

@@ -1,4 +1,4 @@
-// Issue 14: job records. What a replicated leader writes (StateMachine::record) carries a job to
+// Job records. What a replicated leader writes (StateMachine::record) carries a job to
 // the next leader (StateMachine::load): policy, restart count, generation, the round and its
 // secrets; only a round, a restart or a verdict changes a record (not each join); and a corrupt
 // record is refused with its reason by decode_record, never thrown. Manual clock, no sockets.

@@ -1415,6 +1415,34 @@ TEST_CASE("a probed node that answers is cleared, and is not probed again within
   CHECK(f.out.of(2, "probe").size() == 1);
 }
 
+TEST_CASE("a stall of the server while a probe is out is not the probed node's answer") {
+  // The server did not run for 0.2 s after it probed node3 (a loaded machine): every node's
+  // silence is counted 0.2 s shorter, which moves node3's last message past the probe. Only a
+  // message from node3 answers it.
+  ProbeFixture f;
+  f.clock.advance(1.0);
+  for (ConnId c : {1, 2, 3}) f.sm.touch(c);
+  f.clock.advance(0.1);
+  f.sm.touch(1);
+  f.sm.touch(2);
+  f.sm.stall(1, 0.05);
+  REQUIRE(f.out.of(3, "probe").size() == 1);
+  CHECK(f.out.of(2, "probe").empty());
+  f.clock.advance(0.2);
+  f.sm.stalled(0.2);
+  f.sm.touch(1);  // their heartbeats, read once the server runs again
+  f.sm.touch(2);
+  f.clock.advance(0.29);  // the probe's 0.3 s, counted without the stall
+  f.sm.tick();
+  CHECK(f.out.dropped.empty());
+  f.clock.advance(0.02);
+  f.sm.tick();
+  REQUIRE(f.out.dropped.count(3) == 1);
+  CHECK(f.out.dropped[3].code == "probe_timeout");
+  CHECK(f.out.dropped.count(1) == 0);
+  CHECK(f.out.dropped.count(2) == 0);
+}
+
 TEST_CASE("a node that spoke after the stall began, then went silent, is probed at a survivor's next report") {
   // node3's own stall report reaches the server as its link goes down: it was heard from after
   // the stall began, so the first reports do not suspect it; once it has missed a heartbeat, the

@@ -11,7 +11,6 @@ import os
 import shutil
 import signal
 import socket
-import sys
 import tempfile
 import unittest
 

@@ -13,7 +13,6 @@ where systemd-analyze can judge a unit file offline, that its exposure score sta
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import unittest

@@ -7,7 +7,6 @@ DDPLAUNCH_CHECKPOINT_MTBF or --checkpoint-every is refused clearly.
 No timing is asserted: DDPLAUNCH_CHECKPOINT_MTBF=1 makes the interval its lower bound, 10 s, and
 --step-sleep makes the first run last longer than that (a slower machine only makes it longer)."""
 import glob
-import json
 import os
 import re
 import struct
