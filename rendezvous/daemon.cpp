@@ -211,6 +211,9 @@ Daemon::Daemon(const DaemonOptions& options) : options_(options) {
     server_options_.write_records = [this](RecordWrite w) {
       if (election_) election_->write(std::move(w));
     };
+    server_options_.on_redirect = [this](const std::string& leader) {
+      if (election_) election_->redirected(leader);
+    };
   }
   const ListenOptions& listen = options.listen;
   address_ = ip_address(listen.host, "--host");

@@ -1,11 +1,19 @@
 #include "rendezvous/election.h"
 
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <exception>
 #include <utility>
 #include <vector>
 
+#include "rendezvous/endpoint.h"
 #include "rendezvous/protocol.h"
 
 namespace ddp::rdzv {
@@ -14,6 +22,35 @@ namespace {
 using Clock = std::chrono::steady_clock;
 Clock::duration seconds(double s) {
   return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+}
+
+// Whether a TCP connection to `at` is refused (ECONNREFUSED: the host is up and nothing listens
+// on the port) within `timeout` s. Made, silent, unresolvable: false. Blocking: the election
+// thread's, which may block (an etcd call does too).
+bool connection_refused(const std::string& at, double timeout) {
+  Expected<Endpoint> e = parse_endpoint(at, -1);
+  if (!e || e->port <= 0) return false;
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(e->host.c_str(), std::to_string(e->port).c_str(), &hints, &found) != 0 || !found) return false;
+  const int fd = socket(found->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  int error = fd < 0 ? errno : 0;
+  if (fd >= 0 && connect(fd, found->ai_addr, found->ai_addrlen) != 0) {
+    error = errno;
+    if (error == EINPROGRESS) {
+      pollfd p{fd, POLLOUT, 0};
+      socklen_t len = sizeof error;
+      error = poll(&p, 1, static_cast<int>(timeout * 1000)) == 1 &&
+                      getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &len) == 0
+                  ? error
+                  : ETIMEDOUT;
+    }
+  }
+  freeaddrinfo(found);
+  if (fd >= 0) close(fd);
+  return error == ECONNREFUSED;
 }
 }  // namespace
 
@@ -139,6 +176,44 @@ void Election::write(RecordWrite records) {
   cv_.notify_all();
 }
 
+void Election::redirected(const std::string& leader) {
+  if (!options_.watch || leader.empty()) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (Clock::now() < next_leader_check_) return;
+    next_leader_check_ = Clock::now() + seconds(kLeaderCheckGap);
+    suspect_ = leader;
+    nudged_ = true;
+  }
+  cv_.notify_all();
+}
+
+bool Election::depose_if_gone(const EtcdKeyValue& kv) {
+  std::string suspect;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    suspect.swap(suspect_);
+  }
+  if (suspect.empty() || suspect != kv.value || kv.lease == 0) return false;
+  // The key was read first: while its lease lives no other replica can take it, so a refusal
+  // now is that leader's, not a successor's at the same address.
+  if (!connection_refused(kv.value, kLeaderCheckTimeout)) {
+    if (alive_said_ != kv.value) say("an agent was redirected to the leader " + kv.value + ", which accepts connections");
+    alive_said_ = kv.value;
+    return false;
+  }
+  EtcdStatus s = etcd_->lease_revoke(kv.lease);
+  if (!s.ok()) {
+    error("the leader " + kv.value + " refuses connections, but its lease cannot be revoked (" + s.error +
+          "): waiting for it to expire");
+    return false;
+  }
+  say("the leader " + kv.value + " refuses connections (nothing listens there: its process is gone): revoked its "
+      "lease " + std::to_string(kv.lease) + " instead of waiting up to " + std::to_string(options_.lease_ttl) +
+      " s for it to expire");
+  return true;
+}
+
 void Election::fail_writes(const std::string& why) {
   std::deque<RecordWrite> failed;
   {
@@ -261,7 +336,7 @@ Clock::time_point Election::follow_or_campaign() {
     return next;
   }
   last_error_.clear();
-  if (!r.kvs.empty()) {
+  if (!r.kvs.empty() && !depose_if_gone(r.kvs[0])) {
     const std::string leader = leader_named(r.kvs[0].value);
     if (!reported_ || last_.leader != leader) report({false, leader, {}, std::nullopt});
     return next;

@@ -69,6 +69,17 @@ class Election {
   // Stops the thread; a leader revokes its lease first (one call's deadline at most), so that a
   // follower takes over at once instead of after the TTL.
   void stop();
+  // A follower redirected an agent to `leader` (the server's thread; any thread). The agent came
+  // here, so it may have lost that leader: the election thread reads the leader key and, if that
+  // leader still holds it, tries a connection to it. A refused one means nothing listens there,
+  // so its process is gone: its lease is revoked and this replica campaigns at once instead of
+  // waiting up to a TTL for etcd to expire it. At most one check every kLeaderCheckGap; only with
+  // the watch on, which makes a leader deposed by mistake (a firewall that rejects replicas but
+  // not agents) step down within moments.
+  void redirected(const std::string& leader);
+  static constexpr double kLeaderCheckGap = 0.1;     // s between two checks of the leader
+  static constexpr double kLeaderCheckTimeout = 0.2;  // s: a connection neither made nor refused
+
   // Queues job records for one transaction that succeeds only while the leader key is the one
   // this replica created (its create revision): a deposed leader's write fails. Any thread.
   void write(RecordWrite records);
@@ -90,6 +101,9 @@ class Election {
   void give_up(const std::string& why);
   void watch_loop();  // the watch thread
   void check_still_mine();  // leading, after the watch saw the leader key change
+  // Following: the key names `kv`'s leader, which an agent may have lost; true when its lease was
+  // revoked because nothing listens at its address any more.
+  bool depose_if_gone(const EtcdKeyValue& kv);
   ElectionOptions options_;
   // The election thread's own state (no other thread touches it).
   std::unique_ptr<EtcdClient> etcd_;
@@ -107,6 +121,9 @@ class Election {
   std::deque<RecordWrite> writes_;  // guarded by mu_
   // The watch thread's news for the election thread.
   bool nudged_ = false;                  // guarded by mu_: the leader key changed (or may have)
+  std::string suspect_;                  // guarded by mu_: a leader an agent was redirected to
+  Clock::time_point next_leader_check_{};  // guarded by mu_
+  std::string alive_said_;               // the last leader found listening (said once)
   bool watch_live_ = false;              // guarded by mu_: the watch stream is established
   std::vector<std::string> watch_lines_;  // guarded by mu_: log lines, said by the election thread
   EtcdWatchStop watch_stop_;             // thread-safe itself

@@ -67,11 +67,12 @@ void add_serve_options(CLI::App& app, DaemonOptions& o) {
                  "PEM client certificate for etcd (etcd --client-cert-auth); needs --etcd_key");
   app.add_option("--etcd_key,--etcd-key", rep.key, "PEM private key of --etcd_cert");
   app.add_option("--etcd_watch,--etcd-watch", rep.watch,
-                 "watch the leader key, so that a follower takes over as soon as it is deleted; false: read it "
-                 "every TTL/4 only (docs/etcd.md)")
+                 "watch the leader key, so that a follower takes over as soon as it is deleted, and at once from a "
+                 "leader whose port refuses connections; false: read it every TTL/4 only (docs/etcd.md)")
       ->capture_default_str();
   app.add_option("--etcd_lease_ttl,--etcd-lease-ttl", rep.lease_ttl,
-                 "seconds of the leader's etcd lease: a dead leader is replaced after about this long")
+                 "seconds of the leader's etcd lease: a leader whose host died or was cut off is replaced after "
+                 "about this long (a killed leader process at once, docs/etcd.md)")
       ->capture_default_str();
   app.add_option("--etcd_prefix,--etcd-prefix", rep.prefix, "etcd key prefix of this group of replicas")
       ->capture_default_str();

@@ -16,6 +16,9 @@ Replica::Replica(asio::io_context& io, const asio::ip::tcp::endpoint& listen, Re
   server_options.write_records = [this](RecordWrite w) {
     if (election_) election_->write(std::move(w));
   };
+  server_options.on_redirect = [this](const std::string& leader) {
+    if (election_) election_->redirected(leader);
+  };
   server_ = std::make_unique<Server>(io_, listen, std::move(server_options));
   std::string host = options.advertise_host;
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);

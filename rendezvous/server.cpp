@@ -293,6 +293,7 @@ void Server::handle_first(Session& session, const Message& message) {
     session.redirected = true;
     session.send(encode(make_not_leader(leader_)));
     session.close_after_flush();
+    if (options_.on_redirect) options_.on_redirect(leader_);
   }
 }
 

@@ -60,6 +60,9 @@ struct ServerOptions {
   // them to etcd and answers with records_written(). While a write is in flight, what the
   // state machine says to agents waits for it. Empty (default): nothing is written.
   std::function<void(RecordWrite)> write_records;
+  // A follower told an agent that proved itself `not_leader` naming `leader`, on this server's
+  // thread (the election may check that leader: Election::redirected). Empty (default): nothing.
+  std::function<void(const std::string& leader)> on_redirect;
 };
 
 class Server : private SessionHandler, private Outbox {

@@ -3,10 +3,14 @@
 
 - With the watch, a follower learns of the leader key's deletion from the stream and campaigns
   at once (it logs the event; the takeover comes well within the TTL).
+- A follower that redirects an agent to a leader whose port refuses connections (its process
+  died: SIGKILL) revokes that leader's lease and takes over at once, long before the TTL; a
+  leader that accepts connections is left leading.
 - The watch is not needed for correctness: behind a proxy that refuses every watch, a follower
   still takes over by reading the key (and says the watch is unavailable); a stream cut in the
   middle is opened again.
-Replicas run without agents: the election is what is tested. Every wait has a deadline; etcd,
+Replicas run without agents (an agent's hello is sent by hand where one is needed): the election
+is what is tested. Every wait has a deadline; etcd,
 the proxy and the replicas are stopped in cleanup.
 """
 
@@ -20,6 +24,7 @@ import uuid
 
 from etcd_cluster import EtcdCluster
 from processes import free_port, port_open, spawn, wait_for
+from test_daemon import hello, recv_type
 
 RENDEZVOUS = os.path.join(os.environ.get("DDPLAUNCH_BUILD_DIR", "build"), "bin", "ddp-rendezvous")
 TTL = 2
@@ -177,6 +182,41 @@ class EtcdWatch(unittest.TestCase):
         # so a campaign already under way (the creation's read) can say "leading" first.
         self.wait(lambda: "etcd: the leader key was deleted (watch, revision " in follower.stdout(), 15,
                   "the follower to say the watch saw the deletion")
+
+    def redirect_an_agent(self, follower):
+        """An agent's hello at `follower`: answered with its welcome, then not_leader naming the
+        leader it follows."""
+        port = int(follower.cmd[follower.cmd.index("--port") + 1])
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            hello(s, "etcd-watch")
+            recv_type(s, "welcome")
+            return recv_type(s, "not_leader")["leader"]
+
+    def test_a_follower_deposes_a_leader_whose_port_refuses_and_leaves_a_live_one_leading(self):
+        # TTL 30 s: the lease of a SIGKILLed leader lives on for up to 30 s, and the follower reads
+        # the key only every 30 s; a takeover within 15 s is the refused connection's doing.
+        a, b = self.replica(self.etcd.endpoints, ttl=LONG_TTL), self.replica(self.etcd.endpoints, ttl=LONG_TTL)
+        leader, follower = self.leader_and_follower(a, b)
+        self.wait(lambda: "etcd: watching the leader key" in follower.stdout(), 15, "the follower's watch")
+        named = self.redirect_an_agent(follower)
+        self.assertEqual(named, "127.0.0.1:%s" % leader.cmd[leader.cmd.index("--port") + 1])
+        self.wait(lambda: "etcd: an agent was redirected to the leader %s, which accepts connections" % named
+                  in follower.stdout(), 15, "the follower to check the live leader")
+        self.assertNotIn("etcd: leading", follower.stdout())
+        self.assertNotIn("deposed", leader.stdout())
+        leader.signal(signal.SIGKILL)
+        leader.wait(10)
+        # The agent that lost the leader comes to the follower, which checks again (at most once
+        # every Election::kLeaderCheckGap): the first redirect after that gap finds the port
+        # refusing.
+        def took_over():
+            if "etcd: leading" in follower.stdout() or follower.poll() is not None:
+                return True
+            self.redirect_an_agent(follower)
+            return False
+        self.wait(took_over, LONG_TTL / 2, "the follower to take over from the killed leader")
+        self.assertIn("etcd: the leader %s refuses connections (nothing listens there: its process is gone): "
+                      "revoked its lease" % named, follower.stdout())
 
     def test_without_a_watch_a_follower_still_takes_over_by_reading_the_key(self):
         proxy = EtcdProxy(self.etcd.client_ports[self.etcd.leader()])
