@@ -124,6 +124,11 @@ class Cluster:
     def restore(self, node):
         self.script("restore", node)
 
+    def blip(self, node, seconds):
+        """The node's link down for `seconds`, then up, by one real-time process: a short outage
+        stays short on a loaded machine."""
+        self.script("blip", node, seconds)
+
     def status(self):
         return self.script("status").stdout
 
