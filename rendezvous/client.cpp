@@ -2,6 +2,7 @@
 
 #include "rendezvous/auth.h"
 #include "rendezvous/cloexec.h"
+#include "rendezvous/reach.h"
 
 #include <algorithm>
 #include <cmath>
@@ -450,26 +451,12 @@ void Client::check_peer(const CheckPeer& check) {
   boost::system::error_code ec;
   const auto address = asio::ip::make_address(check.addr, ec);
   if (ec || checks_in_flight_ >= kMaxChecksInFlight) return;
-  const tcp::endpoint target(address, static_cast<unsigned short>(check.port));
-  auto socket = std::make_shared<tcp::socket>(io_);
-  socket->open(target.protocol(), ec);
-  if (ec) return;
-  close_on_exec(socket->native_handle());
   ++checks_in_flight_;
-  auto timer = std::make_shared<asio::steady_timer>(io_);
-  timer->expires_after(std::chrono::duration_cast<steady::duration>(std::chrono::duration<double>(check.within)));
-  timer->async_wait([socket](boost::system::error_code e) {
-    boost::system::error_code ignored;
-    if (!e) socket->close(ignored);  // the connect's handler then sees operation_aborted
-  });
-  socket->async_connect(target, [self = shared_from_this(), socket, timer, id = check.id](boost::system::error_code e) {
-    --self->checks_in_flight_;
-    timer->cancel();
-    boost::system::error_code ignored;
-    socket->close(ignored);
-    const bool host_answered = !e || e == asio::error::connection_refused;
-    if (host_answered && self->welcomed_ && !self->closed_) self->send(make_peer_alive(id));
-  });
+  knock(io_, tcp::endpoint(address, static_cast<unsigned short>(check.port)), check.within,
+        [self = shared_from_this(), id = check.id](Reach reach) {
+          --self->checks_in_flight_;
+          if (reach != Reach::silent && self->welcomed_ && !self->closed_) self->send(make_peer_alive(id));
+        });
 }
 
 void Client::send(const Message& message) { send_frame(encode(message)); }

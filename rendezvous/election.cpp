@@ -1,20 +1,13 @@
 #include "rendezvous/election.h"
 
-#include <fcntl.h>
-#include <netdb.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cstdio>
 #include <exception>
 #include <utility>
 #include <vector>
 
-#include "rendezvous/endpoint.h"
 #include "rendezvous/protocol.h"
+#include "rendezvous/reach.h"
 
 namespace ddp::rdzv {
 
@@ -22,35 +15,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 Clock::duration seconds(double s) {
   return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
-}
-
-// Whether a TCP connection to `at` is refused (ECONNREFUSED: the host is up and nothing listens
-// on the port) within `timeout` s. Made, silent, unresolvable: false. Blocking: the election
-// thread's, which may block (an etcd call does too).
-bool connection_refused(const std::string& at, double timeout) {
-  Expected<Endpoint> e = parse_endpoint(at, -1);
-  if (!e || e->port <= 0) return false;
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  addrinfo* found = nullptr;
-  if (getaddrinfo(e->host.c_str(), std::to_string(e->port).c_str(), &hints, &found) != 0 || !found) return false;
-  const int fd = socket(found->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  int error = fd < 0 ? errno : 0;
-  if (fd >= 0 && connect(fd, found->ai_addr, found->ai_addrlen) != 0) {
-    error = errno;
-    if (error == EINPROGRESS) {
-      pollfd p{fd, POLLOUT, 0};
-      socklen_t len = sizeof error;
-      error = poll(&p, 1, static_cast<int>(timeout * 1000)) == 1 &&
-                      getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &len) == 0
-                  ? error
-                  : ETIMEDOUT;
-    }
-  }
-  freeaddrinfo(found);
-  if (fd >= 0) close(fd);
-  return error == ECONNREFUSED;
 }
 }  // namespace
 
@@ -197,7 +161,7 @@ bool Election::depose_if_gone(const EtcdKeyValue& kv) {
   if (suspect.empty() || suspect != kv.value || kv.lease == 0) return false;
   // The key was read first: while its lease lives no other replica can take it, so a refusal
   // now is that leader's, not a successor's at the same address.
-  if (!connection_refused(kv.value, kLeaderCheckTimeout)) {
+  if (knock(kv.value, kLeaderCheckTimeout) != Reach::refused) {
     if (alive_said_ != kv.value) say("an agent was redirected to the leader " + kv.value + ", which accepts connections");
     alive_said_ = kv.value;
     return false;

@@ -201,7 +201,7 @@ class ParkingWithoutDdplaunch(LaunchTestCase):
 
     def test_a_worker_blocked_where_the_shut_sockets_do_not_reach_gives_up_its_state(self):
         port = free_port()
-        (p0, c0, out0), (p1, c1, out1) = self.start(0, port, {"STALL": "block"}), self.start(1, port)
+        (p0, c0, out0), _ = self.start(0, port, {"STALL": "block"}), self.start(1, port)
         self.assertEqual(read_frame(c0), {"type": "restartable", "value": True}, self.text(out0))
         wait_for(lambda: "round 1 world 2 sum 2.0" in self.text(out0), 60, "rank 0's first all_reduce")
         self.abandon(0)
@@ -213,7 +213,7 @@ class ParkingWithoutDdplaunch(LaunchTestCase):
 
     def test_a_worker_busy_computing_when_the_round_is_lost_parks_at_its_next_collective(self):
         port = free_port()
-        (p0, c0, out0), (p1, c1, out1) = self.start(0, port, {"STALL": "busy"}), self.start(1, port)
+        (_, c0, out0), _ = self.start(0, port, {"STALL": "busy"}), self.start(1, port)
         self.assertEqual(read_frame(c0), {"type": "restartable", "value": True}, self.text(out0))
         wait_for(lambda: "round 1 world 2 sum 2.0" in self.text(out0), 60, "rank 0's first all_reduce")
         self.abandon(0)

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <thread>
 
+#include "rendezvous/reach.h"
 #include "rendezvous/status.h"
 #include "tests/rendezvous/loopback.h"
 #include "tests/rendezvous/raw_conn.h"
@@ -203,6 +204,19 @@ TEST_CASE("an agent asked to check a peer says peer_alive when the host refuses 
   CHECK(joined_with_peer_checks);
   std::sort(alive.begin(), alive.end());
   CHECK(alive == std::vector<std::uint64_t>{1, 2});
+}
+
+TEST_CASE("knock tells a listening port from a refusing one, by address or name, and says silent for nonsense") {
+  unsigned short refusing_port = 0, listening_port = 0;
+  ::close(listen_loopback(refusing_port));
+  const int listening_fd = listen_loopback(listening_port);
+  const std::string refusing = std::to_string(refusing_port), listening = std::to_string(listening_port);
+  CHECK(knock("127.0.0.1:" + listening, 1.0) == Reach::made);
+  CHECK(knock("127.0.0.1:" + refusing, 1.0) == Reach::refused);
+  CHECK(knock("localhost:" + refusing, 1.0) == Reach::refused);
+  CHECK(knock("127.0.0.1", 1.0) == Reach::silent);  // no port
+  CHECK(knock("no such host.invalid:" + refusing, 1.0) == Reach::silent);
+  ::close(listening_fd);
 }
 
 TEST_CASE("the restart budget is shared by the job: the same count everywhere, then failure everywhere") {
