@@ -13,18 +13,28 @@
 // 100,000 agents. Processes share one clock (CLOCK_MONOTONIC): each reports when its last agent
 // heard something, the parent takes the latest. Loopback only; every process it starts dies with
 // it (PR_SET_PDEATHSIG) and the run is bounded by --deadline per phase.
+//
+// The death's broadcast is measured two ways. By default each process reads as it goes, on the
+// cores the daemon writes from: the last survivor's read ends it. With --still S every process
+// stays still for S seconds around the death (no reads, no heartbeats, none waiting in epoll to
+// be woken), as agents on other machines cost the daemon nothing, and then reads what arrived by
+// hand: each restart is dated by the kernel's arrival time on the survivor's socket
+// (SO_TIMESTAMPNS). On loopback the daemon's sends still run each receiving socket's TCP path.
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <cstdio>
 #include <fstream>
@@ -33,6 +43,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -58,6 +69,7 @@ struct Options {
   std::vector<std::string> daemon_args;  // more flags for it (--writer_threads 1, ...)
   nlohmann::json fingerprint = nlohmann::json::object();  // what every agent's join carries
   int agents = 1000, procs = 0, port = 0;
+  double still = 0;  // s the load stays still around the death (0: it reads as it goes)
   double deadline = 120, heartbeat_interval = 1.0;
   std::size_t window = 0;  // handshakes in flight per process
 };
@@ -83,6 +95,7 @@ struct Agent : std::enable_shared_from_this<Agent> {
   void retry_later();
   void read();
   void on(const std::string& type);
+  void collect(long long realtime_offset_ns);
   // One write at a time per socket (asio's rule): a heartbeat due while a join is being written waits.
   std::deque<Frame> outbox;
   void send(const Frame& f) {
@@ -146,6 +159,14 @@ struct Fleet {
   }
 };
 
+// A frame's type alone, except where the body is needed: a full parse per message would slow the
+// measuring side more than the daemon.
+std::string type_of(const std::string& body) {
+  const auto at = body.find("\"type\":\"");
+  if (at == std::string::npos) return "";
+  return body.substr(at + 8, body.find('"', at + 8) - at - 8);
+}
+
 void Agent::connect(const tcp::endpoint& to, const asio::ip::address& from) {
   boost::system::error_code ec;
   welcomed = false;
@@ -154,6 +175,7 @@ void Agent::connect(const tcp::endpoint& to, const asio::ip::address& from) {
   socket.open(tcp::v4(), ec);
   const int on = 1;  // the port is chosen at connect, per source address (IP_BIND_ADDRESS_NO_PORT)
   ::setsockopt(socket.native_handle(), IPPROTO_IP, 24, &on, sizeof on);
+  if (fleet.o.still > 0) ::setsockopt(socket.native_handle(), SOL_SOCKET, SO_TIMESTAMPNS, &on, sizeof on);
   socket.bind({from, 0}, ec);
   if (ec) {
     fleet.error("bind " + from.to_string() + ": " + ec.message());
@@ -180,15 +202,52 @@ void Agent::read() {
     self->body.resize(read_frame_header(self->header));
     asio::async_read(self->socket, asio::buffer(self->body), [self](boost::system::error_code e, std::size_t) {
       if (e) return;
-      // Only the type, except where the body is needed: a full parse per message would slow the
-      // measuring side more than the daemon.
-      const auto at = self->body.find("\"type\":\"");
-      std::string type;
-      if (at != std::string::npos) type = self->body.substr(at + 8, self->body.find('"', at + 8) - at - 8);
-      self->on(type);
+      self->on(type_of(self->body));
       self->read();
     });
   });
+}
+
+// After the process was still: reads by hand what arrived meanwhile (asio's pending read of the
+// next header then finds nothing). The restart is dated by the kernel's arrival time of the last
+// data read: the restart's, or that of a frame after it (an answer to a heartbeat sent before the
+// stillness), which can only make the figure larger.
+void Agent::collect(long long realtime_offset_ns) {
+  std::string got;
+  long long arrived_ns = 0;
+  char data[65536];
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(timespec))];
+  for (;;) {
+    iovec iov{data, sizeof data};
+    msghdr m{};
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    m.msg_control = control;
+    m.msg_controllen = sizeof control;
+    const ssize_t n = ::recvmsg(socket.native_handle(), &m, MSG_DONTWAIT);
+    if (n <= 0) break;
+    got.append(data, static_cast<std::size_t>(n));
+    for (cmsghdr* c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_TIMESTAMPNS) continue;
+      timespec ts;
+      std::memcpy(&ts, CMSG_DATA(c), sizeof ts);
+      arrived_ns = ts.tv_sec * 1000000000LL + ts.tv_nsec - realtime_offset_ns;
+    }
+  }
+  bool told = false;
+  std::size_t at = 0;
+  while (got.size() - at >= kFrameHeaderBytes) {
+    const std::size_t size = read_frame_header(reinterpret_cast<const unsigned char*>(got.data() + at));
+    if (got.size() - at - kFrameHeaderBytes < size) break;
+    told = told || type_of(got.substr(at + kFrameHeaderBytes, size)) == "restart";
+    at += kFrameHeaderBytes + size;
+  }
+  if (at != got.size()) return fleet.error("still: a frame was cut in two (" + std::to_string(got.size() - at) + " bytes left)");
+  if (!told) return fleet.error("still: no restart arrived within --still (raise it)");
+  if (arrived_ns == 0) return fleet.error("still: the kernel gave no arrival time (SO_TIMESTAMPNS)");
+  member = false;
+  ++fleet.restarted;
+  fleet.last_restart_ns = std::max(fleet.last_restart_ns, arrived_ns);
 }
 
 void Agent::retry_later() {
@@ -305,11 +364,15 @@ class Child {
         start_beating();
         return "ok " + std::to_string(f_.last_resumed_ns) + " " + std::to_string(f_.restarted);
       });
+    } else if (command == "hush") {  // --still: from now until after the death
+      answer("ok");
+      keep_still();
     } else if (command == "kill") {  // the first agent of this process dies: its socket closes
       const long long t = now_ns();
       f_.agents.front()->member = false;
       f_.agents.front()->socket.close();
       answer("ok " + std::to_string(t));
+      if (f_.o.still > 0) keep_still();
     } else if (command == "await_restart") {
       const int survivors = static_cast<int>(std::count_if(f_.agents.begin(), f_.agents.end(),
                                                            [](const auto& a) { return a->socket.is_open(); }));
@@ -335,6 +398,20 @@ class Child {
     poll_.async_wait([this, done = std::move(done), reply = std::move(reply)](boost::system::error_code ec) mutable {
       if (!ec) wait(std::move(done), std::move(reply));
     });
+  }
+
+  // --still: this process's thread sleeps (its agents read nothing, send nothing, and nothing
+  // waits in epoll to be woken), then reads by hand what arrived meanwhile, by arrival time.
+  void keep_still() {
+    beat_.cancel();
+    std::this_thread::sleep_for(std::chrono::duration<double>(f_.o.still));
+    timespec real{}, mono{};
+    clock_gettime(CLOCK_REALTIME, &real);
+    clock_gettime(CLOCK_MONOTONIC, &mono);  // steady_clock's, in libstdc++
+    const long long offset = (real.tv_sec - mono.tv_sec) * 1000000000LL + (real.tv_nsec - mono.tv_nsec);
+    for (auto& a : f_.agents) {
+      if (a->socket.is_open()) a->collect(offset);
+    }
   }
 
   // Every member heartbeats once per interval, spread evenly over it, as agents started at
@@ -561,6 +638,11 @@ int main(int argc, char** argv) {
   app.add_option("--token-file", token_file, "a cluster secret: the daemon requires it, every agent proves it");
   app.add_option("--daemon-log", log, "the daemon's output")->capture_default_str();
   app.add_flag("--no-resume", no_resume, "skip the daemon restart");
+  app.add_option("--still", o.still,
+                 "the load stays still for this many seconds around one agent's death, then dates each "
+                 "survivor's restart by its arrival on the socket (the kernel's time), as agents on other "
+                 "machines would cost the daemon nothing; 0: the load reads as it goes")
+      ->check(CLI::Range(0.0, 10.0));
   bool real_fingerprint = false;
   app.add_flag("--fingerprint", real_fingerprint,
                "every join carries a GPU node's environment fingerprint (as bench/envcheck's Python node; "
@@ -627,9 +709,14 @@ int main(int argc, char** argv) {
     std::printf(",\"resume_s\":%.3f", seconds(t_listen, latest(resumed, 0)));
   }
 
+  if (o.still > 0) {  // every other process still first, then the death in the first
+    for (std::size_t i = 1; i < procs.size(); ++i) tell(procs[i], "hush");
+    for (std::size_t i = 1; i < procs.size(); ++i) answer_of(procs[i], o, "hush");
+  }
   tell(procs.front(), "kill");
   const long long t_death = answer_of(procs.front(), o, "kill").at(0);
   const auto told = all(procs, o, "await_restart");
+  if (o.still > 0) std::printf(",\"load_still_s\":%.2f", o.still);
   std::printf(",\"dead_broadcast_s\":%.4f,\"rss_kb_per_agent\":%.2f,\"rss_idle_kb\":%ld,\"rss_connected_kb\":%ld,"
               "\"rss_kb\":%ld}\n",
               seconds(t_death, latest(told, 0)), static_cast<double>(rss) / o.agents, rss_idle, rss_connected, rss);

@@ -1,8 +1,9 @@
 """Many agents in several processes through a job's life against a real daemon (bench/rendezvous/fleet.cpp
 at a reduced scale): every agent resumes after the daemon's SIGKILL and restart with no restart told,
-and one agent's death reaches every survivor. With and without a cluster secret (sealed node secrets,
-HMAC handshakes). The tool enforces each phase with a deadline and exits 1 on any miss; this test
-checks its exit, its JSON line, and what the restarted daemon logged. Loopback only."""
+and one agent's death reaches every survivor, read as it comes or dated by its arrival while the load
+is still. With and without a cluster secret (sealed node secrets, HMAC handshakes). The tool enforces
+each phase with a deadline and exits 1 on any miss; this test checks its exit, its JSON line, and
+what the restarted daemon logged. Loopback only."""
 
 import json
 import os
@@ -51,6 +52,14 @@ class FleetTest(unittest.TestCase):
         # threads (--writer_threads 2, whatever this machine's cores).
         result, log = self.run_fleet(1200, 3, secret=False, extra=["--daemon-arg=--writer_threads=2"])
         self.check(result, log, 1200, 3)
+
+    def test_a_death_told_while_the_load_is_still_is_dated_by_each_survivors_arrival(self):
+        # --still: every load process sleeps through the broadcast, then reads by hand; each
+        # restart's time is the kernel's arrival stamp, so the figure lies within the still time.
+        result, log = self.run_fleet(600, 2, secret=False, extra=["--still", "0.5"])
+        self.check(result, log, 600, 2)
+        self.assertEqual(result["load_still_s"], 0.5)
+        self.assertLess(result["dead_broadcast_s"], 0.5)
 
     def test_with_a_cluster_secret_every_sealed_node_secret_still_resumes(self):
         result, log = self.run_fleet(200, 2, secret=True)
