@@ -144,8 +144,9 @@ void Election::redirected(const std::string& leader) {
   if (!options_.watch || leader.empty()) return;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (Clock::now() < next_leader_check_) return;
-    next_leader_check_ = Clock::now() + seconds(kLeaderCheckGap);
+    const auto now = Clock::now();
+    if (now < next_leader_check_) return;
+    next_leader_check_ = now + seconds(kLeaderCheckGap);
     suspect_ = leader;
     nudged_ = true;
   }

@@ -19,7 +19,7 @@ enum class Reach { made, refused, silent };
 // within `within` seconds (silent when the socket cannot even be opened). The connection is
 // closed at once either way.
 void knock(boost::asio::io_context& io, const boost::asio::ip::tcp::endpoint& target, double within,
-                 std::function<void(Reach)> done);
+           std::function<void(Reach)> done);
 
 // The same from a thread with no loop of its own (the election's), blocking for at most `within`
 // seconds after resolving HOST:PORT (an address or a name; the first address found is tried).

@@ -213,7 +213,7 @@ void Agent::read() {
 // data read: the restart's, or that of a frame after it (an answer to a heartbeat sent before the
 // stillness), which can only make the figure larger.
 void Agent::collect(long long realtime_offset_ns) {
-  std::string got;
+  FrameReader frames;
   long long arrived_ns = 0;
   char data[65536];
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(timespec))];
@@ -226,7 +226,7 @@ void Agent::collect(long long realtime_offset_ns) {
     m.msg_controllen = sizeof control;
     const ssize_t n = ::recvmsg(socket.native_handle(), &m, MSG_DONTWAIT);
     if (n <= 0) break;
-    got.append(data, static_cast<std::size_t>(n));
+    frames.feed(data, static_cast<std::size_t>(n));
     for (cmsghdr* c = CMSG_FIRSTHDR(&m); c; c = CMSG_NXTHDR(&m, c)) {
       if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_TIMESTAMPNS) continue;
       timespec ts;
@@ -235,14 +235,11 @@ void Agent::collect(long long realtime_offset_ns) {
     }
   }
   bool told = false;
-  std::size_t at = 0;
-  while (got.size() - at >= kFrameHeaderBytes) {
-    const std::size_t size = read_frame_header(reinterpret_cast<const unsigned char*>(got.data() + at));
-    if (got.size() - at - kFrameHeaderBytes < size) break;
-    told = told || type_of(got.substr(at + kFrameHeaderBytes, size)) == "restart";
-    at += kFrameHeaderBytes + size;
-  }
-  if (at != got.size()) return fleet.error("still: a frame was cut in two (" + std::to_string(got.size() - at) + " bytes left)");
+  std::string payload;
+  FrameReader::Result r;
+  while ((r = frames.next(payload)) == FrameReader::Result::frame) told = told || type_of(payload) == "restart";
+  if (r == FrameReader::Result::error) return fleet.error("still: " + frames.error().message);
+  if (frames.buffered()) return fleet.error("still: a frame was cut in two (" + std::to_string(frames.buffered()) + " bytes left)");
   if (!told) return fleet.error("still: no restart arrived within --still (raise it)");
   if (arrived_ns == 0) return fleet.error("still: the kernel gave no arrival time (SO_TIMESTAMPNS)");
   member = false;

@@ -183,11 +183,14 @@ class EtcdWatch(unittest.TestCase):
         self.wait(lambda: "etcd: the leader key was deleted (watch, revision " in follower.stdout(), 15,
                   "the follower to say the watch saw the deletion")
 
+    @staticmethod
+    def port_of(replica):
+        return int(replica.cmd[replica.cmd.index("--port") + 1])
+
     def redirect_an_agent(self, follower):
         """An agent's hello at `follower`: answered with its welcome, then not_leader naming the
         leader it follows."""
-        port = int(follower.cmd[follower.cmd.index("--port") + 1])
-        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        with socket.create_connection(("127.0.0.1", self.port_of(follower)), timeout=5) as s:
             hello(s, "etcd-watch")
             recv_type(s, "welcome")
             return recv_type(s, "not_leader")["leader"]
@@ -199,7 +202,7 @@ class EtcdWatch(unittest.TestCase):
         leader, follower = self.leader_and_follower(a, b)
         self.wait(lambda: "etcd: watching the leader key" in follower.stdout(), 15, "the follower's watch")
         named = self.redirect_an_agent(follower)
-        self.assertEqual(named, "127.0.0.1:%s" % leader.cmd[leader.cmd.index("--port") + 1])
+        self.assertEqual(named, "127.0.0.1:%d" % self.port_of(leader))
         self.wait(lambda: "etcd: an agent was redirected to the leader %s, which accepts connections" % named
                   in follower.stdout(), 15, "the follower to check the live leader")
         self.assertNotIn("etcd: leading", follower.stdout())
